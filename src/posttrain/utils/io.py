@@ -1,0 +1,82 @@
+"""Atomic file writes and JSON/JSONL helpers.
+
+Every file that a crash could leave half-written (checkpoints, results, summaries) goes through
+`atomic_write_*`: write to a temporary file in the same directory, fsync, then `os.replace`, so a
+reader sees either the old complete file or the new complete file, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> Path:
+    return atomic_write_text(
+        path, json.dumps(obj, indent=indent, sort_keys=False, default=_json_default) + "\n"
+    )
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy / torch scalars and paths show up in metrics; make them plain JSON values.
+    if hasattr(obj, "item") and callable(obj.item):
+        return obj.item()
+    if hasattr(obj, "tolist") and callable(obj.tolist):
+        return obj.tolist()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, set | frozenset):
+        return sorted(obj)
+    raise TypeError(f"object of type {type(obj).__name__} is not JSON serializable")
+
+
+def append_jsonl(path: str | os.PathLike, row: dict[str, Any]) -> None:
+    """Append one JSON row and flush it to disk (a killed process loses at most a partial last line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, default=_json_default) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | os.PathLike, *, skip_torn_tail: bool = True) -> Iterator[dict[str, Any]]:
+    """Read JSONL rows. A torn last line (from a killed writer) is skipped when `skip_torn_tail`;
+    a malformed line anywhere else raises a ValueError naming the file and line number."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as e:
+            if skip_torn_tail and i == len(lines) and not line.endswith("\n"):
+                return
+            raise ValueError(f"{path}: line {i}: invalid JSON ({e.msg})") from e
