@@ -1,0 +1,61 @@
+"""SILO-BENCH tasks: 30 instance generators, independent ground-truth solvers, and case-file I/O.
+
+Public API (re-exported by `posttrain.silo`):
+
+- `TASK_IDS`, `task_level(task_id)`, `task_info(task_id)`
+- `generate_case(task_id, num_agents, seed=42)`: one instance in the paper's JSON schema (spec §2.2)
+- `solve(task_id, shards, prompt)`: per-agent ground truth recomputed from the shards and the task text only
+- `load_case(path)`: read our files and the authors' published files, validate, normalise expected output
+- `write_cases(out_dir, agent_counts, seed, tasks)`: one `{TASK_ID}_n{N}.json` per task and N (atomic)
+- `min_peers_needed(task_id, num_agents, agent_id=None)` / `dependency_peers(...)`: data dependencies
+  used by the premature-submission detector (spec §7.6)
+"""
+
+from __future__ import annotations
+
+from posttrain.silo.tasks import level1 as _level1  # noqa: F401  (registers I-01..I-10)
+from posttrain.silo.tasks._base import TASKS, TaskInfo
+from posttrain.silo.tasks.cases import (
+    case_to_json,
+    generate_case,
+    generate_parity_suite,
+    load_case,
+    write_cases,
+)
+from posttrain.silo.tasks.dependencies import dependency_peers, min_peers_needed
+from posttrain.silo.tasks.solvers import solve
+
+TASK_IDS: list[str] = sorted(TASKS, key=lambda t: (len(t.split("-")[0]), int(t.split("-")[1])))
+
+
+def _spec(task_id: str):
+    try:
+        return TASKS[task_id]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {', '.join(TASK_IDS)}") from None
+
+
+def task_info(task_id: str) -> TaskInfo:
+    """Static metadata of a task: name, level, is_segmented, LeetCode reference, optimal topology, …"""
+    return _spec(task_id).info
+
+
+def task_level(task_id: str) -> int:
+    """1, 2 or 3 (Level I aggregation, II structured mesh, III global shuffle)."""
+    return _spec(task_id).info.level
+
+
+__all__ = [
+    "TASK_IDS",
+    "TaskInfo",
+    "case_to_json",
+    "dependency_peers",
+    "generate_case",
+    "generate_parity_suite",
+    "load_case",
+    "min_peers_needed",
+    "solve",
+    "task_info",
+    "task_level",
+    "write_cases",
+]
