@@ -1,0 +1,82 @@
+"""`posttrain.algos` — the tensor math of a GRPO-style trainer: losses, aggregation, advantages, KL.
+
+Pure functions, tensors in and tensors out; no I/O, no models, no state beyond the registries.
+Specs: `rl-objectives.md` (§n below) and `rl-sampling-and-rewards.md` §4 (DuCA/HIAN).
+
+Policy losses (`policy_losses.py`), ``get_policy_loss(name)(logp, old_logp, advantages, mask, *,
+agg=None, is_weights=None, global_tokens=None, global_seqs=None, scale=None, **params) -> (loss,
+metrics)``. With r = exp(clamp(logp − old_logp, ±20)) and ∂ℓ_t/∂logp_t = −A_t·g_t:
+
+    ppo/grpo/vanilla  g = r inside [1−ε_low, 1+ε_high]; 0 where clipped or dual-clipped (A<0 ∧ r>c)   §3
+    dapo              ppo with ε_high = 0.28                                                          §6
+    gspo              g = s_i = exp(mean_t log r) per sequence; 0 if the sequence is clipped           §8
+    cispo             g = clamp(r, 1−ε_low, 1+ε_high)                                                 §9
+    sapo              g = 4·r·σ(τ(r−1))(1−σ(τ(r−1)))                                                  §10
+    dgpo              g = r·(r/(1−ε_low))^n (A<0, r<1−ε_low); (1+ε_high)^{1/m} r^{1−1/m} (A>0, r>1+ε_high)   §11
+    maspo             g = w·r, w = exp(−(sg(r)−1)²/2σ²) in the favoured direction, σ mass-adaptive     §12
+
+Aggregation (`aggregation.py`): ``agg_loss(values, mask, mode, *, scale, global_tokens, global_seqs)``
+with token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (§4).
+
+Advantages (`advantages.py`): ``get_advantage(name)(rewards, group_ids, **params) -> (B,)`` for grpo,
+dr_grpo, rloo, reinforce_pp (§2, §7), and ``hian_advantages(...) -> (B, T)`` (DuCA/HIAN proposed
+design).
+
+KL (`kl.py`): ``kl_penalty(logp, ref_logp, kind)`` for k1/kl, abs, k2/mse, k3/low_var_kl and the
+straight-through ``<kind>+`` (§5).
+"""
+
+from posttrain.algos._common import masked_mean
+from posttrain.algos.advantages import (
+    ADVANTAGES,
+    AdvantageEstimator,
+    advantage_defaults,
+    get_advantage,
+    group_stats,
+    hian_advantages,
+    list_advantages,
+    register_advantage,
+)
+from posttrain.algos.aggregation import AGG_MODES, agg_loss, list_agg_modes
+from posttrain.algos.kl import KL_ESTIMATORS, kl_clamped, kl_penalty, list_kl_estimators
+from posttrain.algos.policy_losses import (
+    LOG_RATIO_CLAMP,
+    POLICY_LOSSES,
+    Batch,
+    PolicyLoss,
+    Terms,
+    get_policy_loss,
+    list_policy_losses,
+    policy_loss_default_agg,
+    policy_loss_defaults,
+    register_policy_loss,
+)
+
+__all__ = [
+    "ADVANTAGES",
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "LOG_RATIO_CLAMP",
+    "POLICY_LOSSES",
+    "AdvantageEstimator",
+    "Batch",
+    "PolicyLoss",
+    "Terms",
+    "advantage_defaults",
+    "agg_loss",
+    "get_advantage",
+    "get_policy_loss",
+    "group_stats",
+    "hian_advantages",
+    "kl_clamped",
+    "kl_penalty",
+    "list_advantages",
+    "list_agg_modes",
+    "list_kl_estimators",
+    "list_policy_losses",
+    "masked_mean",
+    "policy_loss_default_agg",
+    "policy_loss_defaults",
+    "register_advantage",
+    "register_policy_loss",
+]

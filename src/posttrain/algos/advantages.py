@@ -1,0 +1,364 @@
+"""Outcome-reward advantage estimators (group baselines) and the DuCA/HIAN dual-horizon advantage.
+
+Registered estimators share one call: ``get_advantage(name)(rewards, group_ids, **params) -> (B,)``.
+``rewards`` (B,) are outcome scores, ``group_ids`` (B,) integer ids of the prompt each completion
+answers (any values, any order, groups of any size). Everything is vectorised with
+``torch.unique`` / ``index_add_`` (no Python loop over groups) and computed without gradient.
+
+===============  ===========================================================================  ===========
+name             A_i (g = group of i, n = |g|, μ_g = mean, s_g = unbiased std over g)          source
+===============  ===========================================================================  ===========
+``grpo``         (R_i − μ_g) / (s_g + ε);  n = 1: μ = 0, s = 1 → A = R/(1+ε)                    verl §2
+                 ``norm_std=False``: R_i − μ_g  (Dr.GRPO)
+``dr_grpo``      R_i − μ_g  (n = 1: A = R)                                                     Dr.GRPO §7
+``rloo``         R_i − (Σ_g R − R_i)/(n − 1)  = n/(n−1)·(R_i − μ_g);  n = 1: A = R             verl rloo
+``reinforce_pp`` x_i = R_i − μ_g (n = 1: x = R), then whitened over the batch:                 verl
+                 (x_i − mean(x)) / sqrt(var_unbiased(x) + ε)                                   REINFORCE++
+===============  ===========================================================================  ===========
+
+Spec `rl-objectives.md` §2 keeps verl's singleton rule (a one-member group has baseline 0, so its
+advantage is its raw score); drop such groups in the sampler if that is unwanted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from posttrain.algos._common import check_param_names, is_number, keyword_defaults, require
+from posttrain.utils.registry import Registry
+
+Tensor = torch.Tensor
+KIND = "advantage estimator"
+
+
+class AdvantageEstimator:
+    """A registered estimator: checks inputs and params, then runs the formula under no_grad."""
+
+    def __init__(self, name: str, fn: Callable[..., Tensor], validate: Callable[[str, dict], None]):
+        self.name = name
+        self.fn = fn
+        self.defaults = keyword_defaults(fn)
+        self._validate = validate
+        self.__doc__ = fn.__doc__
+        self.__name__ = name
+
+    def __repr__(self) -> str:
+        return f"AdvantageEstimator({self.name!r}, defaults={self.defaults})"
+
+    def __call__(self, rewards: Tensor, group_ids: Tensor | Sequence[int], **params: Any) -> Tensor:
+        check_param_names(KIND, self.name, params, self.defaults)
+        p = {**self.defaults, **params}
+        self._validate(self.name, p)
+        r, inv, n_groups = _check_rewards_groups(f"{KIND} {self.name!r}", rewards, group_ids)
+        with torch.no_grad():
+            return self.fn(r, inv, n_groups, **p)
+
+
+ADVANTAGES: Registry[AdvantageEstimator] = Registry(KIND)
+
+
+def _no_params(name: str, p: dict) -> None:
+    return None
+
+
+def _validate_eps(name: str, p: dict) -> None:
+    require(is_number(p["eps"]) and p["eps"] >= 0, KIND, name, "eps", "a number >= 0", p["eps"])
+    if "norm_std" in p:
+        require(isinstance(p["norm_std"], bool), KIND, name, "norm_std", "true or false", p["norm_std"])
+
+
+def register_advantage(name: str, *, aliases: tuple[str, ...] = (), validate=_no_params):
+    """Decorator: register `fn(rewards, inverse_group_index, n_groups, **params) -> (B,)`."""
+
+    def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        ADVANTAGES.register(name, aliases=aliases)(AdvantageEstimator(name, fn, validate))
+        return fn
+
+    return deco
+
+
+def get_advantage(name: str) -> AdvantageEstimator:
+    """The estimator registered under `name`; unknown names raise an error listing the known ones."""
+    return ADVANTAGES.get(name)
+
+
+def list_advantages(*, include_aliases: bool = False) -> list[str]:
+    return ADVANTAGES.names(include_aliases=include_aliases)
+
+
+def advantage_defaults(name: str) -> dict[str, Any]:
+    """{param: default} of estimator `name` (the keys a typed config may set)."""
+    return dict(ADVANTAGES.get(name).defaults)
+
+
+# ----------------------------------------------------------------------------------------------------
+# group statistics
+
+
+def _check_rewards_groups(where: str, rewards: Any, group_ids: Any) -> tuple[Tensor, Tensor, int]:
+    if not isinstance(rewards, Tensor):
+        raise TypeError(
+            f"{where}: rewards must be a torch.Tensor of shape (B,), got {type(rewards).__name__}"
+        )
+    if rewards.dim() != 1:
+        raise ValueError(f"{where}: rewards must have shape (B,), got {tuple(rewards.shape)}")
+    r = rewards.detach()
+    if not torch.is_floating_point(r):
+        r = r.to(torch.get_default_dtype())
+    bad = (~torch.isfinite(r)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(f"{where}: rewards[{i}] = {float(r[i])} is not finite")
+    g = group_ids if isinstance(group_ids, Tensor) else torch.as_tensor(group_ids)
+    if g.dim() != 1 or g.shape[0] != r.shape[0]:
+        raise ValueError(
+            f"{where}: group_ids must have shape ({r.shape[0]},) like rewards, got {tuple(g.shape)}"
+        )
+    if g.dtype.is_floating_point or g.dtype.is_complex or g.dtype == torch.bool:
+        raise TypeError(f"{where}: group_ids must be an integer tensor, got {g.dtype}")
+    inv, n = _group_index(g.to(r.device))
+    return r, inv, n
+
+
+def _group_index(keys: Tensor) -> tuple[Tensor, int]:
+    """Dense group index 0..G−1 for each row of `keys` ((N,) ids or (N, k) composite keys)."""
+    if keys.numel() == 0:
+        return torch.zeros(0, dtype=torch.long, device=keys.device), 0
+    uniq, inv = torch.unique(keys, return_inverse=True, dim=0 if keys.dim() > 1 else None)
+    return inv, int(uniq.shape[0])
+
+
+def group_stats(values: Tensor, inv: Tensor, n_groups: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-group (count, mean, unbiased std) of `values` ((N,) or (N, C)), each indexed by group.
+
+    Groups of one member get std 0 (the Bessel denominator is clamped to 1); callers apply their
+    own singleton rule.
+    """
+    shape = (n_groups, *values.shape[1:])
+    count = torch.bincount(inv, minlength=n_groups).to(values.dtype)
+    c = count.view(-1, *([1] * (values.dim() - 1)))
+    total = torch.zeros(shape, dtype=values.dtype, device=values.device).index_add_(0, inv, values)
+    mean = total / c.clamp(min=1)
+    dev = values - mean[inv]
+    sq = torch.zeros(shape, dtype=values.dtype, device=values.device).index_add_(0, inv, dev * dev)
+    std = torch.sqrt(sq / (c - 1).clamp(min=1))
+    return count, mean, std
+
+
+# ----------------------------------------------------------------------------------------------------
+# estimators
+
+
+@register_advantage("grpo", validate=_validate_eps)
+def grpo(r: Tensor, inv: Tensor, n_groups: int, *, norm_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """GRPO group-normalised advantage (verl ``compute_grpo_outcome_advantage``; spec §2).
+
+    Source: Shao et al. 2024, DeepSeekMath (arXiv 2402.03300).
+
+        A_i = (R_i − mean_g(R)) / (std_g(R) + ε)        std unbiased (Bessel), ε = 1e-6
+        |g| = 1: mean = 0, std = 1                       (verl: a singleton keeps its score)
+        norm_std=False: A_i = R_i − mean_g(R)            (Dr.GRPO, arXiv 2503.20783)
+    """
+    count, mean, std = group_stats(r, inv, n_groups)
+    single = count[inv] < 2
+    mu = torch.where(single, torch.zeros_like(r), mean[inv])
+    if not norm_std:
+        return r - mu
+    sd = torch.where(single, torch.ones_like(r), std[inv])
+    return (r - mu) / (sd + eps)
+
+
+@register_advantage("dr_grpo")
+def dr_grpo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
+    """Dr.GRPO advantage: A_i = R_i − mean_g(R), no std division (spec §7; arXiv 2503.20783).
+
+    Same as ``grpo`` with ``norm_std=False`` (verl ``norm_adv_by_std_in_grpo=False``); singleton → R.
+    """
+    return grpo(r, inv, n_groups, norm_std=False)
+
+
+@register_advantage("rloo")
+def rloo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
+    """RLOO leave-one-out baseline (Ahmadian et al. 2024, arXiv 2402.14740; verl ``rloo``).
+
+    A_i = R_i − (Σ_{j∈g} R_j − R_i) / (n − 1)  = n/(n−1) · (R_i − mean_g(R));   n = 1: A_i = R_i
+    """
+    count, mean, _ = group_stats(r, inv, n_groups)
+    n = count[inv]
+    baseline = (mean[inv] * n - r) / (n - 1).clamp(min=1)
+    return torch.where(n < 2, r, r - baseline)
+
+
+@register_advantage("reinforce_pp", aliases=("reinforce_plus_plus_baseline",), validate=_validate_eps)
+def reinforce_pp(r: Tensor, inv: Tensor, n_groups: int, *, eps: float = 1e-8) -> Tensor:
+    """REINFORCE++ with group baseline (Hu 2025, arXiv 2501.03262; verl ``reinforce_plus_plus_baseline``).
+
+        x_i = R_i − mean_g(R)                 (singleton: mean 0, so x_i = R_i)
+        A_i = (x_i − mean_B(x)) / sqrt(var_B(x) + ε)     var unbiased over the batch, ε = 1e-8
+
+    verl whitens at token level (each sequence weighted by its length); here each sequence counts
+    once, which is the same when all responses have equal length. A batch of one gives A = 0.
+    """
+    count, mean, _ = group_stats(r, inv, n_groups)
+    x = r - torch.where(count[inv] < 2, torch.zeros_like(r), mean[inv])
+    b = x.shape[0]
+    if b == 0:
+        return x
+    centred = x - x.mean()
+    var = centred.square().sum() / max(b - 1, 1)
+    return centred * torch.rsqrt(var + eps)
+
+
+# ----------------------------------------------------------------------------------------------------
+# DuCA / HIAN (proposed design)
+
+
+def _spans_tensor(session: int, spans: Any, k: int, seq_len: int) -> list[tuple[int, int]]:
+    if isinstance(spans, Tensor):
+        spans = spans.tolist()
+    try:
+        pairs = [(s, e) for s, e in spans]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"hian_advantages: turn_spans[{session}] must be a list of (start, end) pairs"
+        ) from None
+    if len(pairs) != k:
+        raise ValueError(
+            f"hian_advantages: session {session} has {k} turn rewards but {len(pairs)} turn spans"
+        )
+    for j, (s, e) in enumerate(pairs):
+        if not (isinstance(s, int) and isinstance(e, int)) or isinstance(s, bool) or isinstance(e, bool):
+            raise ValueError(f"hian_advantages: turn_spans[{session}][{j}] = {(s, e)!r}: expected two ints")
+        if not 0 <= s <= e <= seq_len:
+            raise ValueError(
+                f"hian_advantages: turn_spans[{session}][{j}] = ({s}, {e}): expected 0 <= start <= end "
+                f"<= seq_len ({seq_len}); end is exclusive"
+            )
+    return pairs
+
+
+def hian_advantages(
+    session_rewards: Tensor,
+    group_ids: Tensor | Sequence[int],
+    turn_rewards: Sequence[Tensor],
+    turn_spans: Sequence[Any],
+    seq_len: int,
+    *,
+    w_turn: float = 1.0,
+    w_sess: float = 1.0,
+    turn_grouping: str = "pool",
+    eps: float = 1e-6,
+) -> Tensor:
+    """DuCA/HIAN dual-horizon per-token advantages — PROPOSED DESIGN (spec `rl-sampling-and-rewards.md` §4.2).
+
+    DuCA (arXiv 2603.01481) states only that HIAN normalises turn-level and session-level advantages
+    separately before fusing them; the formula below is the spec's proposed design, not the authors'.
+    For group g (one scenario, G sessions), session i with turns k = 1..K_i:
+
+        A^sess_i     = (R_i − mean_g R) / (std_g R + ε)             (``grpo`` estimator, unbiased std)
+        A^turn_{i,k} = (r_{i,k} − μ_turn) / (σ_turn + ε)             unbiased std
+            turn_grouping="pool":       μ, σ over all turns of all sessions of group g   (default)
+            turn_grouping="turn_index": μ, σ over the turns with the same index k in group g
+            a turn with no peer in its pool gets A^turn = 0
+        A_{i,t} = w_turn · A^turn_{i,k(t)} + w_sess · A^sess_i     for t in turn k's span; 0 elsewhere
+
+    Vector turn rewards ((K_i, C) tensors, several criteria) are z-scored per criterion, then summed.
+
+    Args:
+        session_rewards: (B,) session-level (sparse) rewards.
+        group_ids: (B,) integer scenario ids (any order, any group sizes).
+        turn_rewards: B tensors, session i's per-turn rewards, shape (K_i,) or (K_i, C).
+        turn_spans: B lists of K_i ``(start, end)`` token spans (end exclusive) of the policy's tokens of
+            each turn in the (B, seq_len) response tensor; spans of a session must not overlap.
+        seq_len: T, the width of the returned tensor.
+
+    Returns (B, T) advantages (no gradient); tokens outside every span are exactly 0.
+    """
+    where = "hian_advantages"
+    if turn_grouping not in ("pool", "turn_index"):
+        raise ValueError(f"{where}: turn_grouping must be 'pool' or 'turn_index', got {turn_grouping!r}")
+    for key, val in (("w_turn", w_turn), ("w_sess", w_sess), ("eps", eps)):
+        if not is_number(val):
+            raise ValueError(f"{where}: {key} must be a number, got {val!r}")
+    if eps < 0:
+        raise ValueError(f"{where}: eps must be >= 0, got {eps!r}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+        raise ValueError(f"{where}: seq_len must be an int >= 0, got {seq_len!r}")
+    r_sess, inv, n_groups = _check_rewards_groups(where, session_rewards, group_ids)
+    b = r_sess.shape[0]
+    if len(turn_rewards) != b or len(turn_spans) != b:
+        raise ValueError(
+            f"{where}: expected {b} entries (one per session) in turn_rewards and turn_spans, "
+            f"got {len(turn_rewards)} and {len(turn_spans)}"
+        )
+    dtype, device = r_sess.dtype, r_sess.device
+
+    vals, sess_of_turn, k_of_turn, starts, ends = [], [], [], [], []
+    n_crit = None
+    for i, tr in enumerate(turn_rewards):
+        if not isinstance(tr, Tensor):
+            raise TypeError(f"{where}: turn_rewards[{i}] must be a tensor, got {type(tr).__name__}")
+        tr2 = tr.detach().to(dtype=dtype, device=device)
+        if tr2.dim() == 1:
+            tr2 = tr2.unsqueeze(-1)
+        if tr2.dim() != 2:
+            raise ValueError(
+                f"{where}: turn_rewards[{i}] must have shape (K,) or (K, C), got {tuple(tr.shape)}"
+            )
+        if n_crit is None:
+            n_crit = tr2.shape[1]
+        elif tr2.shape[1] != n_crit:
+            raise ValueError(
+                f"{where}: turn_rewards[{i}] has {tr2.shape[1]} criteria, turn_rewards[0] has {n_crit}"
+            )
+        if not torch.isfinite(tr2).all():
+            raise ValueError(f"{where}: turn_rewards[{i}] contains a non-finite value")
+        pairs = _spans_tensor(i, turn_spans[i], tr2.shape[0], seq_len)
+        vals.append(tr2)
+        sess_of_turn += [i] * len(pairs)
+        k_of_turn += list(range(len(pairs)))
+        starts += [s for s, _ in pairs]
+        ends += [e for _, e in pairs]
+
+    with torch.no_grad():
+        a_sess = grpo(r_sess, inv, n_groups, eps=eps)
+        out = torch.zeros(b, seq_len, dtype=dtype, device=device)
+        n_turns = len(sess_of_turn)
+        if n_turns == 0 or seq_len == 0:
+            return out
+        v = torch.cat(vals, dim=0)  # (N, C)
+        sess = torch.tensor(sess_of_turn, dtype=torch.long, device=device)
+        gid = inv[sess]
+        if turn_grouping == "pool":
+            keys = gid
+        else:
+            keys = torch.stack([gid, torch.tensor(k_of_turn, dtype=torch.long, device=device)], dim=1)
+        tinv, tgroups = _group_index(keys)
+        count, mean, std = group_stats(v, tinv, tgroups)
+        z = (v - mean[tinv]) / (std[tinv] + eps)
+        a_turn = torch.where(count[tinv].unsqueeze(-1) < 2, torch.zeros_like(z), z).sum(dim=-1)  # (N,)
+
+        # token -> turn map via a difference array on integer ids (exact; no float cumsum residue)
+        st = torch.tensor(starts, dtype=torch.long, device=device)
+        en = torch.tensor(ends, dtype=torch.long, device=device)
+        ids = torch.arange(1, n_turns + 1, dtype=torch.long, device=device)
+        marks = torch.zeros(b, seq_len + 1, dtype=torch.long, device=device)
+        ones = torch.zeros(b, seq_len + 1, dtype=torch.long, device=device)
+        nonempty = st < en
+        for buf, val in ((marks, ids), (ones, torch.ones_like(ids))):
+            buf.index_put_((sess[nonempty], st[nonempty]), val[nonempty], accumulate=True)
+            buf.index_put_((sess[nonempty], en[nonempty]), -val[nonempty], accumulate=True)
+        cover = ones.cumsum(dim=1)[:, :seq_len]
+        overlapping = (cover > 1).any(dim=1).nonzero()
+        if overlapping.numel():
+            i = int(overlapping[0, 0])
+            raise ValueError(f"{where}: turn_spans[{i}] has overlapping spans")
+        tok_turn = marks.cumsum(dim=1)[:, :seq_len]  # 0 = outside any turn, else turn id + 1
+        inside = tok_turn > 0
+        idx = (tok_turn - 1).clamp(min=0)
+        fused = w_turn * a_turn[idx] + w_sess * a_sess.unsqueeze(-1)
+        out = torch.where(inside, fused, out)
+    return out
