@@ -1,0 +1,45 @@
+"""Model layer: tokenizer and model loading (tiny presets or local HF directories) and memory-lean
+token log-probabilities / entropies (`token_logprobs`, `sequence_logprobs`).
+
+Importing this package imports torch; `transformers` is imported lazily by the loaders.
+"""
+
+from __future__ import annotations
+
+from posttrain.models.loading import (
+    ModelSpecError,
+    ensure_pad_token,
+    load_model_and_tokenizer,
+    pick_device,
+    resolve_dtype,
+)
+from posttrain.models.logprobs import (
+    DEFAULT_CHUNK_SIZE,
+    naive_token_logprobs,
+    position_ids_from_attention_mask,
+    sequence_logprobs,
+    token_logprobs,
+)
+from posttrain.models.presets import PRESETS, Preset, build_preset_model, list_presets, preset_config
+from posttrain.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer, char_vocab
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "DEFAULT_CHUNK_SIZE",
+    "PRESETS",
+    "ModelSpecError",
+    "Preset",
+    "build_char_tokenizer",
+    "build_preset_model",
+    "char_vocab",
+    "ensure_pad_token",
+    "list_presets",
+    "load_model_and_tokenizer",
+    "naive_token_logprobs",
+    "pick_device",
+    "position_ids_from_attention_mask",
+    "preset_config",
+    "resolve_dtype",
+    "sequence_logprobs",
+    "token_logprobs",
+]

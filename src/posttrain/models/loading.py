@@ -1,0 +1,156 @@
+"""Load a causal LM and its tokenizer from a preset name or a local Hugging Face model directory.
+
+Nothing here contacts a hub: directories are read with `local_files_only=True` and
+`trust_remote_code=False`; a spec that is neither a preset nor an existing directory with a
+`config.json` is an error that names the path and the known presets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from posttrain.models.presets import PRESETS, build_preset_model, list_presets
+from posttrain.models.tokenizer import build_char_tokenizer
+
+
+class ModelSpecError(ValueError):
+    """A model spec that is neither a known preset nor a loadable local model directory."""
+
+
+def pick_device() -> str:
+    """ "cuda" when a CUDA device is available, else "cpu"."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: Any) -> Any:
+    """`torch.float32` or a name such as "bfloat16" / "bf16" / "float16" / "fp32" -> a torch dtype."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "half": torch.float16,
+        "float64": torch.float64,
+        "fp64": torch.float64,
+    }
+    if isinstance(dtype, str) and dtype.lower() in names:
+        return names[dtype.lower()]
+    raise ValueError(f"unknown dtype {dtype!r}; accepted: a torch.dtype or one of {', '.join(names)}")
+
+
+def ensure_pad_token(tokenizer: Any, model: Any = None) -> None:
+    """Tokenizers without a pad token (Llama, some Qwen checkpoints) pad with EOS instead."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelSpecError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has neither a pad nor an eos token; "
+                "set tokenizer.pad_token before batching"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    if model is not None:
+        gc = getattr(model, "generation_config", None)
+        if gc is not None and gc.pad_token_id is None:
+            gc.pad_token_id = tokenizer.pad_token_id
+
+
+def load_model_and_tokenizer(
+    spec: str,
+    *,
+    dtype: Any = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+    padding_side: Literal["left", "right"] | None = None,
+) -> tuple[Any, Any]:
+    """(model, tokenizer) for `spec`: a preset name (`list_presets()`) or a local HF model directory.
+
+    - preset: the character tokenizer (`build_char_tokenizer`) and a randomly initialised model,
+      deterministic in `seed` (the global RNG is not touched);
+    - directory (e.g. a downloaded Qwen3-0.6B, or a preset saved with `save_pretrained`):
+      `AutoModelForCausalLM` / `AutoTokenizer` with `local_files_only=True`; `seed` is unused.
+
+    A tokenizer without a pad token pads with its EOS token. `padding_side` overrides the
+    tokenizer's own side when given (batched generation needs "left"). The model is returned in
+    eval mode (as `from_pretrained` does) on `device` with parameters in `dtype`.
+    """
+    torch_dtype = resolve_dtype(dtype)
+    if spec in PRESETS:
+        tokenizer = build_char_tokenizer()
+        model = build_preset_model(spec, tokenizer, seed=seed, dtype=torch_dtype)
+    else:
+        model, tokenizer = _load_local_dir(spec, torch_dtype)
+    ensure_pad_token(tokenizer, model)
+    if padding_side is not None:
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        tokenizer.padding_side = padding_side
+    model = model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+_GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _declared_tokenizer_class(path: Path) -> str | None:
+    cfg = path / "tokenizer_config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelSpecError(f"{cfg}: not valid JSON ({e})") from e
+    return data.get("tokenizer_class") if isinstance(data, dict) else None
+
+
+def _load_local_dir(spec: str, torch_dtype: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    known = ", ".join(list_presets())
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelSpecError(
+            f"model {spec!r}: not a known preset ({known}) and no local directory {str(path)!r} exists "
+            "(hub ids are not downloaded; pass the path of a local model directory)"
+        )
+    if not path.is_dir():
+        raise ModelSpecError(
+            f"model {spec!r}: {str(path)!r} is a file; expected a preset ({known}) or a model directory "
+            "containing config.json"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelSpecError(
+            f"model {spec!r}: directory {str(path)!r} has no config.json; expected a Hugging Face model "
+            f"directory (save_pretrained output) or a preset ({known})"
+        )
+    try:
+        tokenizer_cls = AutoTokenizer
+        if _declared_tokenizer_class(path) in _GENERIC_TOKENIZER_CLASSES:
+            # AutoTokenizer would pick the class mapped to config.json's model_type (e.g. Qwen2Tokenizer
+            # for a saved `tiny-qwen2`), which rebuilds the tokenizer with that model's pre-tokenizer and
+            # silently changes the encoding; a generic tokenizer.json must load exactly as saved.
+            from transformers import PreTrainedTokenizerFast
+
+            tokenizer_cls = PreTrainedTokenizerFast
+        tokenizer = tokenizer_cls.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except ModelSpecError:
+        raise
+    except Exception as e:  # surface the path with whatever transformers complained about
+        raise ModelSpecError(f"model {spec!r}: could not load a tokenizer from {str(path)!r}: {e}") from e
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=torch_dtype, local_files_only=True, trust_remote_code=False
+        )
+    except Exception as e:
+        raise ModelSpecError(f"model {spec!r}: could not load a causal LM from {str(path)!r}: {e}") from e
+    return model, tokenizer

@@ -1,0 +1,309 @@
+"""Memory-lean token log-probabilities and entropies from final hidden states.
+
+For hidden states h_n (H), an LM head W (V x H) with optional bias b, a temperature τ and targets y_n:
+
+    z_n      = (W h_n + b) / τ                               (temperature-scaled logits, V values)
+    lse_n    = log Σ_v exp(z_nv)
+    logp_n   = z_{n,y_n} − lse_n                             (log softmax at the target)
+    H_n      = lse_n − Σ_v p_nv z_nv,  p_n = softmax(z_n)    (entropy of the same distribution)
+
+`token_logprobs` computes these chunk by chunk over tokens, so only a (chunk_size x V) block of logits
+exists at any time instead of the full (N x V) matrix (at V = 152k, N = 4096 that matrix alone is
+2.5 GB in fp32). Its backward recomputes each chunk's logits and applies the closed-form gradients
+
+    ∂logp_n/∂z_n = onehot(y_n) − p_n
+    ∂H_n/∂z_n    = −p_n ⊙ (z_n − E_{p_n}[z_n]) = −p_n ⊙ (log p_n + H_n)
+
+then ∂/∂logits = (∂/∂z)/τ, ∂/∂h_n = W^T ∂/∂logits_n, ∂/∂W = Σ_n ∂/∂logits_n h_n^T, ∂/∂b = Σ_n ∂/∂logits_n.
+This is the same recompute-in-backward idea as Liger-Kernel's fused linear cross-entropy
+(Hsu et al., 2024, arXiv:2410.10989) and verl's `linear_cross_entropy`, extended to also return the
+entropy with its gradient (the E3 temperature controller and entropy bonuses need it).
+The softmax math runs in float32 (float64 for float64 inputs) whatever the input dtype.
+
+`sequence_logprobs` runs any Hugging Face causal LM's base model and applies `token_logprobs` at the
+positions that matter. Position ids follow `transformers` generate (v5):
+`position_ids = cumsum(attention_mask) − 1`, set to 0 at padding, so a left-padded prompt gets the same
+positions during scoring as it got during generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+DEFAULT_CHUNK_SIZE = 1024
+
+
+def _chunk_logits(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cdtype: torch.dtype, inv_t: float
+) -> torch.Tensor:
+    """(C, V) temperature-scaled logits of one chunk, in the compute dtype, in a fresh buffer."""
+    logits = h @ weight.T if bias is None else torch.addmm(bias, h, weight.T)
+    if logits.dtype != cdtype:
+        logits = logits.to(cdtype)
+    if inv_t != 1.0:
+        logits.mul_(inv_t)
+    return logits
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        temperature: float,
+        chunk_size: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden.shape[0]
+        cdtype = torch.promote_types(hidden.dtype, torch.float32)
+        inv_t = 1.0 / temperature
+        logp = torch.empty(n, dtype=cdtype, device=hidden.device)
+        entropy = torch.empty(n, dtype=cdtype, device=hidden.device)
+        lse_all = torch.empty(n, dtype=cdtype, device=hidden.device)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            z = _chunk_logits(hidden[s:e], weight, bias, cdtype, inv_t)
+            lse = torch.logsumexp(z, dim=-1)
+            z_t = z.gather(1, targets[s:e, None]).squeeze(1)
+            z.sub_(lse[:, None])  # z now holds log p
+            p = z.exp()
+            # H = −Σ p log p as a batched dot product (no (C, V) product temporary)
+            entropy[s:e] = -(p.unsqueeze(1) @ z.unsqueeze(2)).view(-1)
+            logp[s:e] = z_t - lse
+            lse_all[s:e] = lse
+            del z, p
+        ctx.save_for_backward(hidden, weight, bias, targets, lse_all, entropy)
+        ctx.inv_t = inv_t
+        ctx.chunk_size = chunk_size
+        ctx.cdtype = cdtype
+        ctx.set_materialize_grads(False)
+        return logp, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None) -> tuple[Any, ...]:
+        hidden, weight, bias, targets, lse_all, entropy = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if g_logp is None and g_ent is None:
+            return None, None, None, None, None, None
+        n, cdtype, inv_t = hidden.shape[0], ctx.cdtype, ctx.inv_t
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=cdtype, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=cdtype, device=weight.device) if need_b else None
+        for s in range(0, n, ctx.chunk_size):
+            e = min(s + ctx.chunk_size, n)
+            h = hidden[s:e]
+            z = _chunk_logits(h, weight, bias, cdtype, inv_t)
+            z.sub_(lse_all[s:e, None])  # log p
+            p = z.exp()
+            # dz = g_logp·(onehot − p) − g_ent·p·(log p + H), built in place in the two (C, V) buffers
+            if g_ent is not None:
+                z.add_(entropy[s:e, None]).mul_(p).mul_(g_ent[s:e, None].to(cdtype))
+                if g_logp is not None:
+                    dz = p.mul_(g_logp[s:e, None].to(cdtype)).add_(z).neg_()
+                else:
+                    dz = z.neg_()
+            else:
+                dz = p.mul_(-g_logp[s:e, None].to(cdtype))
+            if g_logp is not None:
+                rows = torch.arange(e - s, device=dz.device)
+                dz.index_put_((rows, targets[s:e]), g_logp[s:e].to(cdtype), accumulate=True)
+            if inv_t != 1.0:
+                dz.mul_(inv_t)
+            if grad_b is not None:
+                grad_b.add_(dz.sum(0))
+            dz = dz.to(hidden.dtype)
+            if grad_h is not None:
+                torch.mm(dz, weight, out=grad_h[s:e])
+            if grad_w is not None:
+                if dz.dtype == cdtype:
+                    grad_w.addmm_(dz.T, h)
+                else:  # low-precision inputs: matmul in their dtype, accumulate over chunks in fp32
+                    grad_w.add_(dz.T @ h)
+            del z, p, dz
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        if grad_b is not None:
+            grad_b = grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    lm_head_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy), each of shape `targets.shape`, of softmax((hidden @ W^T + b) / temperature).
+
+    `hidden` (..., H), `lm_head_weight` (V, H), `targets` (...) integer ids in [0, V),
+    `lm_head_bias` (V,) or None. Never materialises more than `chunk_size` x V logits (see the module
+    docstring for the formulas); differentiable w.r.t. hidden, weight and bias through BOTH outputs.
+    Outputs are float32 (float64 for float64 inputs).
+    """
+    if not isinstance(temperature, int | float) or not temperature > 0:
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if lm_head_weight.dim() != 2:
+        raise ValueError(f"lm_head_weight must be (V, H), got shape {tuple(lm_head_weight.shape)}")
+    vocab, h_dim = lm_head_weight.shape
+    if hidden.dim() < 1 or hidden.shape[-1] != h_dim:
+        raise ValueError(
+            f"hidden must be (..., H={h_dim}) to match lm_head_weight {tuple(lm_head_weight.shape)}, "
+            f"got shape {tuple(hidden.shape)}"
+        )
+    if tuple(targets.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"targets shape {tuple(targets.shape)} must equal hidden.shape[:-1] = {tuple(hidden.shape[:-1])}"
+        )
+    if targets.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+        raise ValueError(f"targets must be integer token ids, got dtype {targets.dtype}")
+    if hidden.dtype != lm_head_weight.dtype:
+        raise ValueError(
+            f"hidden dtype {hidden.dtype} differs from lm_head_weight dtype {lm_head_weight.dtype}"
+        )
+    if lm_head_bias is not None and tuple(lm_head_bias.shape) != (vocab,):
+        raise ValueError(f"lm_head_bias must be ({vocab},), got shape {tuple(lm_head_bias.shape)}")
+    lead = targets.shape
+    flat_h = hidden.reshape(-1, h_dim)
+    flat_t = targets.reshape(-1).long()
+    if flat_t.numel() and (int(flat_t.min()) < 0 or int(flat_t.max()) >= vocab):
+        raise ValueError(
+            f"targets must be token ids in [0, {vocab}); got min {int(flat_t.min())}, max {int(flat_t.max())}"
+        )
+    if not flat_h.is_contiguous():
+        flat_h = flat_h.contiguous()
+    logp, entropy = _ChunkedTokenLogprobs.apply(
+        flat_h, lm_head_weight, lm_head_bias, flat_t, float(temperature), chunk_size
+    )
+    return logp.view(lead), entropy.view(lead)
+
+
+def naive_token_logprobs(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    lm_head_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference implementation of `token_logprobs` with full logits: logits -> log_softmax -> gather,
+    entropy = −Σ softmax · log_softmax. Materialises (N, V); used by tests and `posttrain bench losses`."""
+    logits = hidden @ lm_head_weight.T
+    if lm_head_bias is not None:
+        logits = logits + lm_head_bias
+    logits = logits.to(torch.promote_types(hidden.dtype, torch.float32)) / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    entropy = -(torch.softmax(logits, dim=-1) * logp_all).sum(-1)
+    return logp, entropy
+
+
+def position_ids_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """`cumsum(mask) − 1`, 0 at padding: the position ids `transformers` generate uses for padded batches."""
+    mask = attention_mask.long()
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+    config = getattr(model, "config", None)
+    for attr in ("final_logit_softcapping", "logit_scale"):
+        if config is not None and getattr(config, attr, None) not in (None, 1.0):
+            raise ValueError(
+                f"{type(model).__name__} post-processes logits ({attr}={getattr(config, attr)}); "
+                "sequence_logprobs computes plain lm_head logits and does not support it"
+            )
+    head = model.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        raise ValueError(f"{type(model).__name__} has no output embedding (lm_head); not a causal LM")
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if decoder is None or decoder is model:
+        decoder = getattr(model, "model", None)
+    if decoder is None:
+        raise ValueError(f"{type(model).__name__}: cannot find the base decoder (get_decoder() / .model)")
+    return decoder, head.weight, getattr(head, "bias", None)
+
+
+def sequence_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    response_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy), both (B, T) float32, for a Hugging Face causal LM.
+
+    `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])` under softmax(logits / temperature), and
+    `entropy[:, t]` is the entropy of that same next-token distribution. Position 0 has no context and
+    gets 0, as does every position whose token or whose preceding token is padding
+    (`attention_mask == 0`); with `response_mask` (B, T) only the marked positions are computed (the
+    lm-head work is done for those tokens only) and all others are 0. A response position must be a
+    real token preceded by a real token; violations raise ValueError naming the row and position.
+
+    Works with left or right padding: `position_ids = cumsum(attention_mask) − 1` (0 at padding), the
+    same ids `generate` used. Gradients flow to the model through both outputs.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+        )
+    b, t = input_ids.shape
+    real = attention_mask.bool()
+    valid = torch.zeros_like(real)
+    valid[:, 1:] = real[:, 1:] & real[:, :-1]
+    if response_mask is not None:
+        if response_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"response_mask shape {tuple(response_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+            )
+        resp = response_mask.bool()
+        bad = resp & ~valid
+        if bad.any():
+            row, pos = (int(x) for x in bad.nonzero()[0])
+            why = (
+                "position 0 has no context"
+                if pos == 0
+                else "the token is padding"
+                if not real[row, pos]
+                else "the preceding token is padding"
+            )
+            raise ValueError(
+                f"response_mask marks row {row}, position {pos}, but {why}; response tokens must be real "
+                "tokens (attention_mask 1) preceded by a real token"
+            )
+        valid = resp
+    decoder, weight, bias = _decoder_and_head(model)
+    position_ids = position_ids_from_attention_mask(attention_mask)
+    out = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
+    hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
+    # hidden at position t−1 predicts the token at t
+    pred = valid[:, 1:]
+    h_sel = hidden[:, :-1][pred]
+    y_sel = input_ids[:, 1:][pred]
+    lp, ent = token_logprobs(
+        h_sel.to(weight.dtype),
+        weight,
+        y_sel,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        lm_head_bias=bias,
+    )
+    zeros = torch.zeros(b, t, dtype=lp.dtype, device=lp.device)
+    return zeros.masked_scatter(valid, lp), zeros.masked_scatter(valid, ent)
