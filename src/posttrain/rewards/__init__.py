@@ -1,0 +1,38 @@
+"""Reward functions for verifiable tasks, and `RewardPool` to run them safely in worker processes.
+
+`get_reward(name, **params)`, `list_rewards()`, `register_reward` (a `Registry`). Built in:
+`exact_match`, `numeric`, `format`, `countdown`, `math_verify`, `weighted`.
+"""
+
+from posttrain.rewards import basic as _basic  # noqa: F401  (registers the rewards)
+from posttrain.rewards.base import (
+    REWARDS,
+    RewardFn,
+    cut_at_stop,
+    extract_answer,
+    get_reward,
+    list_rewards,
+    register_reward,
+    score_detailed,
+)
+from posttrain.rewards.basic import ExactMatchReward, FormatReward, NumericReward, last_number, parse_number
+from posttrain.rewards.pool import RewardHandle, RewardPool, RewardResult
+
+__all__ = [
+    "REWARDS",
+    "ExactMatchReward",
+    "FormatReward",
+    "NumericReward",
+    "RewardFn",
+    "RewardHandle",
+    "RewardPool",
+    "RewardResult",
+    "cut_at_stop",
+    "extract_answer",
+    "get_reward",
+    "last_number",
+    "list_rewards",
+    "parse_number",
+    "register_reward",
+    "score_detailed",
+]

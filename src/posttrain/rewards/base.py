@@ -1,0 +1,101 @@
+"""The reward interface, answer extraction, and the reward registry.
+
+A reward function is a picklable object (a top-level class instance) with a `name` and
+`__call__(completion, example) -> float`. It may also define:
+
+- `detailed(completion, example) -> (float, dict[str, float])`: the reward plus per-component
+  values (used by `weighted`; `RewardPool` reports them as `RewardResult.components`);
+- `setup()`: one-time warm-up (heavy imports) run once in each pool worker before it takes work,
+  so the first item's time budget is not spent importing.
+
+Rewards never `eval`/`exec` completion text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from posttrain.tasks.base import Example, check_params
+from posttrain.utils.registry import Registry
+
+# Text that marks the end of a completion when the decoder left special tokens in.
+DEFAULT_STOP: tuple[str, ...] = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "</s>")
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    name: str
+
+    def __call__(self, completion: str, example: Example) -> float: ...
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...] | list[str] = DEFAULT_STOP) -> str:
+    """`text` up to the first stop string (end-of-sequence tokens left in decoded text)."""
+    cut = len(text)
+    for s in stop:
+        if s:
+            i = text.find(s)
+            if i != -1:
+                cut = min(cut, i)
+    return text[:cut]
+
+
+def extract_answer(
+    completion: str,
+    marker: str | None = None,
+    *,
+    stop: tuple[str, ...] | list[str] = DEFAULT_STOP,
+    require_marker: bool = False,
+) -> str | None:
+    """The final answer in a completion.
+
+    With a `marker` (e.g. `"####"`) present in the text: the rest of the line after its LAST
+    occurrence, stripped. Otherwise (no marker given, or not found and `require_marker` is False):
+    the first line of the completion, stripped. Text after an end-of-sequence stop string is ignored.
+    Returns None when `require_marker` is set and the marker is missing.
+    """
+    text = cut_at_stop(completion, stop)
+    if marker:
+        i = text.rfind(marker)
+        if i != -1:
+            return text[i + len(marker) :].split("\n", 1)[0].strip()
+        if require_marker:
+            return None
+    return text.lstrip("\n").split("\n", 1)[0].strip()
+
+
+def marker_of(example: Example, override: str | None = None) -> str | None:
+    """The answer marker to use: an explicit override, else the example's `meta["answer_marker"]`."""
+    if override is not None:
+        return override or None
+    m = example.meta.get("answer_marker") if isinstance(example.meta, dict) else None
+    return m if isinstance(m, str) and m else None
+
+
+REWARDS: Registry[type] = Registry("reward")
+
+
+def register_reward(name: str, *, aliases: tuple[str, ...] = ()):
+    """Class decorator: `@register_reward("exact_match")`; the class must be defined at module top
+    level (pool workers unpickle it by its import path)."""
+    return REWARDS.register(name, aliases=aliases)
+
+
+def get_reward(name: str, **params: Any) -> RewardFn:
+    """Build a registered reward: `get_reward("numeric", rel_tol=1e-4)`."""
+    cls = REWARDS.get(name)
+    check_params("reward", name, cls, params)
+    return cls(**params)
+
+
+def list_rewards() -> list[str]:
+    return REWARDS.names()
+
+
+def score_detailed(fn: RewardFn, completion: str, example: Example) -> tuple[float, dict[str, float] | None]:
+    """`(reward, components or None)` for any reward function."""
+    detailed = getattr(fn, "detailed", None)
+    if detailed is not None:
+        value, comps = detailed(completion, example)
+        return float(value), {k: float(v) for k, v in comps.items()}
+    return float(fn(completion, example)), None

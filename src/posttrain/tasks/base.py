@@ -1,0 +1,116 @@
+"""The task interface: `Example`, `Task`, and the task registry.
+
+A task is a seeded, deterministic source of prompts with gold answers, split into a `train` and a
+`heldout` split that never share a question. Rewards (`posttrain.rewards`) score a completion
+against an `Example`; the task names its default reward by registry name (`Task.default_reward`),
+so the tasks layer never imports the rewards layer.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from posttrain.utils.registry import Registry
+
+SplitName = Literal["train", "heldout"]
+SPLITS: tuple[str, ...] = ("train", "heldout")
+
+# The marker after which a completion's final answer is read (GSM8K convention). Tasks put the
+# marker they use into `Example.meta["answer_marker"]`; rewards read it from there.
+DEFAULT_MARKER = "####"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt with its gold answer.
+
+    `id` is stable and unique within a task + split; `prompt` is raw text (chat templating is the
+    rollout's job); `answer` is the canonical gold answer string; `meta` holds whatever a verifier
+    needs (e.g. countdown `numbers`/`target`, the `answer_marker`). `meta` is excluded from the hash
+    (dicts are unhashable) but included in equality.
+    """
+
+    id: str
+    prompt: str
+    answer: str
+    meta: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+class Task:
+    """Base class for tasks. Subclasses set `name` and `default_reward`, implement `_build_split`.
+
+    `split(name)` is seeded and deterministic, and the two splits are disjoint (no heldout question
+    appears in train). Splits are built once and cached; callers get a fresh list each time.
+    """
+
+    name: str = ""
+    default_reward: str = "exact_match"
+
+    def __init__(self) -> None:
+        self._splits: dict[str, list[Example]] = {}
+
+    def split(self, name: SplitName) -> list[Example]:
+        if name not in SPLITS:
+            raise ValueError(f"task {self.name!r}: unknown split {name!r}; accepted: {', '.join(SPLITS)}")
+        if name not in self._splits:
+            self._splits.update(self._build_splits())
+        return list(self._splits[name])
+
+    def _build_splits(self) -> dict[str, list[Example]]:
+        raise NotImplementedError
+
+    def reference_completion(self, example: Example, style: Literal["short", "long"] = "short") -> str:
+        """A completion that the task's default reward scores 1.0 (used to build SFT targets)."""
+        raise NotImplementedError(f"task {self.name!r} has no reference completions")
+
+    def params(self) -> dict[str, Any]:
+        """The constructor parameters of this task (for logs and run configs)."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """Name, default reward, parameters and split sizes."""
+        return {
+            "name": self.name,
+            "default_reward": self.default_reward,
+            "params": self.params(),
+            "sizes": {s: len(self.split(s)) for s in SPLITS},  # type: ignore[arg-type]
+        }
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+
+TASKS: Registry[type[Task]] = Registry("task")
+
+
+def register_task(name: str, *, aliases: tuple[str, ...] = ()):
+    """Class decorator: `@register_task("arithmetic")` makes `get_task("arithmetic", ...)` work."""
+    return TASKS.register(name, aliases=aliases)
+
+
+def check_params(kind: str, name: str, cls: type, params: dict[str, Any]) -> None:
+    """Reject keyword parameters that `cls.__init__` does not accept, naming the accepted ones."""
+    sig = inspect.signature(cls.__init__)
+    accepted = [p for p in sig.parameters if p != "self"]
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    unknown = [k for k in params if k not in accepted]
+    if unknown:
+        raise ValueError(
+            f"{kind} {name!r}: unknown parameter(s) {', '.join(map(repr, unknown))}; "
+            f"accepted: {', '.join(accepted) or '(none)'}"
+        )
+
+
+def get_task(name: str, **params: Any) -> Task:
+    """Build a registered task: `get_task("arithmetic", digits=3, seed=1)`."""
+    cls = TASKS.get(name)
+    check_params("task", name, cls, params)
+    return cls(**params)
+
+
+def list_tasks() -> list[str]:
+    return TASKS.names()

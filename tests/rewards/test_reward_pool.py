@@ -1,0 +1,168 @@
+"""RewardPool: ordering, timeouts, crashes, exceptions, async handles, in-process mode."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posttrain.rewards import RewardPool, get_reward
+from posttrain.tasks import Example
+
+TIMEOUT = 0.5
+
+
+class ScriptedReward:
+    """Completion text is a command: a number -> that reward; `sleep`, `crash`, `segv`, `raise`,
+    `nan`, `exit` misbehave. Top-level so worker processes can unpickle it."""
+
+    name = "scripted"
+
+    def __call__(self, completion: str, example: Example) -> float:
+        if completion == "sleep":
+            time.sleep(60)
+        if completion == "crash":
+            os._exit(3)
+        if completion == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if completion == "raise":
+            raise ValueError("scripted failure")
+        if completion == "exit":
+            raise SystemExit(1)
+        if completion == "nan":
+            return float("nan")
+        return float(completion)
+
+
+class BadSetupReward(ScriptedReward):
+    def setup(self) -> None:
+        raise RuntimeError("cannot load verifier")
+
+
+def _ex(i: int) -> Example:
+    return Example(id=str(i), prompt="p", answer="a")
+
+
+def _batch(cmds: list[str]) -> tuple[list[str], list[Example]]:
+    return cmds, [_ex(i) for i in range(len(cmds))]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RewardPool(ScriptedReward(), num_workers=2, timeout_s=TIMEOUT) as p:
+        yield p
+
+
+def test_order_preserved_across_workers(pool: RewardPool) -> None:
+    cmds = [str(i) for i in range(300)]
+    res = pool.score(*_batch(cmds))
+    assert res.rewards == [float(i) for i in range(300)]
+    assert (res.timeouts, res.errors) == (0, 0)
+    assert res.statuses == ["ok"] * 300
+    assert res.components is None
+
+
+def test_exception_gives_zero_and_counts_error(pool: RewardPool) -> None:
+    res = pool.score(*_batch(["1", "raise", "3", "nan", "exit"]))
+    assert res.rewards == [1.0, 0.0, 3.0, 0.0, 0.0]
+    assert (res.errors, res.timeouts) == (3, 0)
+    assert res.statuses == ["ok", "error", "ok", "error", "error"]
+    assert any("ValueError: scripted failure" in m for m in res.messages)
+    assert any("not finite" in m for m in res.messages)
+
+
+def test_timeout_kills_worker_and_pool_keeps_working(pool: RewardPool) -> None:
+    restarts = pool.stats["restarts"]
+    t0 = time.perf_counter()
+    res = pool.score(*_batch(["1", "sleep", "3", "4"]))
+    elapsed = time.perf_counter() - t0
+    assert res.rewards == [1.0, 0.0, 3.0, 4.0]
+    assert (res.timeouts, res.errors) == (1, 0)
+    assert res.statuses[1] == "timeout"
+    assert elapsed < 10 * TIMEOUT  # killed near the deadline, not after the 60 s sleep
+    assert pool.stats["restarts"] == restarts + 1
+    assert pool.score(*_batch(["7", "8"])).rewards == [7.0, 8.0]
+
+
+@pytest.mark.parametrize("cmd", ["crash", "segv"])
+def test_crashed_worker_counts_error_and_is_replaced(pool: RewardPool, cmd: str) -> None:
+    cmds = [str(i) for i in range(40)]
+    cmds[17] = cmd
+    res = pool.score(*_batch(cmds))
+    expected = [float(i) for i in range(40)]
+    expected[17] = 0.0
+    assert res.rewards == expected
+    assert (res.errors, res.timeouts) == (1, 0)
+    assert res.statuses[17] == "error"
+    assert "exited with code" in res.messages[0]
+    assert pool.score(*_batch(["5"])).rewards == [5.0]
+
+
+def test_many_failures_in_one_batch(pool: RewardPool) -> None:
+    cmds = [str(i) for i in range(60)]
+    bad = {3: "sleep", 10: "crash", 11: "crash", 20: "raise", 41: "sleep", 59: "segv"}
+    for i, c in bad.items():
+        cmds[i] = c
+    res = pool.score(*_batch(cmds))
+    assert res.rewards == [0.0 if i in bad else float(i) for i in range(60)]
+    assert res.timeouts == 2
+    assert res.errors == 4
+
+
+def test_submit_is_non_blocking_and_handles_resolve(pool: RewardPool) -> None:
+    h_slow = pool.submit(*_batch(["sleep", "2"]))
+    h_fast = pool.submit(*_batch(["3", "4"]))
+    assert not h_slow.done()  # the sleeper needs TIMEOUT seconds
+    assert h_fast.result(timeout=30).rewards == [3.0, 4.0]
+    res = h_slow.result(timeout=30)
+    assert res.rewards == [0.0, 2.0] and res.timeouts == 1
+    assert h_slow.done()
+
+
+def test_empty_batch_and_bad_arguments(pool: RewardPool) -> None:
+    res = pool.score([], [])
+    assert res.rewards == [] and res.errors == 0
+    with pytest.raises(ValueError, match="2 completions but 1 examples"):
+        pool.submit(["1", "2"], [_ex(0)])
+    with pytest.raises(TypeError, match="completion 0 is int"):
+        pool.submit([1], [_ex(0)])  # type: ignore[list-item]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(min_value=-1000, max_value=1000), max_size=70))
+def test_pool_matches_in_process_scores(pool: RewardPool, values: list[int]) -> None:
+    cmds = [str(v) for v in values]
+    assert pool.score(*_batch(cmds)).rewards == [float(v) for v in values]
+
+
+def test_in_process_mode_counts_errors_without_processes() -> None:
+    with RewardPool(ScriptedReward(), num_workers=0) as p:
+        res = p.score(*_batch(["1", "raise", "2"]))
+    assert res.rewards == [1.0, 0.0, 2.0]
+    assert res.errors == 1
+
+
+def test_unpicklable_reward_is_rejected_at_construction() -> None:
+    class Local(ScriptedReward):  # a local class cannot be pickled by reference
+        pass
+
+    with pytest.raises(TypeError, match="must be picklable"):
+        RewardPool(Local(), num_workers=1)
+
+
+def test_failing_setup_is_reported_at_construction() -> None:
+    with pytest.raises(RuntimeError, match="cannot load verifier"):
+        RewardPool(BadSetupReward(), num_workers=1, timeout_s=TIMEOUT)
+
+
+def test_closed_pool_refuses_work() -> None:
+    p = RewardPool(get_reward("exact_match"), num_workers=1, timeout_s=TIMEOUT)
+    assert p.score(["46"], [Example("a", "12+34=", "46")]).rewards == [1.0]
+    p.close()
+    p.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        p.submit(["46"], [Example("a", "12+34=", "46")])
