@@ -14,6 +14,8 @@ Public API (re-exported by `posttrain.silo`):
 from __future__ import annotations
 
 from posttrain.silo.tasks import level1 as _level1  # noqa: F401  (registers I-01..I-10)
+from posttrain.silo.tasks import level2 as _level2  # noqa: F401  (registers II-11..II-20)
+from posttrain.silo.tasks import level3 as _level3  # noqa: F401  (registers III-21..III-30)
 from posttrain.silo.tasks._base import TASKS, TaskInfo
 from posttrain.silo.tasks.cases import (
     case_to_json,

@@ -147,8 +147,24 @@ def generate_case(
 
 
 def case_to_json(case: dict[str, Any]) -> str:
-    """The on-disk text of a case (indent 2, UTF-8, like the authors' files)."""
-    return json.dumps(case, indent=2, ensure_ascii=False) + "\n"
+    """The on-disk text of a case: UTF-8 JSON indented by 2 like the authors' files, except that a list of
+    scalars is written on one line (a matrix becomes one line per row). `json.loads` of the text gives the
+    case back unchanged; the III-30 N = 100 file is ~3x smaller than with `json.dumps(indent=2)`."""
+    return _dump(case, 0) + "\n"
+
+
+def _dump(obj: Any, depth: int) -> str:
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        body = ",\n".join(
+            f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {_dump(v, depth + 1)}" for k, v in obj.items()
+        )
+        return "{\n" + body + "\n" + pad + "}"
+    if isinstance(obj, list) and any(isinstance(v, list | dict) for v in obj):
+        return "[\n" + ",\n".join(inner + _dump(v, depth + 1) for v in obj) + "\n" + pad + "]"
+    return json.dumps(obj, ensure_ascii=False)
 
 
 def _select_tasks(tasks: str | Iterable[str]) -> list[str]:
