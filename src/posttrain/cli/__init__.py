@@ -7,6 +7,7 @@ from posttrain.cli.app import app, bench_app, silo_app
 # Command modules: importing them registers their commands on the apps above.
 # Keep imports of heavy libraries (torch, transformers) inside the command functions.
 # (one line per area, e.g. `from posttrain.cli import rl as _rl  # noqa: F401`)
+from posttrain.cli import silo as _silo  # noqa: F401
 
 __all__ = ["app", "bench_app", "main", "silo_app"]
 

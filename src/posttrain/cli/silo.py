@@ -1,0 +1,262 @@
+"""`posttrain silo generate|run|report` and `posttrain bench silo`.
+
+Multi-value options accept space-separated values as well as repeats and commas:
+``--agents 2 5 10``, ``--agents 2 --agents 5``, ``--agents 2,5,10`` are the same.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from typer.core import TyperCommand
+
+from posttrain.cli.app import bench_app, silo_app
+
+_MULTI = ("--agents", "--protocols", "--tasks", "--seed", "--model")
+
+
+class MultiValueCommand(TyperCommand):
+    """Rewrites ``--opt a b c`` into ``--opt a --opt b --opt c`` for the options in `_MULTI`
+    before click parses them (click options take one value per occurrence)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        out: list[str] = []
+        cur: str | None = None
+        for tok in args:
+            if tok == "--":
+                cur = None
+                out.append(tok)
+            elif tok.startswith("-") and not _is_number(tok):
+                cur = tok if tok in _MULTI else None
+                out.append(tok)
+            elif cur is not None:
+                if out and out[-1] != cur:
+                    out.append(cur)
+                out.append(tok)
+            else:
+                out.append(tok)
+        return super().parse_args(ctx, out)
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+        return True
+    except ValueError:
+        return False
+
+
+def _split(values: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        out += [x for x in v.replace(",", " ").split() if x]
+    return out
+
+
+def _ints(values: list[str] | None, what: str) -> list[int]:
+    out = []
+    for v in _split(values):
+        try:
+            out.append(int(v))
+        except ValueError:
+            raise typer.BadParameter(f"{what}: expected integers, got {v!r}") from None
+    return out
+
+
+def _tasks(values: list[str] | None) -> list[str]:
+    from posttrain.silo import TASK_IDS, task_level
+
+    names = _split(values) or ["all"]
+    levels = {"I": 1, "II": 2, "III": 3}
+    out: list[str] = []
+    for name in names:
+        if name == "all":
+            out += TASK_IDS
+        elif name in levels:
+            out += [t for t in TASK_IDS if task_level(t) == levels[name]]
+        elif name in TASK_IDS:
+            out.append(name)
+        else:
+            raise typer.BadParameter(f"--tasks: unknown task {name!r}; use all, I, II, III or ids like I-01")
+    return list(dict.fromkeys(out))
+
+
+def _protocols(values: list[str] | None) -> list[str]:
+    from posttrain.silo.protocols import canonical_protocol
+    from posttrain.utils.registry import UnknownNameError
+
+    try:
+        return list(dict.fromkeys(canonical_protocol(p) for p in (_split(values) or ["p2p", "bp", "sfs"])))
+    except UnknownNameError as e:
+        raise typer.BadParameter(f"--protocols: {e}") from None
+
+
+@silo_app.command("generate", cls=MultiValueCommand)
+def generate_cmd(
+    agents: list[str] = typer.Option(["2", "5", "10", "20", "50", "100"], "--agents", help="agent counts N"),
+    seed: list[str] = typer.Option(["42"], "--seed", help="data seed (one)"),
+    out: Path = typer.Option(..., "--out", help="output directory"),
+    tasks: list[str] = typer.Option(["all"], "--tasks", help="all | I | II | III | task ids"),
+    parity: bool = typer.Option(False, "--parity", help="replay the authors' single RNG stream (spec §2.4)"),
+) -> None:
+    """Write one {TASK}_n{N}.json case file per task and N."""
+    from posttrain.silo import write_cases
+
+    seeds = _ints(seed, "--seed")
+    if len(seeds) != 1:
+        raise typer.BadParameter("--seed: generate takes exactly one seed")
+    paths = write_cases(out, _ints(agents, "--agents"), seeds[0], _tasks(tasks), parity=parity)
+    typer.echo(f"wrote {len(paths)} case files to {out}")
+
+
+@silo_app.command("run", cls=MultiValueCommand)
+def run_cmd(
+    agent: str = typer.Option("scripted", "--agent", help="scripted | openai | hf | adversarial:<kind>"),
+    protocols: list[str] = typer.Option(["p2p", "bp", "sfs"], "--protocols", help="p2p bp sfs"),
+    agents: list[str] = typer.Option(["2", "5", "10"], "--agents", help="agent counts N"),
+    tasks: list[str] = typer.Option(["all"], "--tasks", help="all | I | II | III | task ids"),
+    seed: list[str] = typer.Option(["42"], "--seed", help="data seeds"),
+    out: Path = typer.Option(..., "--out", help="run directory (results.jsonl, results.csv, cases/)"),
+    model: list[str] = typer.Option(
+        [], "--model", help="openai: model name(s); hf: model dir(s) or preset(s)"
+    ),
+    base_url: str | None = typer.Option(None, "--base-url", help="openai: e.g. http://localhost:8000/v1"),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="openai: env var holding the API key"),
+    temperature: float | None = typer.Option(None, "--temperature", help="sampling temperature"),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="openai: max_tokens per reply"),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="hf: generation cap per reply"),
+    request_concurrency: int = typer.Option(8, "--request-concurrency", help="openai: requests in flight"),
+    timeout_s: float = typer.Option(600.0, "--timeout", help="openai: request timeout (s)"),
+    max_retries: int = typer.Option(5, "--max-retries", help="openai: retries on 429/5xx/timeouts"),
+    max_rounds: int = typer.Option(100, "--max-rounds", help="R_max"),
+    concurrency: int = typer.Option(1, "--concurrency", help="cases run at once"),
+    cases: Path | None = typer.Option(None, "--cases", help="run published {TASK}_n{N}.json files from DIR"),
+    prompt_set: str = typer.Option("code", "--prompt-set", help="code | paper"),
+    save_cases: bool = typer.Option(
+        True, "--save-cases/--no-save-cases", help="per-case results.json + transcript"
+    ),
+) -> None:
+    """Run a sweep (resumable: cases already in DIR/results.jsonl are skipped)."""
+    from posttrain.silo.agents import build_agent
+    from posttrain.silo.prompts import PROMPT_SETS
+    from posttrain.silo.runner import AgentSpec, SweepConfig, run_sweep
+
+    if prompt_set not in PROMPT_SETS:
+        raise typer.BadParameter(f"--prompt-set: unknown {prompt_set!r}; known: {', '.join(PROMPT_SETS)}")
+    if cases is not None and not cases.is_dir():
+        raise typer.BadParameter(f"--cases: {cases} is not a directory")
+    models = _split(model)
+    specs: list[AgentSpec] = []
+    if agent == "openai":
+        if not base_url or not models:
+            raise typer.BadParameter("--agent openai needs --base-url and --model")
+        key = None
+        if api_key_env:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise typer.BadParameter(f"--api-key-env: environment variable {api_key_env} is not set")
+        for m in models:
+            opts = dict(base_url=base_url, model=m, api_key=key, temperature=temperature, max_tokens=max_tokens,
+                        concurrency=request_concurrency, timeout_s=timeout_s, max_retries=max_retries)  # fmt: skip
+            specs.append(AgentSpec(m, lambda o=opts: build_agent("openai", **o)))
+    elif agent == "hf":
+        if not models:
+            raise typer.BadParameter("--agent hf needs --model (a local model directory or a preset)")
+        for m in models:
+            opts = dict(model=m, max_new_tokens=max_new_tokens, temperature=temperature or 0.0)
+            specs.append(AgentSpec(f"hf:{m}", lambda o=opts: build_agent("hf", **o)))
+    else:
+        build_agent(agent)  # validates the name
+        specs.append(AgentSpec(agent, lambda: build_agent(agent)))
+    cfg = SweepConfig(
+        out_dir=out,
+        tasks=_tasks(tasks),
+        agent_counts=_ints(agents, "--agents"),
+        protocols=_protocols(protocols),
+        seeds=_ints(seed, "--seed"),
+        max_rounds=max_rounds,
+        prompt_set=prompt_set,
+        concurrency=concurrency,
+        cases_dir=cases,
+        save_cases=save_cases,
+    )
+    s = run_sweep(cfg, specs)
+    sr = sum(bool(r["success"]) for r in s.rows) / max(1, len(s.rows))
+    typer.echo(
+        f"{s.total} cases in grid: {s.skipped} already done, {s.ran} run, {s.errors} errors "
+        f"({s.wall_s:.1f}s); success rate over {len(s.rows)} finished cases: {sr:.3f}; results in {out}"
+    )
+    if s.errors:
+        typer.echo(f"see {out / 'errors.jsonl'}; rerun the same command to retry them", err=True)
+        raise typer.Exit(1)
+
+
+@silo_app.command("report")
+def report_cmd(
+    run_dir: Path = typer.Argument(..., help="a run directory with results.jsonl"),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots"),
+) -> None:
+    """Table 1 layout (terminal + report.md), failure modes, plots and report.json."""
+    from posttrain.silo.report import write_report
+
+    try:
+        write_report(run_dir, plots=plots)
+    except (FileNotFoundError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
+    typer.echo(f"wrote {run_dir / 'report.md'} and {run_dir / 'report.json'}")
+
+
+@bench_app.command("silo", cls=MultiValueCommand)
+def bench_silo_cmd(
+    agents: list[str] = typer.Option(["2", "5", "10", "20", "50", "100"], "--agents", help="agent counts N"),
+    protocols: list[str] = typer.Option(["p2p", "bp", "sfs"], "--protocols"),
+    tasks: list[str] = typer.Option(["all"], "--tasks", help="all | I | II | III | task ids"),
+    seed: int = typer.Option(42, "--seed"),
+    max_rounds: int = typer.Option(100, "--max-rounds"),
+    json_path: Path | None = typer.Option(None, "--json", help="write the measurements here"),
+) -> None:
+    """Time the SILO-BENCH grid with scripted agents: wall, peak RSS, engine overhead, success."""
+    from posttrain.bench.silo import run_silo_bench
+    from posttrain.utils.io import atomic_write_json
+    from posttrain.utils.progress import progress_bar
+    from posttrain.utils.tables import print_table
+
+    task_ids, counts, protos = _tasks(tasks), _ints(agents, "--agents"), _protocols(protocols)
+    total = len(task_ids) * len(counts) * len(protos)
+    ok = [0, 0]
+    with progress_bar("bench silo", total=total) as bar:
+
+        def on_case(info: dict) -> None:
+            ok[0] += 1
+            ok[1] += bool(info["success"])
+            bar.advance(sr=ok[1] / ok[0], n=info["n"])
+
+        res = run_silo_bench(task_ids, counts, protos, seed, max_rounds, on_case=on_case)
+    rows = [
+        [
+            f"N={n}",
+            int(p["cases"]),
+            p["success"] / max(1, p["cases"]),
+            p["wall_s"],
+            p["engine_us_per_agent_round"],
+        ]
+        for n, p in res["per_n"].items()
+    ]
+    rows.append(
+        ["all", res["cases"], res["success_rate"], res["case_wall_s"], res["engine_us_per_agent_round"]]
+    )
+    print_table(
+        "bench silo (scripted agents)", ["slice", "cases", "success", "wall s", "engine µs/agent-round"], rows
+    )
+    typer.echo(
+        f"wall {res['wall_s']:.1f}s  peak RSS {res['peak_rss_mb']:.0f} MB  engine overhead "
+        f"{res['engine_us_per_agent_round']:.1f} µs/agent-round  success {res['success_rate']:.3f}"
+    )
+    if res["failed_cases"]:
+        typer.echo(f"failed: {', '.join(res['failed_cases'][:20])}", err=True)
+    if json_path is not None:
+        atomic_write_json(json_path, res)
+        typer.echo(f"wrote {json_path}")

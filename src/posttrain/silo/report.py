@@ -1,0 +1,235 @@
+"""Reports over a sweep's results.jsonl: the paper's Table 1 layout, failure modes, plots, JSON.
+
+Table 1 (paper §4, spec §10.1): rows are slices — each protocol, each level, each N, and the average
+over all cases — and each agent/model gets one cell ``SR / PCS / tokens-per-round / density`` where
+
+* SR  = 100 x mean over cases of 1[S = 1]  (instance success rate),
+* PCS = 100 x mean of P (partial correctness score),
+* tokens/round = mean of ``C_paper`` (output tokens / R_max, the paper's definition, spec §7.3),
+* density = mean of ``D_paper`` (messages sent; SFS: successful reads of others' files, spec §7.4).
+
+The code variants (``C_code``, ``D_code``) are in the JSON next to them. Averages are recomputed from the
+raw rows (spec §10.1 notes the printed Average row is inconsistent).
+
+Outputs of `write_report(dir)`: ``report.md``, ``report.json``, ``success_vs_n.png`` (SR vs N, one panel
+per level, one line per agent x protocol) and ``heatmap_task_protocol.png`` (SR per task x protocol, one
+panel per agent).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from posttrain.utils.io import atomic_write_json, atomic_write_text
+from posttrain.utils.tables import markdown_table, print_table
+
+PROTO_ORDER = ("bp", "p2p", "sfs")
+PROTO_LABEL = {"bp": "BP", "p2p": "P2P", "sfs": "SFS"}
+LEVEL_LABEL = {1: "Level I", 2: "Level II", 3: "Level III"}
+
+
+def _agg(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    k = len(rows)
+    if k == 0:
+        return {"cases": 0}
+
+    def mean(key: str) -> float:
+        return sum(float(r[key]) for r in rows) / k
+
+    return {
+        "cases": k,
+        "SR": 100.0 * sum(bool(r["success"]) for r in rows) / k,
+        "PCS": 100.0 * mean("P"),
+        "C_paper": mean("C_paper"),
+        "C_code": mean("C_code"),
+        "D_paper": mean("D_paper"),
+        "D_code": mean("D_code"),
+        "rounds": mean("rounds"),
+    }
+
+
+def slices(rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(label, rows) for every Table-1 slice present in `rows`, in the paper's order."""
+    out = []
+    for p in PROTO_ORDER:
+        sel = [r for r in rows if r["protocol"] == p]
+        if sel:
+            out.append((PROTO_LABEL[p], sel))
+    for lv in (1, 2, 3):
+        sel = [r for r in rows if int(r["level"]) == lv]
+        if sel:
+            out.append((LEVEL_LABEL[lv], sel))
+    for n in sorted({int(r["num_agents"]) for r in rows}):
+        out.append((f"N={n}", [r for r in rows if int(r["num_agents"]) == n]))
+    out.append(("Average", list(rows)))
+    return out
+
+
+def table1(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """{agent: {slice: aggregate}}."""
+    agents = sorted({r["agent"] for r in rows})
+    return {
+        a: {label: _agg([r for r in sel if r["agent"] == a]) for label, sel in slices(rows)} for a in agents
+    }
+
+
+def failure_summary(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per agent: counts and shares of success and each failure mode (paper Table 4), co-occurrences."""
+    out: dict[str, dict[str, Any]] = {}
+    modes = ("premature_submission", "consensus_failure", "computation_error")
+    for a in sorted({r["agent"] for r in rows}):
+        sel = [r for r in rows if r["agent"] == a]
+        k = len(sel)
+        d: dict[str, Any] = {"cases": k, "success": sum(bool(r["success"]) for r in sel)}
+        for m in modes:
+            d[m] = sum(bool(r[m]) for r in sel)
+        d["share"] = {m: (d[m] / k if k else 0.0) for m in ("success", *modes)}
+        d["co_occurrence"] = {
+            f"{m1}&{m2}": sum(bool(r[m1]) and bool(r[m2]) for r in sel)
+            for i, m1 in enumerate(modes)
+            for m2 in modes[i + 1 :]
+        }
+        d["cases_with_emergent_leader"] = sum(int(r.get("emergent_leaders", 0)) > 0 for r in sel)
+        out[a] = d
+    return out
+
+
+def per_task(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """{agent: {task_id: {protocol: SR}}} (paper Table 10 layout)."""
+    acc: dict[str, dict[str, dict[str, list[bool]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for r in rows:
+        acc[r["agent"]][r["task_id"]][r["protocol"]].append(bool(r["success"]))
+    return {
+        a: {
+            t: {p: 100.0 * sum(v) / len(v) for p, v in by_p.items()}
+            for t, by_p in sorted(by_t.items(), key=_task_sort)
+        }
+        for a, by_t in acc.items()
+    }
+
+
+def _task_sort(item: tuple[str, Any]) -> tuple[int, int]:
+    roman, _, num = item[0].partition("-")
+    return (len(roman), int(num) if num.isdigit() else 0)
+
+
+def _cell(agg: dict[str, float]) -> str:
+    if not agg.get("cases"):
+        return "-"
+    return f"{agg['SR']:.1f} / {agg['PCS']:.1f} / {agg['C_paper']:.1f} / {agg['D_paper']:.2f}"
+
+
+def table1_rows(
+    t1: dict[str, dict[str, dict[str, float]]], rows: Sequence[dict[str, Any]]
+) -> tuple[list[str], list[list[str]]]:
+    agents = list(t1)
+    columns = ["Slice", *[f"{a} (SR / PCS / tok/round / D)" for a in agents], "cases"]
+    body = []
+    for label, sel in slices(rows):
+        body.append([label, *[_cell(t1[a][label]) for a in agents], str(len(sel))])
+    return columns, body
+
+
+def plot_success_vs_n(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = sorted({int(r["level"]) for r in rows})
+    fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
+    for ax, lv in zip(axes[0], levels, strict=True):
+        sel = [r for r in rows if int(r["level"]) == lv]
+        for a in sorted({r["agent"] for r in sel}):
+            for p in PROTO_ORDER:
+                pts = [r for r in sel if r["agent"] == a and r["protocol"] == p]
+                if not pts:
+                    continue
+                ns = sorted({int(r["num_agents"]) for r in pts})
+                sr = [_agg([r for r in pts if int(r["num_agents"]) == n])["SR"] for n in ns]
+                ax.plot(ns, sr, marker="o", label=f"{a} {PROTO_LABEL[p]}")
+        ax.set_xscale("log")
+        ax.set_xlabel("N agents")
+        ax.set_ylabel("success rate (%)")
+        ax.set_ylim(-5, 105)
+        ax.set_title(LEVEL_LABEL[lv])
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_heatmap(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pt = per_task(rows)
+    agents = sorted(pt)
+    tasks = sorted({r["task_id"] for r in rows}, key=lambda t: _task_sort((t, None)))
+    protos = [p for p in PROTO_ORDER if any(r["protocol"] == p for r in rows)]
+    fig, axes = plt.subplots(
+        1, len(agents), figsize=(2 + 2.2 * len(agents), 0.3 * len(tasks) + 1.5), squeeze=False
+    )
+    for ax, a in zip(axes[0], agents, strict=True):
+        grid = [[pt[a].get(t, {}).get(p, float("nan")) for p in protos] for t in tasks]
+        im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(protos)), [PROTO_LABEL[p] for p in protos])
+        ax.set_yticks(range(len(tasks)), tasks, fontsize=7)
+        ax.set_title(a, fontsize=9)
+    fig.colorbar(im, ax=axes[0].tolist(), label="SR (%)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(run_dir: str | Path, *, show: bool = True, plots: bool = True) -> dict[str, Any]:
+    """Build every report artefact from ``run_dir/results.jsonl``; returns the JSON summary."""
+    from posttrain.silo.runner import load_rows
+
+    run_dir = Path(run_dir)
+    path = run_dir / "results.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (run `posttrain silo run --out {run_dir}` first)")
+    rows = load_rows(path)
+    if not rows:
+        raise ValueError(f"{path} has no finished cases")
+    t1 = table1(rows)
+    fails = failure_summary(rows)
+    columns, body = table1_rows(t1, rows)
+    fcols = ["agent", "cases", "success", "premature", "consensus", "computation", "with leader"]
+    frows = [
+        [
+            a,
+            d["cases"],
+            d["success"],
+            d["premature_submission"],
+            d["consensus_failure"],
+            d["computation_error"],
+            d["cases_with_emergent_leader"],
+        ]
+        for a, d in fails.items()
+    ]
+    if show:
+        print_table("SILO-BENCH (paper Table 1 layout)", columns, body)
+        print_table("Failure modes (paper Table 4)", fcols, frows)
+    summary = {"table1": t1, "failure_modes": fails, "per_task": per_task(rows), "cases": len(rows)}
+    md = [
+        "# SILO-BENCH report\n",
+        f"{len(rows)} cases from `{path}`. Cells: SR / PCS / tokens per round (C_paper) / density (D_paper).\n",
+        markdown_table(columns, body),
+        "\n## Failure modes\n",
+        markdown_table(fcols, frows),
+    ]
+    if plots:
+        plot_success_vs_n(rows, run_dir / "success_vs_n.png")
+        plot_heatmap(rows, run_dir / "heatmap_task_protocol.png")
+        md.append("\n![success vs N](success_vs_n.png)\n\n![task x protocol](heatmap_task_protocol.png)\n")
+    atomic_write_text(run_dir / "report.md", "\n".join(md))
+    atomic_write_json(run_dir / "report.json", summary)
+    return summary
