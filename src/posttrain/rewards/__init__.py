@@ -5,6 +5,7 @@
 """
 
 from posttrain.rewards import basic as _basic  # noqa: F401  (registers the rewards)
+from posttrain.rewards import countdown as _countdown  # noqa: F401
 from posttrain.rewards.base import (
     REWARDS,
     RewardFn,
@@ -16,10 +17,12 @@ from posttrain.rewards.base import (
     score_detailed,
 )
 from posttrain.rewards.basic import ExactMatchReward, FormatReward, NumericReward, last_number, parse_number
+from posttrain.rewards.countdown import CountdownReward
 from posttrain.rewards.pool import RewardHandle, RewardPool, RewardResult
 
 __all__ = [
     "REWARDS",
+    "CountdownReward",
     "ExactMatchReward",
     "FormatReward",
     "NumericReward",

@@ -5,6 +5,7 @@
 """
 
 from posttrain.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the task)
+from posttrain.tasks import countdown as _countdown  # noqa: F401
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.base import (
     DEFAULT_MARKER,
@@ -17,16 +18,20 @@ from posttrain.tasks.base import (
     list_tasks,
     register_task,
 )
+from posttrain.tasks.countdown import CountdownTask, ExpressionError, parse_expression
 
 __all__ = [
     "DEFAULT_MARKER",
     "SPLITS",
     "TASKS",
     "ArithmeticTask",
+    "CountdownTask",
     "Example",
+    "ExpressionError",
     "SplitName",
     "Task",
     "get_task",
     "list_tasks",
+    "parse_expression",
     "register_task",
 ]
