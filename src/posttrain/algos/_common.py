@@ -69,7 +69,7 @@ def as_bool_mask(mask: Tensor) -> Tensor:
 def check_2d(name: str, t: Any, shape: torch.Size | None = None) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor of shape (B, T), got {type(t).__name__}")
-    if t.dim() != 2:
+    if shape is None and t.dim() != 2:
         raise ValueError(f"{name}: expected shape (B, T), got {tuple(t.shape)}")
     if shape is not None and t.shape != shape:
         raise ValueError(f"{name}: expected shape {tuple(shape)} (same as logp), got {tuple(t.shape)}")
