@@ -26,8 +26,9 @@ LEADER_FACTOR = 1.5
 def normalize_value(value: Any) -> Any:
     """Canonical form for comparing an answer with the ground truth (spec §7.1, §9.4).
 
-    - strings: parsed as int, then float, then JSON (lists / objects / true / false / null); otherwise kept
-      (surrounding whitespace stripped). Python-style "True" / "False" become booleans too, since agents
+    - strings: parsed as int, then float, then JSON (lists / objects / true / false / null / a quoted
+      string literal, which is unwrapped and parsed again); otherwise kept (surrounding whitespace
+      stripped). Python-style "True" / "False" become booleans too, since agents
       write them (I-04's prompt says submit_result(True/False)).
     - tuples become lists; lists are normalised element-wise (recursively);
     - dicts: keys become strings (`str(int)` for integer keys, so {0: 1} and {"0": 1} agree), values are
@@ -81,6 +82,8 @@ def _parse_string(text: str) -> Any:
         return normalize_value(parsed)
     if isinstance(parsed, bool) or parsed is None:
         return parsed
+    if isinstance(parsed, str):  # a quoted JSON string literal: '"Candidate_A"' -> 'Candidate_A'
+        return _parse_string(parsed) if parsed.strip() != s else parsed
     return s
 
 
