@@ -6,6 +6,8 @@
 
 from posttrain.rewards import basic as _basic  # noqa: F401  (registers the rewards)
 from posttrain.rewards import countdown as _countdown  # noqa: F401
+from posttrain.rewards import mathverify as _mathverify  # noqa: F401
+from posttrain.rewards import weighted as _weighted  # noqa: F401
 from posttrain.rewards.base import (
     REWARDS,
     RewardFn,
@@ -18,18 +20,22 @@ from posttrain.rewards.base import (
 )
 from posttrain.rewards.basic import ExactMatchReward, FormatReward, NumericReward, last_number, parse_number
 from posttrain.rewards.countdown import CountdownReward
+from posttrain.rewards.mathverify import MathVerifyReward
 from posttrain.rewards.pool import RewardHandle, RewardPool, RewardResult
+from posttrain.rewards.weighted import WeightedReward
 
 __all__ = [
     "REWARDS",
     "CountdownReward",
     "ExactMatchReward",
     "FormatReward",
+    "MathVerifyReward",
     "NumericReward",
     "RewardFn",
     "RewardHandle",
     "RewardPool",
     "RewardResult",
+    "WeightedReward",
     "cut_at_stop",
     "extract_answer",
     "get_reward",

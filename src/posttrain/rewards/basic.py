@@ -83,15 +83,16 @@ class NumericReward:
 
     Parses integers, decimals, fractions `a/b`, thousands commas, a leading `$`. If the extracted
     answer is not a number as a whole, its last number is used (`"The answer is 72."` -> 72). A gold
-    answer that is not a number raises ValueError (the pool counts it as an error).
+    answer that is not a number raises ValueError (the pool counts it as an error). Defaults
+    `rel_tol=0, abs_tol=1e-6`: integers must match exactly, `0.333333` matches `1/3`.
     """
 
     name = "numeric"
 
     def __init__(
         self,
-        rel_tol: float = 1e-6,
-        abs_tol: float = 1e-9,
+        rel_tol: float = 0.0,
+        abs_tol: float = 1e-6,
         marker: str | None = None,
         require_marker: bool = False,
         stop: tuple[str, ...] | list[str] = DEFAULT_STOP,

@@ -1,11 +1,12 @@
 """Built-in verifiable tasks and a dataset loader.
 
 `get_task(name, **params) -> Task`, `list_tasks()`, `register_task` (a `Registry`). Built in:
-`arithmetic`, `countdown`, `jsonl` (also reads `.parquet` when pyarrow is installed).
+`arithmetic`, `countdown`, `jsonl` (also `.json`, and `.parquet` when pyarrow is installed).
 """
 
 from posttrain.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the task)
 from posttrain.tasks import countdown as _countdown  # noqa: F401
+from posttrain.tasks import jsonl as _jsonl  # noqa: F401
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.base import (
     DEFAULT_MARKER,
@@ -19,6 +20,7 @@ from posttrain.tasks.base import (
     register_task,
 )
 from posttrain.tasks.countdown import CountdownTask, ExpressionError, parse_expression
+from posttrain.tasks.jsonl import DatasetError, JsonlTask, gsm8k_final, last_boxed
 
 __all__ = [
     "DEFAULT_MARKER",
@@ -26,11 +28,15 @@ __all__ = [
     "TASKS",
     "ArithmeticTask",
     "CountdownTask",
+    "DatasetError",
     "Example",
     "ExpressionError",
+    "JsonlTask",
     "SplitName",
     "Task",
     "get_task",
+    "gsm8k_final",
+    "last_boxed",
     "list_tasks",
     "parse_expression",
     "register_task",

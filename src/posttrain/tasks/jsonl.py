@@ -1,0 +1,343 @@
+"""`jsonl`: load a real dataset (GSM8K / MATH style) from `.jsonl`, `.json` or `.parquet` files.
+
+Each row is a JSON object. By default the prompt is field `question` and the gold answer field
+`answer`; both are configurable (`prompt_field`, `answer_field`, optional `id_field`). The gold
+answer can be extracted from a worked solution:
+
+- `answer_extract="gsm8k"`: the text after the last `####` (GSM8K; Cobbe et al. 2021),
+- `answer_extract="boxed"`: the content of the last `\\boxed{...}` (MATH; Hendrycks et al. 2021),
+- `answer_extract="none"`: the field as is.
+
+The heldout split is either a second file (`heldout_path`) or a seeded fraction of the rows
+(`heldout_fraction`, default 0.1). A fraction split assigns whole groups of rows with the same
+prompt, so no heldout prompt appears in train; with a `heldout_path`, train rows whose prompt is in
+the heldout file are removed (`dedupe_train=True`) and the count is reported.
+
+Bad rows (invalid JSON, not an object, missing field, wrong type, empty, no extractable answer)
+raise `DatasetError` naming the file, the 1-based row number, the field and what was expected.
+Rows are never dropped silently: `skip_bad_rows=True` skips them, counts them in
+`task.load_report` and warns with the first messages. Blank lines are not rows and are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, register_task
+
+_EXTRACT = ("gsm8k", "boxed", "none")
+_DEFAULT_REWARD = {"gsm8k": "numeric", "boxed": "math_verify", "none": "exact_match"}
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|[{}]")
+
+
+class DatasetError(ValueError):
+    """A dataset file or row that cannot be used; the message names file, row and field."""
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces matched; None if absent."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start == -1:
+        return None
+    i = text.find("{", start)
+    if i == -1:
+        # `\boxed 5` (no braces) is valid LaTeX for a single token
+        m = re.match(r"\\boxed\s+([^\s$]+)", text[start:])
+        return m.group(1) if m else None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j].strip()
+    return None
+
+
+def gsm8k_final(text: str) -> str | None:
+    """The text after the last `####`, stripped; None if there is none."""
+    i = text.rfind("####")
+    if i == -1:
+        return None
+    return text[i + 4 :].strip() or None
+
+
+def _type_name(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _preview(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@register_task("jsonl", aliases=("dataset", "parquet"))
+class JsonlTask(Task):
+    """A dataset file as a task. See the module docstring for the fields and error behaviour."""
+
+    name = "jsonl"
+
+    def __init__(
+        self,
+        path: str | Path,
+        heldout_path: str | Path | None = None,
+        heldout_fraction: float | None = None,
+        seed: int = 0,
+        prompt_field: str = "question",
+        answer_field: str = "answer",
+        id_field: str | None = None,
+        answer_extract: Literal["gsm8k", "boxed", "none"] = "none",
+        prompt_template: str | None = None,
+        answer_marker: str | None = None,
+        default_reward: str | None = None,
+        skip_bad_rows: bool = False,
+        dedupe_train: bool = True,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__()
+        if answer_extract not in _EXTRACT:
+            raise ValueError(
+                f"task 'jsonl': answer_extract must be one of {', '.join(_EXTRACT)}, got {answer_extract!r}"
+            )
+        if heldout_path is not None and heldout_fraction is not None:
+            raise ValueError("task 'jsonl': give either heldout_path or heldout_fraction, not both")
+        if heldout_fraction is not None and not 0.0 <= heldout_fraction < 1.0:
+            raise ValueError(f"task 'jsonl': heldout_fraction must be in [0, 1), got {heldout_fraction!r}")
+        if prompt_template is not None and "{question}" not in prompt_template:
+            raise ValueError(
+                f"task 'jsonl': prompt_template must contain '{{question}}', got {prompt_template!r}"
+            )
+        if prompt_template is not None:
+            for m in _PLACEHOLDER.finditer(prompt_template):
+                if m.group(0) in ("{", "}"):
+                    raise ValueError(
+                        f"task 'jsonl': prompt_template has an unmatched {m.group(0)!r} at position "
+                        f"{m.start()}; write {{{{ or }}}} for a literal brace"
+                    )
+        if limit is not None and limit < 1:
+            raise ValueError(f"task 'jsonl': limit must be >= 1, got {limit!r}")
+        self.path = Path(path)
+        self.heldout_path = Path(heldout_path) if heldout_path is not None else None
+        self.heldout_fraction = heldout_fraction
+        self.seed = seed
+        self.prompt_field, self.answer_field, self.id_field = prompt_field, answer_field, id_field
+        self.answer_extract = answer_extract
+        self.prompt_template = prompt_template
+        self.answer_marker = (
+            answer_marker
+            if answer_marker is not None
+            else (DEFAULT_MARKER if answer_extract == "gsm8k" else None)
+        )
+        self.default_reward = default_reward or _DEFAULT_REWARD[answer_extract]
+        self.skip_bad_rows, self.dedupe_train, self.limit = skip_bad_rows, dedupe_train, limit
+        self.load_report: dict[str, Any] = {}
+        self._splits.update(self._build_splits())  # load now: bad files fail at construction
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "heldout_path": str(self.heldout_path) if self.heldout_path else None,
+            "heldout_fraction": self.heldout_fraction,
+            "seed": self.seed,
+            "prompt_field": self.prompt_field,
+            "answer_field": self.answer_field,
+            "id_field": self.id_field,
+            "answer_extract": self.answer_extract,
+            "prompt_template": self.prompt_template,
+            "answer_marker": self.answer_marker,
+            "default_reward": self.default_reward,
+            "skip_bad_rows": self.skip_bad_rows,
+            "dedupe_train": self.dedupe_train,
+            "limit": self.limit,
+        }
+
+    # -- reading ------------------------------------------------------------------------------
+    def _raw_rows(self, path: Path) -> list[tuple[int, Any]]:
+        """`(1-based row number, parsed JSON value or a DatasetError)` for every row of the file."""
+        if not path.exists():
+            raise DatasetError(f"dataset file {path} does not exist")
+        suffix = path.suffix.lower()
+        if suffix == ".parquet":
+            try:
+                import pyarrow.parquet as pq
+            except ImportError as e:
+                raise DatasetError(
+                    f"{path}: reading .parquet needs pyarrow (pip install pyarrow, or convert to .jsonl)"
+                ) from e
+            return list(enumerate(pq.read_table(path).to_pylist(), start=1))
+        if suffix == ".json":
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise DatasetError(f"{path}: invalid JSON file ({e})") from e
+            if not isinstance(data, list):
+                raise DatasetError(f"{path}: expected a JSON array of row objects, got {_type_name(data)}")
+            return list(enumerate(data, start=1))
+        rows: list[tuple[int, Any]] = []
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    rows.append((n, DatasetError(f"{path}: row {n}: not valid UTF-8 ({e.reason})")))
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((n, json.loads(line.rstrip("\r\n"))))
+                except json.JSONDecodeError as e:
+                    rows.append(
+                        (n, DatasetError(f"{path}: row {n}: invalid JSON ({e.msg} at column {e.colno})"))
+                    )
+        return rows
+
+    def _field(self, path: Path, n: int, row: dict[str, Any], field: str, allow_int: bool) -> str:
+        if field not in row:
+            have = ", ".join(sorted(map(str, row))) or "(none)"
+            raise DatasetError(
+                f"{path}: row {n}: missing field '{field}' (expected a non-empty string; "
+                f"the row has fields: {have})"
+            )
+        v = row[field]
+        if allow_int and isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)
+        if not isinstance(v, str):
+            expected = "a string or an integer" if allow_int else "a string"
+            raise DatasetError(
+                f"{path}: row {n}: field '{field}' must be {expected}, got {_type_name(v)} ({_preview(v)})"
+            )
+        if not v.strip():
+            raise DatasetError(f"{path}: row {n}: field '{field}' is empty (expected a non-empty string)")
+        return v
+
+    def _prompt(self, path: Path, n: int, row: dict[str, Any], question: str) -> str:
+        if self.prompt_template is None:
+            return question
+
+        def sub(m: re.Match[str]) -> str:
+            tok = m.group(0)
+            if tok in ("{{", "}}"):
+                return tok[0]
+            name = m.group(1)
+            if name == "question":
+                return question
+            return self._field(path, n, row, name, allow_int=True)
+
+        return _PLACEHOLDER.sub(sub, self.prompt_template)
+
+    def _example(self, path: Path, n: int, row: Any, split: str) -> Example:
+        if not isinstance(row, dict):
+            raise DatasetError(f"{path}: row {n}: expected a JSON object, got {_type_name(row)}")
+        question = self._field(path, n, row, self.prompt_field, allow_int=False)
+        raw_answer = self._field(path, n, row, self.answer_field, allow_int=True)
+        if self.answer_extract == "gsm8k":
+            answer = gsm8k_final(raw_answer)
+            if answer is None:
+                raise DatasetError(
+                    f"{path}: row {n}: field '{self.answer_field}' has no '#### <final answer>' "
+                    "(answer_extract='gsm8k')"
+                )
+        elif self.answer_extract == "boxed":
+            answer = last_boxed(raw_answer)
+            if not answer:
+                raise DatasetError(
+                    f"{path}: row {n}: field '{self.answer_field}' has no non-empty \\boxed{{...}} "
+                    "(answer_extract='boxed')"
+                )
+        else:
+            answer = raw_answer.strip()
+        ex_id = (
+            self._field(path, n, row, self.id_field, allow_int=True).strip()
+            if self.id_field
+            else f"{path.stem}:{n}"
+        )
+        meta: dict[str, Any] = {"source": str(path), "row": n, "raw_answer": raw_answer, "split": split}
+        if self.answer_marker:
+            meta["answer_marker"] = self.answer_marker
+        return Example(id=ex_id, prompt=self._prompt(path, n, row, question), answer=answer, meta=meta)
+
+    def _load(self, path: Path, split: str) -> list[Example]:
+        out: list[Example] = []
+        bad: list[str] = []
+        ids: dict[str, int] = {}
+        rows = self._raw_rows(path)
+        for n, row in rows:
+            try:
+                if isinstance(row, DatasetError):
+                    raise row
+                ex = self._example(path, n, row, split)
+                if ex.id in ids:
+                    raise DatasetError(
+                        f"{path}: row {n}: field '{self.id_field}': duplicate id {ex.id!r} "
+                        f"(first seen at row {ids[ex.id]}); ids must be unique"
+                    )
+                ids[ex.id] = n
+            except DatasetError as e:
+                if not self.skip_bad_rows:
+                    raise
+                bad.append(str(e))
+                continue
+            out.append(ex)
+            if self.limit is not None and len(out) >= self.limit:
+                break
+        self.load_report[str(path)] = {
+            "rows": len(rows),
+            "examples": len(out),
+            "bad_rows": len(bad),
+            "bad_row_messages": bad[:5],
+        }
+        if bad:
+            warnings.warn(
+                f"{path}: skipped {len(bad)} bad row(s) of {len(rows)} (skip_bad_rows=True); first: {bad[0]}",
+                stacklevel=3,
+            )
+        if not out:
+            raise DatasetError(f"{path}: no usable rows (read {len(rows)}, bad {len(bad)})")
+        return out
+
+    def _build_splits(self) -> dict[str, list[Example]]:
+        main = self._load(self.path, "train")
+        if self.heldout_path is not None:
+            heldout = self._load(self.heldout_path, "heldout")
+            held_prompts = {e.prompt for e in heldout}
+            train = [e for e in main if e.prompt not in held_prompts] if self.dedupe_train else main
+            removed = len(main) - len(train)
+            self.load_report["overlap_removed_from_train"] = removed
+            if removed:
+                warnings.warn(
+                    f"{self.path}: removed {removed} train row(s) whose prompt is in {self.heldout_path}",
+                    stacklevel=3,
+                )
+            return {"train": train, "heldout": heldout}
+        frac = 0.1 if self.heldout_fraction is None else self.heldout_fraction
+        prompts = list(dict.fromkeys(e.prompt for e in main))
+        random.Random(f"jsonl:{self.seed}").shuffle(prompts)
+        n_held = round(frac * len(prompts))
+        held_set = set(prompts[:n_held])
+        heldout = [self._relabel(e, "heldout") for e in main if e.prompt in held_set]
+        train = [e for e in main if e.prompt not in held_set]
+        return {"train": train, "heldout": heldout}
+
+    @staticmethod
+    def _relabel(e: Example, split: str) -> Example:
+        return Example(id=e.id, prompt=e.prompt, answer=e.answer, meta={**e.meta, "split": split})
+
+    # -- references ---------------------------------------------------------------------------
+    def reference_completion(self, example: Example, style: Literal["short", "long"] = "short") -> str:
+        """`long`: the dataset's own solution text (GSM8K rationale ending in `#### x`, MATH solution
+        with `\\boxed{x}`); `short`: just the final answer in the task's answer format."""
+        if style not in ("short", "long"):
+            raise ValueError(f"style must be 'short' or 'long', got {style!r}")
+        if style == "long" and self.answer_extract != "none":
+            return example.meta["raw_answer"]
+        if self.answer_extract == "boxed":
+            return f"The answer is $\\boxed{{{example.answer}}}$."
+        if self.answer_marker:
+            return f"{self.answer_marker} {example.answer}"
+        return example.answer
