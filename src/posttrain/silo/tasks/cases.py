@@ -181,7 +181,7 @@ def _select_tasks(tasks: str | Iterable[str]) -> list[str]:
         else:
             _lookup(name)
             out.append(name)
-    return out
+    return list(dict.fromkeys(out))  # drop repeats, keep order
 
 
 def write_cases(
