@@ -74,7 +74,9 @@ def extract_shard(prompt: str) -> Any:
 
     The first non-empty line after the heading holds the shard, rendered as compact JSON or (string
     shards) verbatim, either alone or after a label (``You (Agent 1) hold: [...]``, ``String segment:
-    abc``): a line starting with ``[``/``{`` is parsed whole, else the text after the first ``": "``.
+    abc``): a line starting with ``[``/``{`` is read from its start, else from after the first ``": "``;
+    a JSON value is decoded from there (text after it, like ``(each edge is a pair [u, v])``, is
+    ignored), anything else is the verbatim string shard.
     """
     m = _DATA_HEAD_RE.search(prompt)
     if m is None:
@@ -85,7 +87,7 @@ def extract_shard(prompt: str) -> Any:
     text = line if line[:1] in ("[", "{") else line.partition(": ")[2].strip()
     if text[:1] in ("[", "{", '"'):
         try:
-            return json.loads(text)
+            return json.JSONDecoder().raw_decode(text)[0]  # a trailing note may follow the data
         except ValueError as e:
             raise ScriptError(f"shard {text[:60]!r} is not valid JSON ({e})") from e
     return text
