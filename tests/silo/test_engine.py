@@ -89,7 +89,7 @@ def test_p2p_fifo_by_round_then_send_sequence():
         (2, 2): s("e") + WAIT,
         (1, 3): tc("receive_messages") + WAIT,
     }
-    agent, res = run(3, script, max_rounds=3)
+    _agent, res = run(3, script, max_rounds=3)
     msgs = results(res, 1, 3)[0][1]["messages"]
     assert [(m["from"], m["content"], m["timestamp"]) for m in msgs] == [
         (0, "a", 1),
@@ -110,7 +110,7 @@ def test_p2p_rejects_bad_targets():
         tc("send_message", target_id="abc", content="x"),
         tc("send_message", content="x"),
     ]
-    agent, res = run(2, {(0, 1): "".join(bad) + WAIT}, max_rounds=2)
+    _agent, res = run(2, {(0, 1): "".join(bad) + WAIT}, max_rounds=2)
     out = results(res, 0, 1)
     assert [r[1]["success"] for r in out[:5]] == [False] * 5
     assert "must be in [0, 1]" in out[0][1]["error"] and "yourself" in out[1][1]["error"]
@@ -130,7 +130,7 @@ def test_broadcast_semantics_and_density_variants():
         (1, 3): recv + WAIT,
         (2, 3): recv + WAIT,
     }
-    agent, res = run(3, script, protocol="bp", max_rounds=3)
+    _agent, res = run(3, script, protocol="bp", max_rounds=3)
     assert results(res, 0, 1)[1] == ("receive_messages", {"messages": []})
     assert results(res, 0, 2)[0][1]["messages"] == [{"from": 1, "content": "x1", "timestamp": 1}]  # not own
     assert results(res, 1, 2)[0][1]["messages"] == [{"from": 0, "content": "x0", "timestamp": 1}]
@@ -153,7 +153,7 @@ def test_sfs_lagged_reads_last_writer_wins_and_density():
         (1, 3): r("nope") + WAIT,
         (1, 4): tc("list_files") + WAIT,
     }
-    agent, res = run(2, script, protocol="sfs", max_rounds=4)
+    _agent, res = run(2, script, protocol="sfs", max_rounds=4)
     assert results(res, 0, 1)[1] == ("read_file", {"success": False, "error": "Key not found: k"})
     # round 2: the state as of round 1, where agent 1 (higher index) won the same-key write
     k2 = results(res, 0, 2)[1][1]
@@ -192,7 +192,7 @@ def test_turn_ends_at_first_wait_or_submit_and_later_calls_do_not_run():
 
 
 def test_corrective_message_unknown_tool_and_missing_answer():
-    agent, res = run(
+    _agent, res = run(
         2,
         {(0, 1): "I think the answer is 7", (1, 1): tc("fly") + tc("submit_result") + WAIT},
         max_rounds=2,
@@ -244,7 +244,7 @@ def test_token_accounting_incremental_equals_full_recount_and_usage_wins():
     assert res.metrics["C_code"] == pytest.approx((res.input_tokens + res.output_tokens) / 3)
     assert res.metrics["C_paper"] == pytest.approx(res.output_tokens / 3)  # R_max = 3
     # API usage replaces the counter when given
-    agent2, res2 = run(2, script, max_rounds=3, usage={"prompt_tokens": 100, "completion_tokens": 10})
+    _agent2, res2 = run(2, script, max_rounds=3, usage={"prompt_tokens": 100, "completion_tokens": 10})
     assert res2.input_tokens == 100 * 6 and res2.output_tokens == 10 * 6
     # a char counter
     res3 = run_case(hand_case(2), "p2p", Puppet(script), EngineConfig(max_rounds=1, token_counter="chars"))
@@ -254,7 +254,7 @@ def test_token_accounting_incremental_equals_full_recount_and_usage_wins():
 
 def test_call_cap_and_bad_case_errors():
     flood = "".join(tc("send_message", target_id=1, content=str(i)) for i in range(10))
-    agent, res = run(2, {(0, 1): flood}, max_rounds=1, max_calls_per_turn=3)
+    _agent, res = run(2, {(0, 1): flood}, max_rounds=1, max_calls_per_turn=3)
     out = results(res, 0, 1)
     assert len(out) == 4 and "limit of 3" in out[3][1]["error"]
     assert res.metrics["D_code"] == pytest.approx(3 / 2)
