@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -13,34 +13,13 @@ from hypothesis import strategies as st
 from posttrain.rewards import RewardPool, get_reward
 from posttrain.tasks import Example
 
+# Worker processes unpickle reward objects by module path; pytest's importlib mode gives test
+# modules names that child processes cannot import, so the scripted rewards live in a plain module
+# on sys.path (the pool passes the parent's sys.path to its workers).
+sys.path.insert(0, str(Path(__file__).parent))
+from _reward_pool_helpers import BadSetupReward, ScriptedReward
+
 TIMEOUT = 0.5
-
-
-class ScriptedReward:
-    """Completion text is a command: a number -> that reward; `sleep`, `crash`, `segv`, `raise`,
-    `nan`, `exit` misbehave. Top-level so worker processes can unpickle it."""
-
-    name = "scripted"
-
-    def __call__(self, completion: str, example: Example) -> float:
-        if completion == "sleep":
-            time.sleep(60)
-        if completion == "crash":
-            os._exit(3)
-        if completion == "segv":
-            os.kill(os.getpid(), signal.SIGSEGV)
-        if completion == "raise":
-            raise ValueError("scripted failure")
-        if completion == "exit":
-            raise SystemExit(1)
-        if completion == "nan":
-            return float("nan")
-        return float(completion)
-
-
-class BadSetupReward(ScriptedReward):
-    def setup(self) -> None:
-        raise RuntimeError("cannot load verifier")
 
 
 def _ex(i: int) -> Example:
@@ -166,3 +145,53 @@ def test_closed_pool_refuses_work() -> None:
     p.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         p.submit(["46"], [Example("a", "12+34=", "46")])
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("this meta value cannot be pickled")
+
+
+def test_unpicklable_example_fails_its_items_not_the_pool(pool: RewardPool) -> None:
+    cmds = ["1", "2"]
+    exs = [_ex(0), Example("bad", "p", "a", meta={"x": _Unpicklable()})]
+    res = pool.score(cmds, exs)
+    assert res.errors >= 1 and res.statuses[1] == "error"
+    assert "could not send item" in res.messages[0]
+    assert pool.score(*_batch(["3"])).rewards == [3.0]
+
+
+def test_close_fails_pending_batches_instead_of_hanging() -> None:
+    p = RewardPool(ScriptedReward(), num_workers=1, timeout_s=30.0)
+    h = p.submit(*_batch(["sleep"]))
+    time.sleep(0.2)
+    t0 = time.perf_counter()
+    p.close()
+    assert time.perf_counter() - t0 < 15
+    with pytest.raises(RuntimeError, match="pool closed"):
+        h.result(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("task_name", "params"),
+    [
+        ("arithmetic", {"format": "plain"}),
+        ("arithmetic", {"format": "scratchpad", "ops": "+-*", "digits": 3}),
+        ("countdown", {}),
+    ],
+)
+def test_end_to_end_task_default_reward_through_the_pool(task_name: str, params: dict) -> None:
+    """The real call path: task -> reference completions -> default reward in worker processes."""
+    from posttrain.tasks import get_task
+
+    task = get_task(task_name, n_train=64, n_heldout=16, **params)
+    exs = task.split("heldout") + task.split("train")
+    good = [task.reference_completion(e, "long" if i % 2 else "short") for i, e in enumerate(exs)]
+    bad = [g + "9" for g in good]  # corrupt the final answer / expression
+    with RewardPool(get_reward(task.default_reward), num_workers=2, timeout_s=5.0) as p:
+        h_good = p.submit(good, exs)
+        h_bad = p.submit(bad, exs)
+        r_good, r_bad = h_good.result(timeout=60), h_bad.result(timeout=60)
+    assert r_good.rewards == [1.0] * len(exs)
+    assert r_bad.rewards == [0.0] * len(exs)
+    assert r_good.errors == r_good.timeouts == r_bad.errors == 0

@@ -266,6 +266,7 @@ class RewardPool:
         )
         self.name = getattr(reward_fn, "name", type(reward_fn).__name__)
         self._closed = False
+        self._broken: BaseException | None = None
         self._lock = threading.Lock()
         self.stats = {"timeouts": 0, "errors": 0, "restarts": 0, "items": 0}
         if num_workers == 0:
@@ -305,6 +306,8 @@ class RewardPool:
         """Queue a batch for scoring and return at once."""
         if self._closed:
             raise RuntimeError("RewardPool is closed")
+        if self._broken is not None:
+            raise RuntimeError(f"RewardPool dispatcher crashed earlier: {_safe_str(self._broken)}")
         completions, examples = list(completions), list(examples)
         if len(completions) != len(examples):
             raise ValueError(
@@ -435,6 +438,7 @@ class RewardPool:
             self._loop()
         except BaseException as e:  # a bug here must not leave callers blocked forever
             log.exception("reward pool dispatcher crashed")
+            self._broken = e
             self._fail_all(e)
         else:
             self._fail_all(RuntimeError("pool closed"))
@@ -499,15 +503,28 @@ class RewardPool:
                 self._tags[tag] = (job, pos, attempts)
                 w.outstanding[tag] = None
                 chunk.append((tag, job.completions[pos], job.examples[pos]))
-            w.sent_at = time.monotonic()
-            try:
-                w.conn.send(chunk)
-            except (OSError, ValueError, pickle.PicklingError) as e:
-                if isinstance(e, OSError) or not w.proc.is_alive():
-                    self._on_death(w, reason=f"worker unreachable: {_safe_str(e)}")
-                else:  # an example that cannot be pickled: fail those items, keep the worker
-                    for tag in list(w.outstanding):
-                        self._finish_tag(w, tag, ERROR, 0.0, None, f"could not send item: {_safe_str(e)}")
+            self._send_chunk(w, chunk)
+
+    def _send_chunk(self, w: _Worker, chunk: list[tuple[int, str, Example]]) -> None:
+        w.sent_at = time.monotonic()
+        try:
+            data = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            # some example cannot be pickled: fail exactly those items, send the others
+            good = []
+            for item in chunk:
+                try:
+                    pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+                    good.append(item)
+                except Exception as e:
+                    self._finish_tag(w, item[0], ERROR, 0.0, None, f"could not send item: {_safe_str(e)}")
+            if not good:
+                return
+            data = pickle.dumps(good, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            w.conn.send_bytes(data)
+        except OSError as e:
+            self._on_death(w, reason=f"worker unreachable: {_safe_str(e)}")
 
     def _finish_tag(
         self, w: _Worker, tag: int, status: str, value: float, comps: dict[str, float] | None, msg: str = ""
