@@ -77,11 +77,22 @@ def knowledge_masks(transcript: list[dict[str, Any]], protocol: str, num_agents:
 
 
 def _canon(v: Any) -> str:
+    """A hashable canonical text: `normalize_value`, then integral floats as ints (5 == 5.0, as in
+    `metrics.is_correct`), bools kept distinct from numbers, dict keys sorted."""
     from posttrain.silo.metrics import normalize_value
 
+    def fix(x: Any) -> Any:
+        if isinstance(x, float) and x.is_integer():
+            return int(x)
+        if isinstance(x, list):
+            return [fix(y) for y in x]
+        if isinstance(x, dict):
+            return {k: fix(y) for k, y in x.items()}
+        return x
+
     try:
-        return json.dumps(normalize_value(v), sort_keys=True, default=str)
-    except (TypeError, ValueError):
+        return json.dumps(fix(normalize_value(v)), sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError):
         return repr(v)
 
 
