@@ -1,0 +1,112 @@
+"""`posttrain tasks list|show` and `posttrain bench reward-pool`."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import typer
+
+from posttrain.cli.app import app, bench_app
+
+tasks_app = typer.Typer(help="Built-in verifiable tasks and dataset loaders.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+
+
+def _params(items: list[str]) -> dict:
+    from posttrain.utils.config import ConfigError, parse_override
+
+    out = {}
+    for it in items:
+        try:
+            key, value = parse_override(it)
+        except ConfigError as e:
+            raise typer.BadParameter(str(e)) from None
+        out[key] = value
+    return out
+
+
+@tasks_app.command("list")
+def tasks_list() -> None:
+    """Tasks, their default reward and parameters (with defaults); then the rewards."""
+    from posttrain.rewards import REWARDS, list_rewards
+    from posttrain.tasks import TASKS, list_tasks
+    from posttrain.utils.tables import print_table
+
+    rows = []
+    for name in list_tasks():
+        cls = TASKS.get(name)
+        sig = inspect.signature(cls.__init__)
+        ps = ", ".join(
+            p.name if p.default is p.empty else f"{p.name}={p.default!r}"
+            for p in sig.parameters.values()
+            if p.name != "self"
+        )
+        default = "set by params" if "default_reward" in sig.parameters else cls.default_reward
+        rows.append([name, default, ps])
+    print_table("tasks", ["task", "default reward", "params"], rows)
+    rows = []
+    for name in list_rewards():
+        cls = REWARDS.get(name)
+        sig = inspect.signature(cls.__init__)
+        ps = ", ".join(
+            p.name if p.default is p.empty else f"{p.name}={p.default!r}"
+            for p in sig.parameters.values()
+            if p.name != "self"
+        )
+        rows.append([name, ps])
+    print_table("rewards", ["reward", "params"], rows)
+
+
+@tasks_app.command("show")
+def tasks_show(
+    name: str = typer.Argument(..., help="Task name, e.g. arithmetic, countdown, jsonl."),
+    param: list[str] = typer.Option([], "--param", "-p", help="Task parameter key=value (repeatable)."),
+    split: str = typer.Option("train", help="train | heldout."),
+    n: int = typer.Option(3, help="Examples to print."),
+    style: str = typer.Option("short", help="Reference completion style: short | long."),
+) -> None:
+    """Print split sizes and a few examples with their reference completion and its reward."""
+    from posttrain.rewards import get_reward
+    from posttrain.tasks import get_task
+
+    try:
+        task = get_task(name, **_params(param))
+        exs = task.split(split)  # type: ignore[arg-type]
+    except (KeyError, ValueError, TypeError) as e:
+        raise typer.BadParameter(str(e)) from None
+    info = task.describe()
+    typer.echo(f"{task!r}\nsizes: {info['sizes']}  default reward: {task.default_reward}")
+    reward = get_reward(task.default_reward)
+    for ex in exs[:n]:
+        typer.echo(f"\n--- {ex.id}\nprompt: {ex.prompt!r}\nanswer: {ex.answer!r}")
+        try:
+            ref = task.reference_completion(ex, style)  # type: ignore[arg-type]
+        except NotImplementedError:
+            continue
+        typer.echo(f"reference ({style}): {ref!r}\nreward of reference: {reward(ref, ex)}")
+
+
+@bench_app.command("reward-pool")
+def bench_reward_pool(
+    batch: int = typer.Option(128, help="Items per batch."),
+    workers: list[int] = typer.Option([1, 2], "--workers", help="Worker counts to measure (repeatable)."),
+    repeats: int = typer.Option(30, help="Timed batches per configuration (median reported)."),
+    reward: str = typer.Option(
+        "exact_match", help="Reward to score with (exact_match also measures hang recovery)."
+    ),
+    timeout_s: float = typer.Option(1.0, help="Pool per-item timeout (for the hang-recovery measurement)."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write all figures to this JSON file."),
+) -> None:
+    """Per-batch cost of RewardPool vs in-process scoring, pool start time, hang recovery time."""
+    from posttrain.rewards.bench import print_report, run_bench
+    from posttrain.utils.io import atomic_write_json
+
+    try:
+        result = run_bench(batch=batch, workers=workers, repeats=repeats, reward=reward, timeout_s=timeout_s)
+    except (KeyError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
+    print_report(result)
+    if json_path is not None:
+        atomic_write_json(json_path, result)
+        typer.echo(f"wrote {json_path}")
