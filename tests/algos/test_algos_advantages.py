@@ -220,6 +220,14 @@ def test_hian_vector_criteria_are_zscored_separately():
     close(a[1, 0], zsum[2], 1e-5)
 
 
+def test_hian_empty_session_next_to_vector_criteria():
+    turns = [torch.zeros(0), torch.tensor([[1.0, 2.0], [3.0, 5.0]])]
+    a = hian_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), turns, [[], [(0, 1), (1, 2)]], 2)
+    close(a[0], [0.0, 0.0], 0)
+    z = 2**-0.5  # two turns: each criterion z-scores to ±1/√2 (ε negligible); session part −1/√2
+    close(a[1], [-2 * z - z, 2 * z - z], 1e-5)
+
+
 def test_hian_empty_sessions_and_spans():
     a = hian_advantages(
         torch.tensor([1.0, 0.0]),

@@ -216,7 +216,7 @@ def reinforce_pp(r: Tensor, inv: Tensor, n_groups: int, *, eps: float = 1e-8) ->
 # DuCA / HIAN (proposed design)
 
 
-def _spans_tensor(session: int, spans: Any, k: int, seq_len: int) -> list[tuple[int, int]]:
+def _check_spans(session: int, spans: Any, k: int, seq_len: int) -> list[tuple[int, int]]:
     if isinstance(spans, Tensor):
         spans = spans.tolist()
     try:
@@ -297,7 +297,8 @@ def hian_advantages(
     dtype, device = r_sess.dtype, r_sess.device
 
     vals, sess_of_turn, k_of_turn, starts, ends = [], [], [], [], []
-    n_crit = None
+    n_crit: int | None = None
+    first = 0
     for i, tr in enumerate(turn_rewards):
         if not isinstance(tr, Tensor):
             raise TypeError(f"{where}: turn_rewards[{i}] must be a tensor, got {type(tr).__name__}")
@@ -308,16 +309,19 @@ def hian_advantages(
             raise ValueError(
                 f"{where}: turn_rewards[{i}] must have shape (K,) or (K, C), got {tuple(tr.shape)}"
             )
-        if n_crit is None:
-            n_crit = tr2.shape[1]
-        elif tr2.shape[1] != n_crit:
-            raise ValueError(
-                f"{where}: turn_rewards[{i}] has {tr2.shape[1]} criteria, turn_rewards[0] has {n_crit}"
-            )
+        if tr2.shape[0] > 0:  # an empty session has no criteria to compare
+            if n_crit is None:
+                n_crit, first = tr2.shape[1], i
+            elif tr2.shape[1] != n_crit:
+                raise ValueError(
+                    f"{where}: turn_rewards[{i}] has {tr2.shape[1]} criteria, "
+                    f"turn_rewards[{first}] has {n_crit}"
+                )
         if not torch.isfinite(tr2).all():
             raise ValueError(f"{where}: turn_rewards[{i}] contains a non-finite value")
-        pairs = _spans_tensor(i, turn_spans[i], tr2.shape[0], seq_len)
-        vals.append(tr2)
+        pairs = _check_spans(i, turn_spans[i], tr2.shape[0], seq_len)
+        if pairs:
+            vals.append(tr2)
         sess_of_turn += [i] * len(pairs)
         k_of_turn += list(range(len(pairs)))
         starts += [s for s, _ in pairs]
