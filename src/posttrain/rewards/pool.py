@@ -6,7 +6,7 @@ Protocol (one design, documented in docs/tasks-and-rewards.md):
   safe with torch/CUDA loaded in the parent, unlike `fork`) and reused for every batch. Each gets
   the pickled reward function and runs its optional `setup()` before it reports ready.
 - A batch becomes a queue of items; a dispatcher thread in the parent sends items to idle workers
-  in chunks (guided scheduling: chunk = ceil(remaining / (2 * workers)), capped at 64), so a batch
+  in chunks (guided scheduling: chunk = ceil(remaining / (2 * workers)), clamped to [4, 64]), so a batch
   of 128 cheap items costs a handful of pipe messages, not 128 round trips. Workers send results
   back per chunk (or every 20 ms on long chunks).
 - Per-item timeout: before each item a worker writes `(item tag, start time)` into a shared-memory
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 OK, TIMEOUT, ERROR = "ok", "timeout", "error"
 _FLUSH_S = 0.02  # a worker on a long chunk sends partial results at least this often
 _MAX_CHUNK = 64
+_MIN_CHUNK = 4  # the tail of guided scheduling would otherwise be many one-item round trips
 _MAX_ATTEMPTS = 3  # an item requeued after this many worker deaths is failed
 _STALL_GRACE_S = 1.0
 _MAX_MESSAGES = 8  # error messages kept per batch
@@ -494,7 +495,7 @@ class RewardPool:
         for w in idle:
             if not self._queue:
                 break
-            size = max(1, min(_MAX_CHUNK, math.ceil(len(self._queue) / (2 * n_live))))
+            size = max(_MIN_CHUNK, min(_MAX_CHUNK, math.ceil(len(self._queue) / (2 * n_live))))
             chunk = []
             for _ in range(min(size, len(self._queue))):
                 job, pos, attempts = self._queue.popleft()
