@@ -195,3 +195,27 @@ def test_end_to_end_task_default_reward_through_the_pool(task_name: str, params:
     assert r_good.rewards == [1.0] * len(exs)
     assert r_bad.rewards == [0.0] * len(exs)
     assert r_good.errors == r_good.timeouts == r_bad.errors == 0
+
+
+def test_concurrent_batches_with_random_failures(pool: RewardPool) -> None:
+    """Several batches in flight at once, sprinkled with hangs, crashes, segfaults and exceptions:
+    every batch resolves, in order, with exactly the failures it contained."""
+    import random
+
+    rng = random.Random(1)
+    kinds = [("crash", "error"), ("sleep", "timeout"), ("raise", "error"), ("segv", "error")]
+    jobs = []
+    for _ in range(6):
+        cmds, statuses = [], []
+        for i in range(rng.randint(0, 40)):
+            r = rng.random()
+            cmd, status = kinds[int(r * 100)] if r < 0.04 else (str(i), "ok")
+            cmds.append(cmd)
+            statuses.append(status)
+        jobs.append((pool.submit(*_batch(cmds)), cmds, statuses))
+    for handle, cmds, statuses in jobs:
+        res = handle.result(timeout=120)
+        assert res.statuses == statuses
+        assert res.rewards == [float(c) if s == "ok" else 0.0 for c, s in zip(cmds, statuses, strict=True)]
+        assert res.timeouts == statuses.count("timeout") and res.errors == statuses.count("error")
+    assert sum(s != "ok" for _, _, st in jobs for s in st) >= 3  # the seed does exercise failures

@@ -344,6 +344,7 @@ class RewardPool:
             return
         self._wake()
         self._thread.join(timeout=10)
+        self._fail_all(RuntimeError("pool closed"))  # a batch submitted while the loop was exiting
         for w in self._workers:
             with contextlib.suppress(Exception):
                 w.conn.send(None)
