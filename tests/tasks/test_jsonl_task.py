@@ -63,7 +63,12 @@ def test_gsm8k_rows_extract_and_score(tmp_path: Path) -> None:
             ref = t.reference_completion(e, style)
             assert num(ref, e) == 1.0 and em(ref, e) == 1.0
         assert num("#### 11", e) == 0.0
-    assert t.reference_completion(train[0], "long") == GSM_ROWS[0]["answer"]
+    assert t.reference_completion(train[0], "long") == (
+        "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether in April and May.\n#### 72"
+    )
+    assert train[0].meta["raw_answer"] == GSM_ROWS[0]["answer"]
+    raw = get_task("jsonl", path=p, answer_extract="gsm8k", heldout_fraction=0.0, strip_calculator=False)
+    assert raw.reference_completion(raw.split("train")[0], "long") == GSM_ROWS[0]["answer"]
 
 
 def test_math_rows_boxed_template_ids_and_math_verify(tmp_path: Path) -> None:

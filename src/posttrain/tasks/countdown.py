@@ -1,5 +1,9 @@
 """`countdown`: reach a target number with the given numbers and + - * / (each number at most once).
 
+The Countdown number game as an RL task follows TinyZero (Jiayi Pan et al., 2025,
+github.com/Jiayi-Pan/TinyZero: 3–4 numbers, targets up to 100, 1.0 for a correct equation and an
+optional 0.1 format score); the generator and parser here are this project's own.
+
 Instances are generated solvable by construction: the numbers are combined pairwise in a random
 order with random operators, keeping every intermediate value a positive integer, and the result
 becomes the target when it lies in `[min_target, max_target]`. The construction is the reference

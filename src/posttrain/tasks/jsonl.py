@@ -32,6 +32,7 @@ from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, register_task
 
 _EXTRACT = ("gsm8k", "boxed", "none")
 _DEFAULT_REWARD = {"gsm8k": "numeric", "boxed": "math_verify", "none": "exact_match"}
+_CALCULATOR = re.compile(r"<<[^<>\n]*>>")  # GSM8K calculator annotations, e.g. <<48/2=24>>
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|[{}]")
 
 
@@ -99,6 +100,7 @@ class JsonlTask(Task):
         skip_bad_rows: bool = False,
         dedupe_train: bool = True,
         limit: int | None = None,
+        strip_calculator: bool = True,
     ) -> None:
         super().__init__()
         if answer_extract not in _EXTRACT:
@@ -136,6 +138,7 @@ class JsonlTask(Task):
         )
         self.default_reward = default_reward or _DEFAULT_REWARD[answer_extract]
         self.skip_bad_rows, self.dedupe_train, self.limit = skip_bad_rows, dedupe_train, limit
+        self.strip_calculator = strip_calculator
         self.load_report: dict[str, Any] = {}
         self._splits.update(self._build_splits())  # load now: bad files fail at construction
 
@@ -155,6 +158,7 @@ class JsonlTask(Task):
             "skip_bad_rows": self.skip_bad_rows,
             "dedupe_train": self.dedupe_train,
             "limit": self.limit,
+            "strip_calculator": self.strip_calculator,
         }
 
     # -- reading ------------------------------------------------------------------------------
@@ -330,12 +334,14 @@ class JsonlTask(Task):
 
     # -- references ---------------------------------------------------------------------------
     def reference_completion(self, example: Example, style: Literal["short", "long"] = "short") -> str:
-        """`long`: the dataset's own solution text (GSM8K rationale ending in `#### x`, MATH solution
-        with `\\boxed{x}`); `short`: just the final answer in the task's answer format."""
+        """`long`: the dataset's own solution text (GSM8K rationale ending in `#### x`, without its
+        `<<48/2=24>>` calculator annotations when `strip_calculator`; MATH solution with
+        `\\boxed{x}`); `short`: just the final answer in the task's answer format."""
         if style not in ("short", "long"):
             raise ValueError(f"style must be 'short' or 'long', got {style!r}")
         if style == "long" and self.answer_extract != "none":
-            return example.meta["raw_answer"]
+            raw = example.meta["raw_answer"]
+            return _CALCULATOR.sub("", raw) if self.strip_calculator else raw
         if self.answer_extract == "boxed":
             return f"The answer is $\\boxed{{{example.answer}}}$."
         if self.answer_marker:
