@@ -199,3 +199,22 @@ def test_numeric_accepts_any_formatting_of_the_same_integer(n: int, commas: bool
     ex = Example("h", "", str(n), meta={"answer_marker": "####"})
     assert get_reward("numeric")(f"work\n#### {text}", ex) == 1.0
     assert get_reward("numeric")(f"work\n#### {n + 1}", ex) == 0.0
+
+
+def test_math_verify_outside_the_main_thread_disables_signal_timeouts() -> None:
+    """math-verify's signal.alarm timeouts raise in non-main threads; the reward switches them off."""
+    import threading
+
+    mv = get_reward("math_verify")
+    out: list[float | BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(mv(r"$\boxed{\frac{2}{4}}$", Example("t", "q", "0.5")))
+        except BaseException as e:
+            out.append(e)
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join(timeout=60)
+    assert out == [1.0]
