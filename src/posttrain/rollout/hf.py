@@ -1,0 +1,184 @@
+"""Default rollout engine: batched Hugging Face ``model.generate`` with a KV cache.
+
+Prompts are left-padded into one batch (each prompt repeated ``n_per_prompt[i]`` times, so group
+sizes may differ). Sampling happens in one logits processor, :class:`_Sampler`, with the engine's
+own ``torch.Generator``: it applies EOS suppression, temperature and top-p, draws the token, records
+its log-prob under the distribution actually sampled from, and returns a one-hot score row that
+``generate``'s greedy selection then copies. So the sampled tokens depend only on the engine's
+generator (saved in checkpoints for exact resume), not on the global torch RNG, and the recorded
+log-probs cost one log-softmax per decode step and no extra forward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posttrain.rollout.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    RolloutBatch,
+    RolloutEngine,
+    SamplingParams,
+    pad_left,
+)
+
+
+def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask (set to -inf) logits outside the smallest set of tokens whose probability mass reaches
+    ``top_p`` (Holtzman et al. 2020, nucleus sampling); the most likely token is always kept."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    remove_sorted = mass_before >= top_p
+    remove_sorted[..., 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+class _Sampler:
+    """A ``LogitsProcessor`` that samples the next token itself (see module docstring)."""
+
+    def __init__(self, params: SamplingParams, eos_ids: list[int], generator: torch.Generator) -> None:
+        self.params = params
+        self.eos = torch.tensor(eos_ids, dtype=torch.long)
+        self.generator = generator
+        self.step = 0
+        self.logps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        scores = scores.float()
+        if len(self.eos) and (p.suppress_eos or self.step < p.min_new_tokens):
+            scores = scores.index_fill(1, self.eos.to(scores.device), float("-inf"))
+        if p.greedy:
+            tok = scores.argmax(dim=-1, keepdim=True)
+            if p.logprobs:
+                self.logps.append(torch.zeros(scores.shape[0], device=scores.device))
+        else:
+            z = scores / p.temperature
+            if p.top_p < 1.0:
+                z = _nucleus(z, p.top_p)
+            logp_all = torch.log_softmax(z, dim=-1)
+            tok = torch.multinomial(logp_all.exp(), 1, generator=self.generator)
+            if p.logprobs:
+                self.logps.append(logp_all.gather(1, tok).squeeze(1))
+        self.step += 1
+        return torch.full_like(scores, float("-inf")).scatter_(1, tok, 0.0)
+
+
+class HFEngine(RolloutEngine):
+    """In-process engine over a ``transformers`` causal LM (the policy being trained).
+
+    max_batch_size: split a call into chunks of at most this many sequences (None = one batch).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        seed: int = 0,
+        max_batch_size: int | None = None,
+        eos_token_ids: list[int] | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        if eos_token_ids is None:
+            eos = tokenizer.eos_token_id
+            eos_token_ids = [] if eos is None else [int(eos)]
+        self.eos_token_ids = list(eos_token_ids)
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            if not self.eos_token_ids:
+                raise ValueError("HFEngine: the tokenizer has neither a pad nor an EOS token")
+            pad = self.eos_token_ids[0]
+        self.pad_token_id = int(pad)
+        device = next(model.parameters()).device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def generate(
+        self, prompt_ids: list[list[int]], n_per_prompt: list[int], params: SamplingParams
+    ) -> RolloutBatch:
+        if len(prompt_ids) != len(n_per_prompt):
+            raise ValueError(f"generate: {len(prompt_ids)} prompts but {len(n_per_prompt)} group sizes")
+        for i, (p, n) in enumerate(zip(prompt_ids, n_per_prompt, strict=True)):
+            if not p:
+                raise ValueError(f"generate: prompt {i} is empty")
+            if n < 0:
+                raise ValueError(f"generate: n_per_prompt[{i}] = {n} is negative")
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        rows = [p for p, n in zip(prompt_ids, n_per_prompt, strict=True) for _ in range(n)]
+        groups = torch.repeat_interleave(
+            torch.arange(len(prompt_ids)), torch.tensor(n_per_prompt, dtype=torch.long)
+        )
+        if not rows:
+            raise ValueError("generate: no sequences requested (all n_per_prompt are 0)")
+        chunk = self.max_batch_size or len(rows)
+        parts = [self._generate_rows(rows[s : s + chunk], params) for s in range(0, len(rows), chunk)]
+        batch = RolloutBatch.concat(parts)
+        batch.group_ids = groups
+        return batch
+
+    @torch.no_grad()
+    def _generate_rows(self, rows: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        model = self.model
+        device = next(model.parameters()).device
+        prompt_ids, prompt_mask = pad_left(rows, self.pad_token_id)
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+        sampler = _Sampler(params, self.eos_token_ids, self.generator)
+        was_training = model.training
+        model.eval()
+        try:
+            out = model.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                do_sample=False,
+                max_new_tokens=params.max_new_tokens,
+                min_new_tokens=0,
+                pad_token_id=self.pad_token_id,
+                eos_token_id=self.eos_token_ids or None,
+                logits_processor=[sampler],
+                use_cache=True,
+                num_beams=1,
+            )
+        finally:
+            model.train(was_training)
+        completion = out[:, prompt_ids.shape[1] :]
+        n, t = completion.shape
+        if self.eos_token_ids:
+            is_eos = torch.isin(completion, torch.tensor(self.eos_token_ids, device=device))
+        else:
+            is_eos = torch.zeros_like(completion, dtype=torch.bool)
+        stopped = is_eos.any(dim=1)
+        first = torch.where(
+            stopped, is_eos.int().argmax(dim=1), torch.full_like(stopped, t, dtype=torch.long)
+        )
+        lengths = torch.where(stopped, first + 1, first)
+        mask = (torch.arange(t, device=device)[None, :] < lengths[:, None]).long()
+        completion = completion.masked_fill(mask == 0, self.pad_token_id)
+        logprobs = None
+        if params.logprobs:
+            logprobs = (
+                torch.stack(sampler.logps[:t], dim=1) * mask if t else completion.new_zeros((n, 0)).float()
+            )
+        reasons = [FINISH_STOP if s else FINISH_LENGTH for s in stopped.tolist()]
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion,
+            completion_mask=mask,
+            logprobs=logprobs,
+            finish_reasons=reasons,
+            group_ids=torch.zeros(n, dtype=torch.long),
+            pad_token_id=self.pad_token_id,
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if "generator" in state:
+            self.generator.set_state(state["generator"].cpu())

@@ -1,0 +1,256 @@
+"""Hook interfaces of the RL loop, with trivial default implementations.
+
+The loop in ``posttrain.train.rl`` calls only these interfaces. Methods plug in by subclassing and
+registering under a name, then selecting it in the config (``hooks.sampler.name`` etc.):
+
+==================  ======================================  ==============================================
+interface           called                                  methods it is for (spec section)
+==================  ======================================  ==============================================
+PromptSampler       before rollout: which prompts, how      E3 per-prompt budgets (rl-sampling §1.2),
+                    many completions each; after rewards:   APARL curriculum (§5), DAPO dynamic sampling
+                    keep/resample groups; observe outcomes  (rl-objectives §6)
+Controller          before each step (set knobs) and        E3 entropy-targeting temperature (§1.4): the
+                    after it (update from metrics)          knob is used for rollout AND training logits
+ReplayBuffer        before rollout: trajectories to put     NexGRPO failure replay (§3): replayed tokens
+                    into groups; after rewards: observe;    get per-token importance weights passed to the
+                    importance weights for replayed tokens  loss as ``is_weights``
+GroupRewardShaper   after rewards, before the advantage,    ASRR accuracy-gated length penalty (§2),
+                    seeing whole groups                     DAPO overlong shaping
+==================  ======================================  ==============================================
+
+State for checkpoints: ``state_dict()`` returns JSON-serialisable data (no pickle anywhere).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from posttrain.utils.registry import Registry
+
+SAMPLERS: Registry[type[PromptSampler]] = Registry("prompt sampler")
+CONTROLLERS: Registry[type[Controller]] = Registry("controller")
+REPLAY_BUFFERS: Registry[type[ReplayBuffer]] = Registry("replay buffer")
+GROUP_SHAPERS: Registry[type[GroupRewardShaper]] = Registry("group reward shaper")
+
+
+# --------------------------------------------------------------------------------------------- data
+@dataclass
+class PromptPlan:
+    """The prompts of one rollout round and how many completions each gets (variable group sizes)."""
+
+    examples: list[Any]
+    n_per_prompt: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.examples) != len(self.n_per_prompt):
+            raise ValueError(
+                f"PromptPlan: {len(self.examples)} examples but {len(self.n_per_prompt)} group sizes"
+            )
+        if any(n < 0 for n in self.n_per_prompt):
+            raise ValueError(f"PromptPlan: negative group size in {self.n_per_prompt}")
+
+
+@dataclass
+class GroupOutcome:
+    """What happened to one prompt's group: raw rewards, correctness, completion lengths (tokens)."""
+
+    example: Any
+    rewards: list[float]
+    correct: list[bool]
+    lengths: list[int]
+
+    @property
+    def accuracy(self) -> float:
+        return sum(self.correct) / len(self.correct) if self.correct else 0.0
+
+    @property
+    def zero_variance(self) -> bool:
+        return len(self.rewards) < 2 or max(self.rewards) - min(self.rewards) < 1e-12
+
+
+@dataclass
+class Knobs:
+    """Per-step settings that controllers may change. ``temperature`` is used both for sampling and for
+    the training log-probs (logits / T), which keeps old_logp, logp and the ratios consistent (E3)."""
+
+    temperature: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """A stored completion: token ids, per-token log-probs under the policy that produced it."""
+
+    completion_ids: list[int]
+    logp_past: list[float]
+    finish_reason: str = "stop"
+
+    def __post_init__(self) -> None:
+        if len(self.completion_ids) != len(self.logp_past):
+            raise ValueError("Trajectory: completion_ids and logp_past must have the same length")
+
+
+# ---------------------------------------------------------------------------------------- interfaces
+class PromptSampler(ABC):
+    """Chooses prompts and per-prompt completion budgets.
+
+    ``filters_groups``: when True the loop waits for rewards, calls :meth:`keep_groups` and, while
+    fewer than the requested groups were kept, samples another round (at most ``max_rounds``).
+    """
+
+    filters_groups: bool = False
+    max_rounds: int = 1
+
+    @abstractmethod
+    def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan: ...
+
+    def keep_groups(self, outcomes: list[GroupOutcome]) -> list[bool]:
+        return [True] * len(outcomes)
+
+    def observe(self, outcomes: list[GroupOutcome], step: int) -> None:  # noqa: B027 - optional hook
+        """Statistics after each step (difficulty ranks, curriculum)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class Controller(ABC):
+    """Updates a knob from the metrics of the finished step; applies it before the next one."""
+
+    @abstractmethod
+    def apply(self, knobs: Knobs, step: int) -> None: ...
+
+    @abstractmethod
+    def update(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        """Returns metrics to log (e.g. the new temperature)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class ReplayBuffer(ABC):
+    """Offers stored trajectories to put into groups next to fresh samples (off-policy)."""
+
+    #: True when the buffer needs the per-token sampling log-probs of fresh rollouts in :meth:`observe`.
+    needs_logprobs: bool = False
+
+    @abstractmethod
+    def draw(self, plan: PromptPlan, step: int) -> list[list[Trajectory]]:
+        """For each prompt of the plan, the trajectories to include in its group (at most its size;
+        the loop samples the rest fresh)."""
+
+    def observe(self, episodes: Any, rewards: torch.Tensor, correct: torch.Tensor, step: int) -> None:  # noqa: B027
+        """See the scored episodes of a step (store failures, update statistics)."""
+
+    def is_weights(self, logp: torch.Tensor, logp_past: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-token importance weights of replayed tokens, default ``min(exp(logp − logp_past), 10)``
+        with ``logp`` detached (π_θ / π_past, ExGRPO / NexGRPO, rl-sampling §3.2)."""
+        w = torch.exp((logp.detach() - logp_past).clamp(-20, 20)).clamp(max=10.0)
+        return torch.where(mask.bool(), w, torch.ones_like(w))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class GroupRewardShaper(ABC):
+    """Maps raw rewards to shaped rewards with whole-group statistics visible."""
+
+    @abstractmethod
+    def shape(
+        self,
+        rewards: torch.Tensor,
+        group_ids: torch.Tensor,
+        *,
+        correct: torch.Tensor,
+        lengths: torch.Tensor,
+        truncated: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
+# ----------------------------------------------------------------------------------------- defaults
+@SAMPLERS.register("uniform")
+class UniformSampler(PromptSampler):
+    """Epoch-wise shuffled pass over the training examples, ``group_size`` completions per prompt.
+
+    Order for epoch e is a permutation drawn from ``random.Random(seed + e)``, so the state is just
+    (epoch, position) and resumes exactly."""
+
+    def __init__(self, examples: list[Any], *, seed: int = 0) -> None:
+        if not examples:
+            raise ValueError("UniformSampler: the training split is empty")
+        self.examples = examples
+        self.seed = seed
+        self.epoch = 0
+        self.pos = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self.examples)))
+        random.Random(self.seed + epoch).shuffle(order)
+        return order
+
+    def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan:
+        picked = []
+        while len(picked) < num_prompts:
+            if self.pos >= len(self._order):
+                self.epoch += 1
+                self.pos = 0
+                self._order = self._permutation(self.epoch)
+            picked.append(self.examples[self._order[self.pos]])
+            self.pos += 1
+        return PromptPlan(picked, [group_size] * num_prompts)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self._order = self._permutation(self.epoch)
+
+
+@CONTROLLERS.register("constant-temperature")
+class ConstantTemperature(Controller):
+    """Keeps the temperature at ``value`` (the trivial controller; E3's entropy-targeting controller
+    implements the same interface)."""
+
+    def __init__(self, *, value: float = 1.0) -> None:
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"constant-temperature: value must be > 0, got {value}")
+        self.value = value
+
+    def apply(self, knobs: Knobs, step: int) -> None:
+        knobs.temperature = self.value
+
+    def update(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        return {"temperature": self.value}
+
+
+@REPLAY_BUFFERS.register("none")
+class NoReplay(ReplayBuffer):
+    """Replays nothing: every group is fresh and on-policy."""
+
+    def draw(self, plan: PromptPlan, step: int) -> list[list[Trajectory]]:
+        return [[] for _ in plan.examples]
+
+
+@GROUP_SHAPERS.register("none")
+class IdentityShaper(GroupRewardShaper):
+    """Leaves rewards unchanged."""
+
+    def shape(self, rewards, group_ids, *, correct, lengths, truncated):
+        return rewards

@@ -1,0 +1,244 @@
+"""Crash-safe checkpoints without pickle.
+
+Layout of ``<run>/checkpoints/step_000042/``::
+
+    model/              save_pretrained(safe_serialization=True) + tokenizer files (HF format)
+    optimizer.safetensors   every optimizer state tensor, key "state.<param index>.<name>"
+    optimizer.json          param_groups and non-tensor state entries
+    rng.safetensors         torch CPU (+ CUDA) generator states and the rollout engine's generator
+    trainer_state.json      step, python/numpy RNG, sampler / controller / replay state, knobs, config
+
+A checkpoint is written into ``checkpoints/.tmp-step_000042-<random>/``, every file fsync'ed, then the
+directory is renamed to its final name (atomic on POSIX) and ``checkpoints/latest`` (a text file
+holding the directory name) is replaced atomically. A crash at any point leaves the previous
+``latest`` checkpoint intact. Loading uses safetensors and JSON only, never ``torch.load`` of
+pickles, so a checkpoint from elsewhere cannot execute code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from posttrain.utils.io import atomic_write_json, atomic_write_text
+
+LATEST = "latest"
+
+
+def step_dirname(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+# ------------------------------------------------------------------------------------------- RNG
+def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors, json) with the torch CPU/CUDA, numpy and python RNG states."""
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda.{i}"] = s
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    js = {
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": [py_state[0], list(py_state[1]), py_state[2]],
+    }
+    return tensors, js
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], js: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda = sorted((k for k in tensors if k.startswith("torch_cuda.")), key=lambda k: int(k.split(".")[1]))
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
+    n = js["numpy"]
+    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    p = js["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+# ------------------------------------------------------------------------------------- optimizer
+def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    sd = opt.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, st in sd["state"].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"state.{idx}.{k}"] = v.detach().contiguous().cpu()
+            else:
+                scalars.setdefault(str(idx), {})[k] = v
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def _optimizer_from_files(
+    opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], js: dict[str, Any]
+) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for key, t in tensors.items():
+        _, idx, name = key.split(".", 2)
+        state.setdefault(int(idx), {})[name] = t
+    for idx, kv in js.get("scalars", {}).items():
+        state.setdefault(int(idx), {}).update(kv)
+    groups = []
+    for g in js["param_groups"]:
+        g = dict(g)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+# ---------------------------------------------------------------------------------------- save/load
+def _fsync_tree(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def save_checkpoint(
+    ckpt_root: str | os.PathLike,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer | None,
+    trainer_state: dict[str, Any],
+    extra_tensors: dict[str, torch.Tensor] | None = None,
+    keep: int | None = None,
+) -> Path:
+    """Write a complete checkpoint atomically and point ``latest`` at it; prune to ``keep`` newest."""
+    root = Path(ckpt_root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = step_dirname(step)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+    try:
+        _quiet_transformers()
+        model.save_pretrained(tmp / "model", safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "model")
+        if optimizer is not None:
+            t, js = _optimizer_to_files(optimizer)
+            save_file(t, str(tmp / "optimizer.safetensors"))
+            (tmp / "optimizer.json").write_text(json.dumps(js), encoding="utf-8")
+        rng_t, rng_js = capture_rng()
+        for k, v in (extra_tensors or {}).items():
+            rng_t[f"extra.{k}"] = v.detach().contiguous().cpu()
+        save_file(rng_t, str(tmp / "rng.safetensors"))
+        state = {"step": step, "rng": rng_js, **trainer_state}
+        (tmp / "trainer_state.json").write_text(json.dumps(state, default=_json_default), encoding="utf-8")
+        _fsync_tree(tmp)
+        final = root / name
+        if final.exists():  # re-saving the same step: move the old one aside first
+            old = root / f".old-{name}-{os.getpid()}"
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_text(root / LATEST, name + "\n")
+    if keep is not None:
+        prune_checkpoints(root, keep)
+    return final
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"checkpoint state: {type(obj).__name__} is not JSON serialisable")
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    latest = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
+    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+    for p in steps[: max(0, len(steps) - keep)]:
+        if p.name != latest:
+            shutil.rmtree(p, ignore_errors=True)
+    for p in root.iterdir():  # leftovers of crashed saves
+        if p.is_dir() and p.name.startswith((".tmp-", ".old-")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A run dir, its ``checkpoints`` dir, or a ``step_*`` dir -> the checkpoint directory to load."""
+    p = Path(path)
+    for root in (p / "checkpoints", p):
+        if (root / LATEST).is_file():
+            name = (root / LATEST).read_text().strip()
+            ckpt = root / name
+            if not (ckpt / "trainer_state.json").is_file():
+                raise FileNotFoundError(
+                    f"{root / LATEST} points to {name!r}, which is not a complete checkpoint"
+                )
+            return ckpt
+    if (p / "trainer_state.json").is_file():
+        return p
+    raise FileNotFoundError(
+        f"no checkpoint at {str(p)!r}: expected a run directory with checkpoints/latest, "
+        "a checkpoints directory with a 'latest' file, or a step_* checkpoint directory"
+    )
+
+
+def load_checkpoint(
+    ckpt: str | os.PathLike, *, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, Any]:
+    """Read trainer state (JSON) and RNG/extra tensors, restore the global RNGs and (optionally) the
+    optimizer. The model weights are in ``ckpt/model`` (load with ``load_model_and_tokenizer``).
+    Returns the trainer state dict with ``extra_tensors`` added."""
+    ckpt = Path(ckpt)
+    state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+    rng_t = load_file(str(ckpt / "rng.safetensors"))
+    restore_rng({k: v for k, v in rng_t.items() if not k.startswith("extra.")}, state["rng"])
+    state["extra_tensors"] = {k[len("extra.") :]: v for k, v in rng_t.items() if k.startswith("extra.")}
+    if optimizer is not None:
+        js = json.loads((ckpt / "optimizer.json").read_text(encoding="utf-8"))
+        _optimizer_from_files(optimizer, load_file(str(ckpt / "optimizer.safetensors")), js)
+    return state
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_json(path, obj)
+
+
+def save_model_dir(model: torch.nn.Module, tokenizer: Any, path: str | os.PathLike) -> Path:
+    """``save_pretrained`` (safetensors) + tokenizer into ``path`` atomically (temp dir, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        _quiet_transformers()
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        _fsync_tree(tmp)
+        if path.exists():
+            old = path.parent / f".old-{path.name}-{os.getpid()}"
+            os.replace(path, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # pragma: no cover - progress bars are cosmetic
+        pass

@@ -1,0 +1,265 @@
+"""Typed configuration of an RL run (YAML + ``dotted.key=value`` overrides, validated by pydantic).
+
+Registry-backed strings (objective, advantage, KL kind, hooks) are checked against the live
+registries, so an error names the key and the accepted values, e.g.::
+
+    config error: objective.name: Value error, unknown value 'dgpoo' (did you mean 'dgpo'?);
+    accepted: cispo, dapo, dgpo, gspo, maspo, ppo, sapo
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from posttrain.utils.config import StrictModel, check_choice
+
+
+class ModelConfig(StrictModel):
+    name: str = "tiny"
+    """Preset name (``posttrain.models.list_presets()``) or a local Hugging Face model directory."""
+    dtype: str = "float32"
+    device: str = "auto"
+    """"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ..."""
+    gradient_checkpointing: bool = False
+
+
+class TaskConfig(StrictModel):
+    name: str = "arithmetic"
+    params: dict[str, Any] = Field(default_factory=dict)
+    prompt_template: str = "{prompt}"
+    """Text around each prompt (e.g. an ASRR No-Thinking prefix); must contain ``{prompt}``."""
+    chat_template: bool = False
+    """Wrap prompts with the tokenizer's chat template (instruction-tuned checkpoints)."""
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _has_field(cls, v: str) -> str:
+        if "{prompt}" not in v:
+            raise ValueError("must contain the field '{prompt}'")
+        return v
+
+
+class RewardConfig(StrictModel):
+    name: str | None = None
+    """Reward registry name; None = the task's default reward."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    num_workers: int = Field(2, ge=0)
+    """Reward worker processes (0 = score in-process, no timeout)."""
+    timeout_s: float = Field(5.0, gt=0)
+    success_threshold: float = 1.0
+    """A completion counts as correct (accuracy, pass@k) when its raw reward >= this."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from posttrain.rewards import list_rewards
+
+        return check_choice("reward.name", v, list_rewards())
+
+
+class RolloutConfig(StrictModel):
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(16, ge=1)
+    min_new_tokens: int = Field(0, ge=0)
+    suppress_eos: bool = False
+    group_size: int = Field(8, ge=1)
+    prompts_per_step: int = Field(16, ge=1)
+    max_batch_size: int | None = Field(None, ge=1)
+    """Generate at most this many sequences at once (None = the whole step in one call)."""
+
+
+class ObjectiveConfig(StrictModel):
+    name: str = "ppo"
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Loss hyper-parameters; accepted keys are the loss's ``policy_loss_defaults(name)``."""
+    agg: str | None = None
+    """Loss aggregation (None = the loss's default; see ``posttrain.algos.list_agg_modes()``)."""
+    scale: float | None = Field(None, gt=0)
+    """Constant of ``seq-mean-token-sum-norm`` (Dr.GRPO); None = rollout.max_new_tokens."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from posttrain.algos import list_policy_losses
+
+        return check_choice("objective.name", v, list_policy_losses(include_aliases=True))
+
+    @field_validator("agg")
+    @classmethod
+    def _known_agg(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from posttrain.algos import list_agg_modes
+
+        return check_choice("objective.agg", v, list_agg_modes())
+
+    @model_validator(mode="after")
+    def _params(self) -> ObjectiveConfig:
+        from posttrain.algos import policy_loss_defaults
+
+        accepted = policy_loss_defaults(self.name)
+        unknown = sorted(set(self.params) - set(accepted))
+        if unknown:
+            raise ValueError(
+                f"objective.params: unknown key(s) {', '.join(unknown)} for objective {self.name!r}; "
+                f"accepted: {', '.join(sorted(accepted)) or '(none)'}"
+            )
+        return self
+
+
+class AdvantageConfig(StrictModel):
+    name: str = "grpo"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from posttrain.algos import list_advantages
+
+        return check_choice("advantage.name", v, list_advantages())
+
+
+class OptimizerConfig(StrictModel):
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+    """Max global grad norm (0 = no clipping; the norm is still logged)."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Cosine floor as a fraction of lr."""
+
+
+class KLConfig(StrictModel):
+    coef: float = Field(0.0, ge=0)
+    """KL-to-reference coefficient; 0 = no reference model is loaded at all."""
+    kind: str = "k3"
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from posttrain.algos import list_kl_estimators
+
+        return check_choice("kl.kind", v, list_kl_estimators(include_aliases=True))
+
+
+class EvalConfig(StrictModel):
+    every: int = Field(0, ge=0)
+    """Evaluate on the held-out split every this many steps (0 = only at the end)."""
+    n: int = Field(64, ge=1)
+    """Held-out examples to evaluate (the first n)."""
+    k: int = Field(1, ge=1)
+    """pass@k from ``samples`` sampled completions per example (k = 1: greedy pass@1 only)."""
+    samples: int = Field(1, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    at_start: bool = True
+    at_end: bool = True
+
+    @model_validator(mode="after")
+    def _k_le_samples(self) -> EvalConfig:
+        if self.k > 1 and self.samples < self.k:
+            raise ValueError(f"eval.samples ({self.samples}) must be >= eval.k ({self.k})")
+        return self
+
+
+class LoggingConfig(StrictModel):
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "posttrain"
+    progress: bool | None = None
+    """Rich progress bar (None = only when stderr is a terminal)."""
+
+
+class CheckpointConfig(StrictModel):
+    every: int = Field(0, ge=0)
+    """Save every this many steps (0 = only at the end when ``final``)."""
+    keep: int = Field(2, ge=1)
+    final: bool = True
+
+
+class HookSpec(StrictModel):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+def _hook_validator(registry_attr: str, key: str):
+    def check(v: HookSpec) -> HookSpec:
+        import posttrain.sampling as s
+
+        check_choice(key, v.name, getattr(s, registry_attr).names(include_aliases=True))
+        return v
+
+    return check
+
+
+class HooksConfig(StrictModel):
+    sampler: HookSpec = HookSpec(name="uniform")
+    controllers: list[HookSpec] = Field(default_factory=list)
+    replay: HookSpec = HookSpec(name="none")
+    shaper: HookSpec = HookSpec(name="none")
+
+    @field_validator("sampler")
+    @classmethod
+    def _s(cls, v: HookSpec) -> HookSpec:
+        return _hook_validator("SAMPLERS", "hooks.sampler.name")(v)
+
+    @field_validator("controllers")
+    @classmethod
+    def _c(cls, v: list[HookSpec]) -> list[HookSpec]:
+        return [_hook_validator("CONTROLLERS", "hooks.controllers.name")(x) for x in v]
+
+    @field_validator("replay")
+    @classmethod
+    def _r(cls, v: HookSpec) -> HookSpec:
+        return _hook_validator("REPLAY_BUFFERS", "hooks.replay.name")(v)
+
+    @field_validator("shaper")
+    @classmethod
+    def _g(cls, v: HookSpec) -> HookSpec:
+        return _hook_validator("GROUP_SHAPERS", "hooks.shaper.name")(v)
+
+
+class RLConfig(StrictModel):
+    """One RL run. Every field has a default; a YAML file overrides some, ``key=value`` the rest."""
+
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    reward: RewardConfig = RewardConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    advantage: AdvantageConfig = AdvantageConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    kl: KLConfig = KLConfig()
+    entropy_coef: float = 0.0
+    """Entropy bonus: loss −= entropy_coef · agg(entropy)."""
+    minibatches: int = Field(1, ge=1)
+    """Optimizer steps per rollout batch (per epoch); > 1 makes later updates off-policy."""
+    ppo_epochs: int = Field(1, ge=1)
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Sequences per forward/backward (gradient accumulation); None = a whole minibatch at once."""
+    logprob_chunk_size: int = Field(1024, ge=1)
+    steps: int = Field(100, ge=0)
+    seed: int = 0
+    out_dir: str = "runs/rl"
+    eval: EvalConfig = EvalConfig()
+    logging: LoggingConfig = LoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    hooks: HooksConfig = HooksConfig()
+
+    @property
+    def off_policy(self) -> bool:
+        """Whether any update uses data from an older policy (then old log-probs need a forward)."""
+        return self.ppo_epochs > 1 or self.minibatches > 1
+
+
+def load_rl_config(path: str | None = None, overrides: list[str] | None = None) -> RLConfig:
+    from posttrain.utils.config import build_config
+
+    return build_config(RLConfig, path, overrides)

@@ -1,0 +1,79 @@
+"""Run logging: ``metrics.jsonl`` always (one row per step, one per evaluation), TensorBoard and
+Weights & Biases optionally (imported only when enabled)."""
+
+from __future__ import annotations
+
+import json
+import numbers
+from pathlib import Path
+from typing import Any
+
+from posttrain.utils.io import append_jsonl, atomic_write_text, read_jsonl
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsLogger:
+    """Rows are ``{"kind": "step", "step": s, ...metrics}`` or ``{"kind": "eval", "step": s, ...}``.
+
+    ``truncate_after``: when resuming from step s, rows of the killed run with step > s are dropped
+    (rewritten atomically) so the log has each step exactly once."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = False,
+        wandb: bool = False,
+        wandb_project: str = "posttrain",
+        config: dict[str, Any] | None = None,
+        truncate_after: int | None = None,
+    ) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        if truncate_after is not None and self.path.exists():
+            rows = [r for r in read_jsonl(self.path) if int(r.get("step", 0)) <= truncate_after]
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+        self._tb = None
+        self._wandb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ImportError(
+                    "logging.tensorboard=true needs `pip install posttrain[tensorboard]`"
+                ) from e
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as wb
+            except ImportError as e:
+                raise ImportError("logging.wandb=true needs `pip install posttrain[wandb]`") from e
+            self._wandb = wb.init(project=wandb_project, config=config or {}, dir=str(run_dir))
+
+    def log_step(self, metrics: dict[str, Any]) -> None:
+        row = {"kind": "step", **metrics}
+        append_jsonl(self.path, row)
+        self._scalars("train", int(metrics["step"]), metrics)
+
+    def log_eval(self, step: int, ev: dict[str, Any]) -> None:
+        row = {"kind": "eval", "step": step, **{k: v for k, v in ev.items() if k != "samples"}}
+        append_jsonl(self.path, row)
+        self._scalars("eval", step, row)
+
+    def _scalars(self, prefix: str, step: int, values: dict[str, Any]) -> None:
+        nums = {
+            f"{prefix}/{k}": float(v)
+            for k, v in values.items()
+            if isinstance(v, numbers.Real) and k != "step"
+        }
+        if self._tb is not None:
+            for k, v in nums.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(nums, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
