@@ -8,7 +8,10 @@ from posttrain.cli.app import app, bench_app, silo_app
 # Keep imports of heavy libraries (torch, transformers) inside the command functions.
 # (one line per area, e.g. `from posttrain.cli import rl as _rl  # noqa: F401`)
 from posttrain.cli import silo as _silo  # noqa: F401
+from posttrain.cli import bench_rl as _bench_rl  # noqa: F401
+from posttrain.cli import bench_losses as _bench_losses  # noqa: F401
 from posttrain.cli import tasks as _tasks  # noqa: F401
+from posttrain.cli import train as _train  # noqa: F401
 
 __all__ = ["app", "bench_app", "main", "silo_app"]
 
