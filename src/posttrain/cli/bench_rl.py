@@ -1,0 +1,83 @@
+"""`posttrain bench rl-step`: posttrain's RL step vs TRL's GRPOTrainer vs the plain-HF compute floor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from posttrain.cli.app import bench_app
+
+
+@bench_app.command("rl-step")
+def rl_step(
+    preset: str = typer.Option(
+        "tiny", "--preset", help="tiny (16x8 completions, 8 tokens) or small (8x8, 32)."
+    ),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the figures to this JSON file."),
+    repeats: int = typer.Option(5, "--repeats", min=1, help="Measured steps of each implementation."),
+    warmup: int = typer.Option(2, "--warmup", min=0, help="Unmeasured warm-up steps of each, first."),
+    trl: bool = typer.Option(
+        True, "--trl/--no-trl", help="Include TRL's GRPOTrainer (needs the bench extra)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Model initialisation and sampling seed."),
+    model: str | None = typer.Option(
+        None, "--model", help="Override the preset's model (preset or local dir)."
+    ),
+    prompts: int | None = typer.Option(None, "--prompts", min=1, help="Override prompts per step."),
+    group_size: int | None = typer.Option(
+        None, "--group-size", min=2, help="Override completions per prompt."
+    ),
+    new_tokens: int | None = typer.Option(
+        None, "--new-tokens", min=1, help="Override new tokens per completion."
+    ),
+    matmul_size: int = typer.Option(2048, "--matmul-size", min=64, help="Side of the timed fp32 matmul."),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="torch threads for the run (1 = steadiest on a shared machine)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-round progress lines."),
+) -> None:
+    """Median time of one RL step: posttrain vs TRL GRPOTrainer vs plain-HF generate+fwd/bwd/AdamW.
+
+    All three run interleaved in this process with the same weights, prompts, reward, lr, fp32, no KL,
+    and EOS suppressed; prints the ratios, the FLOP limit and pass/fail against posttrain <= 1.05x floor.
+    """
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from posttrain.bench.rl_step import get_preset, print_report, run_rl_step_bench
+    from posttrain.utils.io import atomic_write_json
+
+    try:
+        cfg = get_preset(preset)
+        overrides = {
+            k: v
+            for k, v in {
+                "model": model,
+                "num_prompts": prompts,
+                "group_size": group_size,
+                "new_tokens": new_tokens,
+            }.items()
+            if v is not None
+        }
+        if overrides:
+            cfg = replace(cfg, **overrides)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--preset") from None
+    err = Console(stderr=True)
+    result = run_rl_step_bench(
+        cfg,
+        repeats=repeats,
+        warmup=warmup,
+        with_trl=trl,
+        seed=seed,
+        matmul_size=matmul_size,
+        threads=threads,
+        log=None if quiet else (lambda msg: err.print(msg, highlight=False)),
+    )
+    result["overrides"] = overrides
+    print_report(result)
+    if json_path is not None:
+        atomic_write_json(json_path, result)
+        typer.echo(f"wrote {json_path}")
