@@ -36,16 +36,33 @@ from torch.autograd.function import once_differentiable
 DEFAULT_CHUNK_SIZE = 1024
 
 
-def _chunk_logits(
-    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cdtype: torch.dtype, inv_t: float
+class _Buffers:
+    """Work buffers reused by every chunk: two (C, V) in the compute dtype, plus one (C, V) in the
+    input dtype when that differs (bf16/fp16 matmul output). Reuse keeps the memory bound explicit
+    and avoids re-faulting fresh pages for every chunk on CPU."""
+
+    def __init__(self, rows: int, vocab: int, cdtype: torch.dtype, in_dtype: torch.dtype, device: Any):
+        self.z = torch.empty(rows, vocab, dtype=cdtype, device=device)
+        self.p = torch.empty_like(self.z)
+        self.low = None if in_dtype == cdtype else torch.empty(rows, vocab, dtype=in_dtype, device=device)
+
+
+def _logits_into(
+    buf: _Buffers, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, inv_t: float
 ) -> torch.Tensor:
-    """(C, V) temperature-scaled logits of one chunk, in the compute dtype, in a fresh buffer."""
-    logits = h @ weight.T if bias is None else torch.addmm(bias, h, weight.T)
-    if logits.dtype != cdtype:
-        logits = logits.to(cdtype)
+    """(C, V) temperature-scaled logits of one chunk, in the compute dtype, written into `buf.z`."""
+    c = h.shape[0]
+    z = buf.z[:c]
+    out = z if buf.low is None else buf.low[:c]
+    if bias is None:
+        torch.mm(h, weight.T, out=out)
+    else:
+        torch.addmm(bias, h, weight.T, out=out)
+    if buf.low is not None:
+        z.copy_(out)
     if inv_t != 1.0:
-        logits.mul_(inv_t)
-    return logits
+        z.mul_(inv_t)
+    return z
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
@@ -65,18 +82,23 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         logp = torch.empty(n, dtype=cdtype, device=hidden.device)
         entropy = torch.empty(n, dtype=cdtype, device=hidden.device)
         lse_all = torch.empty(n, dtype=cdtype, device=hidden.device)
+        buf = _Buffers(min(chunk_size, n), weight.shape[0], cdtype, hidden.dtype, hidden.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
-            z = _chunk_logits(hidden[s:e], weight, bias, cdtype, inv_t)
-            lse = torch.logsumexp(z, dim=-1)
-            z_t = z.gather(1, targets[s:e, None]).squeeze(1)
-            z.sub_(lse[:, None])  # z now holds log p
-            p = z.exp()
+            z = _logits_into(buf, hidden[s:e], weight, bias, inv_t)
+            p = buf.p[: e - s]
+            m = z.amax(dim=-1, keepdim=True)
+            torch.sub(z, m, out=p).exp_()  # p = exp(z − max)
+            total = p.sum(dim=-1, keepdim=True)
+            lse = m + total.log()
+            p.div_(total)  # softmax
+            z_t = z.gather(1, targets[s:e, None])
+            z.sub_(lse)  # z now holds log p
             # H = −Σ p log p as a batched dot product (no (C, V) product temporary)
             entropy[s:e] = -(p.unsqueeze(1) @ z.unsqueeze(2)).view(-1)
-            logp[s:e] = z_t - lse
-            lse_all[s:e] = lse
-            del z, p
+            logp[s:e] = (z_t - lse).view(-1)
+            lse_all[s:e] = lse.view(-1)
+        del buf
         ctx.save_for_backward(hidden, weight, bias, targets, lse_all, entropy)
         ctx.inv_t = inv_t
         ctx.chunk_size = chunk_size
@@ -95,12 +117,13 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=cdtype, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=cdtype, device=weight.device) if need_b else None
+        buf = _Buffers(min(ctx.chunk_size, n), weight.shape[0], cdtype, hidden.dtype, hidden.device)
         for s in range(0, n, ctx.chunk_size):
             e = min(s + ctx.chunk_size, n)
             h = hidden[s:e]
-            z = _chunk_logits(h, weight, bias, cdtype, inv_t)
+            z = _logits_into(buf, h, weight, bias, inv_t)
             z.sub_(lse_all[s:e, None])  # log p
-            p = z.exp()
+            p = torch.exp(z, out=buf.p[: e - s])
             # dz = g_logp·(onehot − p) − g_ent·p·(log p + H), built in place in the two (C, V) buffers
             if g_ent is not None:
                 z.add_(entropy[s:e, None]).mul_(p).mul_(g_ent[s:e, None].to(cdtype))
@@ -117,7 +140,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 dz.mul_(inv_t)
             if grad_b is not None:
                 grad_b.add_(dz.sum(0))
-            dz = dz.to(hidden.dtype)
+            if buf.low is not None:  # matmuls in the input dtype
+                dz = buf.low[: e - s].copy_(dz)
             if grad_h is not None:
                 torch.mm(dz, weight, out=grad_h[s:e])
             if grad_w is not None:
@@ -125,7 +149,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                     grad_w.addmm_(dz.T, h)
                 else:  # low-precision inputs: matmul in their dtype, accumulate over chunks in fp32
                     grad_w.add_(dz.T @ h)
-            del z, p, dz
+        del buf
         if grad_w is not None:
             grad_w = grad_w.to(weight.dtype)
         if grad_b is not None:
