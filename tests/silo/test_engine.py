@@ -7,6 +7,8 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from posttrain.silo.agents.base import Agent, AgentReply
 from posttrain.silo.engine import EngineConfig, SiloEngine, char_token_count, regex_token_count, run_case
@@ -289,3 +291,20 @@ def test_prompt_sets_state_identity_and_tools():
         EngineConfig(prompt_set="paper"),
     )
     assert res.success
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from([*list("ab_Z09 ,.[]{}\"'\n\t\r\x00\x1f\x7f"), "é", "€", "🙂", "\u2028"]),
+        max_size=60,
+    )
+)
+def test_fast_token_count_matches_regex_definition(chunk):
+    """The vectorised path for long texts counts exactly what the regex counts."""
+    from posttrain.silo.engine import _TOKEN_RE
+
+    long_text = (chunk + " ") * (2100 // (len(chunk) + 1) + 1)
+    assert len(long_text) >= 2048
+    assert regex_token_count(long_text) == len(_TOKEN_RE.findall(long_text))
+    assert regex_token_count(chunk) == len(_TOKEN_RE.findall(chunk))

@@ -38,6 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from posttrain.silo.agents.base import Agent, AgentReply
 from posttrain.silo.parsing import format_tool_results, parse_tool_calls
 from posttrain.silo.prompts import CORRECTIVE_MESSAGE, system_prompt, user_prompt
@@ -47,14 +49,40 @@ from posttrain.utils.registry import Registry
 
 TokenCounter = Callable[[str], int]
 token_counters: Registry[TokenCounter] = Registry("token counter")
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+_TOKEN_RE = re.compile(r"[\w\x80-\U0010ffff]+|[^\w\s\x80-\U0010ffff]", re.ASCII)
+_LONG_TEXT = 2048
+
+
+def _byte_classes() -> np.ndarray:
+    cls = np.full(256, 2, dtype=np.int8)  # 2: punctuation / other
+    for b in range(256):
+        c = chr(b)
+        if b >= 0x80 or (c.isascii() and (c.isalnum() or c == "_")):
+            cls[b] = 1  # word byte (any non-ASCII byte counts as a word character)
+        elif c in " \t\n\r\f\v":
+            cls[b] = 0
+    return cls
+
+
+_BYTE_CLASS = _byte_classes()
 _TASK_RE = re.compile(r"^(I{1,3}-\d{2})")
 
 
 @token_counters.register("regex")
 def regex_token_count(text: str) -> int:
-    """Words/numbers plus single punctuation marks: ``\\w+|[^\\w\\s]``."""
-    return len(_TOKEN_RE.findall(text))
+    """Maximal runs of word characters plus single other non-space characters.
+
+    Word characters: ASCII letters, digits, ``_`` and every non-ASCII character; space: ASCII
+    whitespace. On ASCII text this is ``len(re.findall(r"\\w+|[^\\w\\s]", text))``. Long texts
+    (tool results with thousands of data values at N = 100) are counted with a vectorised pass over
+    the UTF-8 bytes (same definition, tested equal), about 20x faster than the regex.
+    """
+    if len(text) < _LONG_TEXT:
+        return len(_TOKEN_RE.findall(text))
+    cls = _BYTE_CLASS[np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)]
+    word = cls == 1
+    runs = int(word[0]) + int(np.count_nonzero(word[1:] & ~word[:-1]))
+    return runs + int(np.count_nonzero(cls == 2))
 
 
 @token_counters.register("chars")
