@@ -308,3 +308,23 @@ def test_fast_token_count_matches_regex_definition(chunk):
     assert len(long_text) >= 2048
     assert regex_token_count(long_text) == len(_TOKEN_RE.findall(long_text))
     assert regex_token_count(chunk) == len(_TOKEN_RE.findall(chunk))
+
+
+def test_scaffolds_inject_notes_and_keep_token_sums_exact():
+    from posttrain.silo.prompts import PLANNING_NOTE, SCRATCHPAD_NOTE, reminder_note
+
+    agent = Puppet({(1, 2): tc("submit_result", answer=7)}, default=WAIT)
+    cfg = EngineConfig(max_rounds=3, scaffolds=("planning", "reminder", "scratchpad"))
+    res = run_case(hand_case(2), "sfs", agent, cfg)
+    first = agent.calls[0][2]
+    assert first[1]["content"].count(PLANNING_NOTE) == 1 and SCRATCHPAD_NOTE in first[1]["content"]
+    assert first[1]["content"].endswith("\n\n" + reminder_note("sfs"))
+    later = next(msgs for a, r, msgs in agent.calls if a == 0 and r == 3)
+    assert later[-1]["content"].startswith("<tool_result>") and "[Reminder]" in later[-1]["content"]
+    assert [m["role"] for m in later] == ["system", "user", "assistant", "user", "assistant", "user"]
+    exp_in = sum(sum(regex_token_count(m["content"]) for m in msgs) for _, _, msgs in agent.calls)
+    assert res.input_tokens == exp_in
+    with pytest.raises(ValueError, match="unknown scaffold"):
+        EngineConfig(scaffolds=("telepathy",))
+    with pytest.raises(ValueError, match="unknown prompt_set"):
+        EngineConfig(prompt_set="poetry")

@@ -172,6 +172,17 @@ def test_cli_generate_run_report_and_bench(tmp_path):
                             "--protocols", "sfs", "--prompt-set", "paper", "--out", str(out2), "--no-save-cases"])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert len(load_rows(out2 / "results.jsonl")) == 4 and not (out2 / "cases").exists()
+    assert all(x["success"] for x in load_rows(out2 / "results.jsonl"))
+    # scaffolds (spec §6.4) are a separate population in the results
+    r = runner.invoke(app, ["silo", "run", "--agents", "2", "--tasks", "I-01", "--protocols", "p2p",
+                            "--scaffold", "reminder", "planning", "--out", str(out2)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert {x["agent"] for x in load_rows(out2 / "results.jsonl")} == {
+        "scripted",
+        "scripted+reminder+planning",
+    }
+    r = runner.invoke(app, ["silo", "run", "--scaffold", "hope", "--out", str(out2)])
+    assert r.exit_code != 0 and "unknown 'hope'" in r.output
     r = runner.invoke(app, ["silo", "report", str(out2)])
     assert r.exit_code == 0 and "Table 1" in r.output and (out2 / "report.md").exists()
     # bad input: clear errors

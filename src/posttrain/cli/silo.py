@@ -15,7 +15,7 @@ from typer.core import TyperCommand
 
 from posttrain.cli.app import bench_app, silo_app
 
-_MULTI = ("--agents", "--protocols", "--tasks", "--seed", "--model")
+_MULTI = ("--agents", "--protocols", "--tasks", "--seed", "--model", "--scaffold")
 
 
 class MultiValueCommand(TyperCommand):
@@ -138,16 +138,23 @@ def run_cmd(
     save_cases: bool = typer.Option(
         True, "--save-cases/--no-save-cases", help="per-case results.json + transcript"
     ),
+    scaffold: list[str] = typer.Option(
+        [], "--scaffold", help="spec §6.4 add-ons: planning reminder scratchpad"
+    ),
 ) -> None:
     """Run a sweep (resumable: cases already in DIR/results.jsonl are skipped)."""
     from posttrain.silo.agents import build_agent
-    from posttrain.silo.prompts import PROMPT_SETS
+    from posttrain.silo.prompts import PROMPT_SETS, SCAFFOLDS
     from posttrain.silo.runner import AgentSpec, SweepConfig, run_sweep
 
     if prompt_set not in PROMPT_SETS:
         raise typer.BadParameter(f"--prompt-set: unknown {prompt_set!r}; known: {', '.join(PROMPT_SETS)}")
     if cases is not None and not cases.is_dir():
         raise typer.BadParameter(f"--cases: {cases} is not a directory")
+    scaffolds = tuple(dict.fromkeys(_split(scaffold)))
+    for sc in scaffolds:
+        if sc not in SCAFFOLDS:
+            raise typer.BadParameter(f"--scaffold: unknown {sc!r}; known: {', '.join(SCAFFOLDS)}")
     models = _split(model)
     specs: list[AgentSpec] = []
     if agent == "openai":
@@ -171,7 +178,11 @@ def run_cmd(
     else:
         build_agent(agent)  # validates the name
         specs.append(AgentSpec(agent, lambda: build_agent(agent)))
+    if scaffolds:  # scaffolded runs are a different population: keep them apart in results and resume keys
+        for sp in specs:
+            sp.label += "+" + "+".join(scaffolds)
     cfg = SweepConfig(
+        scaffolds=scaffolds,
         out_dir=out,
         tasks=_tasks(tasks),
         agent_counts=_ints(agents, "--agents"),

@@ -42,7 +42,16 @@ import numpy as np
 
 from posttrain.silo.agents.base import Agent, AgentReply
 from posttrain.silo.parsing import format_tool_results, parse_tool_calls
-from posttrain.silo.prompts import CORRECTIVE_MESSAGE, system_prompt, user_prompt
+from posttrain.silo.prompts import (
+    CORRECTIVE_MESSAGE,
+    PLANNING_NOTE,
+    PROMPT_SETS,
+    SCAFFOLDS,
+    SCRATCHPAD_NOTE,
+    reminder_note,
+    system_prompt,
+    user_prompt,
+)
 from posttrain.silo.protocols import TURN_ENDING, Broadcast, canonical_protocol, make_protocol
 from posttrain.utils.io import atomic_write_json
 from posttrain.utils.registry import Registry
@@ -108,8 +117,14 @@ class EngineConfig:
     prompt_set: str = "code"
     token_counter: str | TokenCounter = "regex"
     max_calls_per_turn: int | None = None  # None: no cap (authors); a cap answers the rest with an error
+    scaffolds: tuple[str, ...] = ()  # spec §6.4: any of "planning", "reminder", "scratchpad"
 
     def __post_init__(self) -> None:
+        if self.prompt_set not in PROMPT_SETS:
+            raise ValueError(f"unknown prompt_set {self.prompt_set!r}; known: {', '.join(PROMPT_SETS)}")
+        bad = [s for s in self.scaffolds if s not in SCAFFOLDS]
+        if bad:
+            raise ValueError(f"unknown scaffold(s) {bad}; known: {', '.join(SCAFFOLDS)}")
         if self.max_rounds < 1:
             raise ValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
         if self.max_calls_per_turn is not None and self.max_calls_per_turn < 1:
@@ -301,6 +316,10 @@ class SiloEngine:
                     f"case {self.case.get('case_id')!r}: agent_configs[{i}].user_prompt must be a string"
                 )
             usr = user_prompt(up, cfg.prompt_set)
+            if "scratchpad" in cfg.scaffolds:
+                usr += "\n\n" + SCRATCHPAD_NOTE
+            if "planning" in cfg.scaffolds:
+                usr += "\n\n" + PLANNING_NOTE
             contexts.append([{"role": "system", "content": sys_msg}, {"role": "user", "content": usr}])
             ctx_tokens.append(self.count(sys_msg) + self.count(usr))
 
@@ -318,6 +337,12 @@ class SiloEngine:
                 rounds = r
                 proto.begin_round(r)
                 active = [i for i in range(n) if not submitted[i]]
+                if "reminder" in cfg.scaffolds:  # appended to the last (user) message: roles keep alternating
+                    note = "\n\n" + reminder_note(self.protocol_name)
+                    for i in active:
+                        last = contexts[i][-1]
+                        contexts[i][-1] = {**last, "content": last["content"] + note}
+                        ctx_tokens[i] += self.count(note)
                 t0 = time.perf_counter()
                 replies = await asyncio.gather(*(self.agents[i].reply(list(contexts[i])) for i in active))
                 agent_s += time.perf_counter() - t0

@@ -221,3 +221,27 @@ CORRECTIVE_MESSAGE = (
     "<tool_call>\n  <tool>tool_name</tool>\n  <parameters>\n    <name>value</name>\n  </parameters>\n"
     "</tool_call>"
 )
+
+
+# ----------------------------------------------------------------------------- scaffolds (spec §6.4)
+# The paper's App. H ablation (DeepSeek-V3.1 + P2P) gives no exact texts; these are the spec's
+# `[proposed]` implementations.
+SCAFFOLDS = ("planning", "reminder", "scratchpad")
+
+PLANNING_NOTE = (
+    "[Planning round] This first round is for planning: agree with the other agents on a communication "
+    "plan only. Do not exchange data this round."
+)
+SCRATCHPAD_NOTE = (
+    "[Scratchpad] Keep a running note in your replies of the data you have received so far and of the "
+    "peers you are still waiting for."
+)
+
+
+def reminder_note(protocol: str) -> str:
+    """A condensed copy of the §6.1 rules, injected at the start of every round (scaffold b)."""
+    return (
+        f"[Reminder] {_VISIBILITY[protocol]} wait and submit_result end your turn, so place other tool "
+        "calls before them. Nothing can be done after submitting. Every agent must submit. Never invent "
+        "tool results."
+    )

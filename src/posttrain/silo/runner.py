@@ -151,6 +151,7 @@ class SweepConfig:
     save_cases: bool = True
     progress: bool | None = None
     max_calls_per_turn: int | None = None
+    scaffolds: tuple[str, ...] = ()
 
 
 @dataclass
@@ -222,7 +223,10 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
     todo = [j for j in jobs if case_key(j[0], j[1], j[2], j[3].label, j[4]) not in done]
     skipped = len(jobs) - len(todo)
     ecfg = EngineConfig(
-        max_rounds=cfg.max_rounds, prompt_set=cfg.prompt_set, max_calls_per_turn=cfg.max_calls_per_turn
+        max_rounds=cfg.max_rounds,
+        prompt_set=cfg.prompt_set,
+        max_calls_per_turn=cfg.max_calls_per_turn,
+        scaffolds=tuple(cfg.scaffolds),
     )
     sem = asyncio.Semaphore(max(1, cfg.concurrency))
     stats = {"ran": 0, "ok": 0, "errors": 0}
