@@ -142,6 +142,10 @@ def test_summarize_ratios_come_from_medians():
     assert out["ratio_trl_over_floor"] == pytest.approx(2.5)
     assert out["ratio_floor_over_flop_limit"] == pytest.approx(50.0)
     assert out["target_pass"] is True
+    # per-round ratios: posttrain/floor = [3, 0.5, 2/9] -> median 0.5; trl/floor = [4, 2.5, 6/9] -> 2.5
+    assert out["paired_ratio_posttrain_over_floor"] == pytest.approx(0.5)
+    assert out["paired_ratio_trl_over_floor"] == pytest.approx(2.5)
+    assert out["paired_ratio_posttrain_over_trl"] == pytest.approx(1 / 3)  # [0.75, 0.2, 1/3]
 
 
 def test_summarize_without_trl_gives_none_ratios():
@@ -151,6 +155,7 @@ def test_summarize_without_trl_gives_none_ratios():
     assert out["trl_median_step_s"] is None
     assert out["ratio_posttrain_over_trl"] is None and out["ratio_trl_over_floor"] is None
     assert out["ratio_posttrain_over_floor"] == pytest.approx(1.1)
+    assert out["paired_ratio_posttrain_over_trl"] is None
     assert out["target_pass"] is False
 
 
