@@ -339,8 +339,9 @@ class TRLRun:
         args = GRPOConfig(
             output_dir=output_dir,
             use_cpu=True,
-            bf16=False,
+            bf16=False,  # TRL defaults to bf16; every side runs fp32
             fp16=False,
+            activation_checkpointing=False,  # TRL defaults to recomputing activations; the others do not
             seed=seed,
             max_steps=total_steps,
             per_device_train_batch_size=preset.batch_size,  # counted in completions
@@ -383,6 +384,10 @@ class TRLRun:
             hf_logging.set_verbosity(verbosity)
         for cb in (PrinterCallback, ProgressCallback):
             self.trainer.remove_callback(cb)
+        if any(getattr(m, "gradient_checkpointing", False) for m in self.trainer.model.modules()):
+            raise RuntimeError(
+                "TRL enabled activation checkpointing; the comparison would not be like for like"
+            )
 
     def run(self, after_step: Callable[[int, float], None]) -> None:
         """`trainer.train()`; after TRL's i-th optimizer step, `after_step(i, seconds_of_that_step)`."""
