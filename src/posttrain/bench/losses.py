@@ -333,7 +333,10 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
 
     from posttrain.utils.tables import print_table
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # logs and pipes: do not squeeze the table into 80 columns
+            console = Console(width=160)
     c = result["config"]
     title = (
         f"token_logprobs fwd+bwd: N={c['tokens']} tokens, H={c['hidden']}, {c['dtype']} on {c['device']} "

@@ -85,19 +85,17 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         buf = _Buffers(min(chunk_size, n), weight.shape[0], cdtype, hidden.dtype, hidden.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
-            z = _logits_into(buf, hidden[s:e], weight, bias, inv_t)
-            p = buf.p[: e - s]
-            m = z.amax(dim=-1, keepdim=True)
-            torch.sub(z, m, out=p).exp_()  # p = exp(z − max)
-            total = p.sum(dim=-1, keepdim=True)
-            lse = m + total.log()
-            p.div_(total)  # softmax
-            z_t = z.gather(1, targets[s:e, None])
-            z.sub_(lse)  # z now holds log p
-            # H = −Σ p log p as a batched dot product (no (C, V) product temporary)
-            entropy[s:e] = -(p.unsqueeze(1) @ z.unsqueeze(2)).view(-1)
-            logp[s:e] = (z_t - lse).view(-1)
-            lse_all[s:e] = lse.view(-1)
+            y = _logits_into(buf, hidden[s:e], weight, bias, inv_t)
+            m = y.amax(dim=-1, keepdim=True)
+            y.sub_(m)  # y = z − max z ≤ 0
+            q = torch.exp(y, out=buf.p[: e - s])  # unnormalised probabilities, S = Σ q
+            total = q.sum(dim=-1)
+            log_total = total.log()
+            # H = log S − Σ q·y / S: no cancellation since y ≤ 0 and log S ≤ log V; batched dot product
+            dot = (q.unsqueeze(1) @ y.unsqueeze(2)).view(-1)
+            entropy[s:e] = log_total - dot / total
+            logp[s:e] = y.gather(1, targets[s:e, None]).view(-1) - log_total
+            lse_all[s:e] = m.view(-1) + log_total
         del buf
         ctx.save_for_backward(hidden, weight, bias, targets, lse_all, entropy)
         ctx.inv_t = inv_t
@@ -124,20 +122,20 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             z = _logits_into(buf, h, weight, bias, inv_t)
             z.sub_(lse_all[s:e, None])  # log p
             p = torch.exp(z, out=buf.p[: e - s])
-            # dz = g_logp·(onehot − p) − g_ent·p·(log p + H), built in place in the two (C, V) buffers
+            # dz/τ with dz = g_logp·(onehot − p) − g_ent·p·(log p + H) = −p·(a·log p + b) + g_logp·onehot,
+            # a = g_ent, b = g_logp + g_ent·H; built in place in the two (C, V) buffers (3 passes)
             if g_ent is not None:
-                z.add_(entropy[s:e, None]).mul_(p).mul_(g_ent[s:e, None].to(cdtype))
+                a_row = g_ent[s:e].to(cdtype)
+                b_row = a_row * entropy[s:e]
                 if g_logp is not None:
-                    dz = p.mul_(g_logp[s:e, None].to(cdtype)).add_(z).neg_()
-                else:
-                    dz = z.neg_()
+                    b_row = b_row + g_logp[s:e].to(cdtype)
+                z.mul_((-inv_t) * a_row[:, None]).sub_(inv_t * b_row[:, None])
+                dz = p.mul_(z)
             else:
-                dz = p.mul_(-g_logp[s:e, None].to(cdtype))
+                dz = p.mul_((-inv_t) * g_logp[s:e, None].to(cdtype))
             if g_logp is not None:
                 rows = torch.arange(e - s, device=dz.device)
-                dz.index_put_((rows, targets[s:e]), g_logp[s:e].to(cdtype), accumulate=True)
-            if inv_t != 1.0:
-                dz.mul_(inv_t)
+                dz.index_put_((rows, targets[s:e]), inv_t * g_logp[s:e].to(cdtype), accumulate=True)
             if grad_b is not None:
                 grad_b.add_(dz.sum(0))
             if buf.low is not None:  # matmuls in the input dtype
