@@ -192,6 +192,14 @@ def test_cli_generate_run_report_and_bench(tmp_path):
     assert r.exit_code != 0 and "smoke" in r.output
     r = runner.invoke(app, ["silo", "run", "--agent", "openai", "--out", str(tmp_path / "x")])
     assert r.exit_code != 0 and "--base-url" in r.output
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.jsonl").write_text('{"task_id": "I-01"}\n')
+    r = runner.invoke(app, ["silo", "run", "--agents", "2", "--tasks", "I-01", "--out", str(bad)])
+    assert r.exit_code == 2 and "lacks the key field 'num_agents'" in r.output
+    (bad / "results.jsonl").write_text('{"x"\n{"y": 1}\n')
+    r = runner.invoke(app, ["silo", "run", "--agents", "2", "--tasks", "I-01", "--out", str(bad)])
+    assert r.exit_code == 2 and "line 1: invalid JSON" in r.output
     r = runner.invoke(app, ["silo", "report", str(tmp_path / "nothing")])
     assert r.exit_code != 0 and "does not exist" in r.output
     # bench on a small grid

@@ -194,7 +194,11 @@ def run_cmd(
         cases_dir=cases,
         save_cases=save_cases,
     )
-    s = run_sweep(cfg, specs)
+    try:
+        s = run_sweep(cfg, specs)
+    except ValueError as e:  # bad results.jsonl rows, bad case files, bad options: no traceback
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     sr = sum(bool(r["success"]) for r in s.rows) / max(1, len(s.rows))
     typer.echo(
         f"{s.total} cases in grid: {s.skipped} already done, {s.ran} run, {s.errors} errors "
