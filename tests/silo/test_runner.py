@@ -211,3 +211,31 @@ def test_cli_generate_run_report_and_bench(tmp_path):
     res = json.loads(js.read_text())
     assert res["cases"] == 12 and res["success_rate"] == 1.0 and res["peak_rss_mb"] > 0
     assert res["engine_us_per_agent_round"] > 0 and set(res["per_n"]) == {"2", "5"}
+
+
+class Sleepy(ScriptedAgent):
+    """Scripted policy behind an awaited delay, like an LLM endpoint; records replies in flight."""
+
+    def __init__(self):
+        self.inflight = self.max_inflight = 0
+
+    async def reply(self, messages):
+        import asyncio
+
+        self.inflight += 1
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        await asyncio.sleep(0.005)
+        self.inflight -= 1
+        return await super().reply(messages)
+
+
+@pytest.mark.parametrize(("concurrency", "bound"), [(1, 2), (3, 6)])
+def test_case_concurrency_limit(tmp_path, concurrency, bound):
+    """N = 2: one case has at most 2 replies in flight, `concurrency` cases at most 2 x concurrency."""
+    agent = Sleepy()
+    c = cfg(
+        tmp_path, tasks=["I-01", "I-02", "I-03"], agent_counts=[2], concurrency=concurrency, save_cases=False
+    )
+    s = run_sweep(c, [AgentSpec("sleepy", lambda: agent)])
+    assert s.ran == 9 and all(r["success"] for r in s.rows)
+    assert agent.max_inflight == bound
