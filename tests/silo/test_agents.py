@@ -320,6 +320,19 @@ def test_openai_client_timeout_is_retried_then_reported():
     assert len(srv.requests) == 2
 
 
+def test_openai_client_survives_several_event_loops():
+    """One client object used by two synchronous run_case calls (two asyncio.run loops)."""
+    case = {
+        "case_id": "I-01_http",
+        "agent_configs": [{"agent_id": i, "user_prompt": "find 7"} for i in range(2)],
+        "expected_output": {"per_agent_values": [7, 7]},
+    }
+    with _Server([], default={"text": format_tool_call("submit_result", answer=7)}) as srv:
+        agent = _client(srv.url, concurrency=1)
+        assert run_case(case, "bp", agent).success and run_case(case, "sfs", agent).success
+    assert agent.usage_total["requests"] == 4
+
+
 def test_openai_client_does_not_retry_4xx():
     with _Server([{"status": 401, "error": "bad key"}]) as srv:
         agent = _client(srv.url, max_retries=5)

@@ -57,13 +57,25 @@ class OpenAIChatAgent(Agent):
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self.extra_body = dict(extra_body or {})
         self.timeout_s = timeout_s
-        self._sem = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
+        self._sem: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self._headers = headers
         self._client: httpx.AsyncClient | None = None
         self.usage_total = {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0, "retries": 0}
+
+    def _bind_loop(self) -> asyncio.Semaphore:
+        """Semaphore and HTTP client belong to one event loop; a new loop (another `asyncio.run`)
+        gets fresh ones, so one agent object can serve several synchronous `run_case` calls."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._sem is None:
+            self._loop = loop
+            self._sem = asyncio.Semaphore(self.concurrency)
+            self._client = None
+        return self._sem
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -89,7 +101,7 @@ class OpenAIChatAgent(Agent):
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
         last = "no attempt made"
-        async with self._sem:
+        async with self._bind_loop():
             for attempt in range(self.max_retries + 1):
                 if attempt:
                     self.usage_total["retries"] += 1
