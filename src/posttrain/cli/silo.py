@@ -141,6 +141,9 @@ def run_cmd(
     scaffold: list[str] = typer.Option(
         [], "--scaffold", help="spec §6.4 add-ons: planning reminder scratchpad"
     ),
+    oracle: bool = typer.Option(
+        False, "--oracle", help="also run the N = 1 oracle (whole input, one agent) of each case, for RCC"
+    ),
 ) -> None:
     """Run a sweep (resumable: cases already in DIR/results.jsonl are skipped)."""
     from posttrain.silo.agents import build_agent
@@ -193,6 +196,7 @@ def run_cmd(
         concurrency=concurrency,
         cases_dir=cases,
         save_cases=save_cases,
+        oracle=oracle,
     )
     try:
         s = run_sweep(cfg, specs)
@@ -214,7 +218,7 @@ def report_cmd(
     run_dir: Path = typer.Argument(..., help="a run directory with results.jsonl"),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots"),
 ) -> None:
-    """Table 1 layout (terminal + report.md), failure modes, plots and report.json."""
+    """Table 1 layout (terminal + report.md), failure modes, Table 2 (oracle RCC), plots, report.json."""
     from posttrain.silo.report import write_report
 
     try:

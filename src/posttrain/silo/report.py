@@ -11,6 +11,13 @@ over all cases — and each agent/model gets one cell ``SR / PCS / tokens-per-ro
 The code variants (``C_code``, ``D_code``) are in the JSON next to them. Averages are recomputed from the
 raw rows (spec §10.1 notes the printed Average row is inconsistent).
 
+Table 2 (paper §4.1, spec §10.2), when the run has N = 1 oracle rows (``posttrain silo run --oracle``):
+for each agent/model, level and k, ``SR(N=1) / SR(N=k) / RCC`` with RCC = 1 − SR(N=k) / SR(N=1)
+(`metrics.relative_coordination_cost`), over PAIRED cases only: an oracle row (task, protocol, agent,
+seed, oracle_of = k) and its N = k row must both be present, so both rates are over the same global
+inputs. RCC is undefined (reported as such, never divided) when SR(N=1) = 0. Oracle rows are kept out of
+Table 1, the failure modes, the per-task table and the plots, which describe the multi-agent runs.
+
 Outputs of `write_report(dir)`: ``report.md``, ``report.json``, ``success_vs_n.png`` (SR vs N, one panel
 per level, one line per agent x protocol) and ``heatmap_task_protocol.png`` (SR per task x protocol, one
 panel per agent).
@@ -23,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.silo.metrics import relative_coordination_cost
 from posttrain.utils.io import atomic_write_json, atomic_write_text
 from posttrain.utils.tables import markdown_table, print_table
 
@@ -135,6 +143,77 @@ def table1_rows(
     return columns, body
 
 
+def is_oracle(row: dict[str, Any]) -> bool:
+    """An N = 1 oracle row (`posttrain.silo.oracle`); rows written before the oracle existed lack the key."""
+    return row.get("oracle_of") is not None
+
+
+def _pair_key(row: dict[str, Any], k: int) -> tuple:
+    return (row["task_id"], row["protocol"], row["agent"], int(row["seed"]), k)
+
+
+RCC_UNDEFINED = "undefined (SR(N=1) = 0)"
+
+
+def table2(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """{agent: {"Level I" | "Level II" | "Level III" | "All": {"k": cell}}} with cell = ``{SR_1, SR_k,
+    RCC, RCC_pct, pairs}``: SR in percent over the paired cases, RCC a fraction (None when undefined,
+    with ``RCC_note``). Pairs: oracle row of N = k matched with the N = k row of the same task, protocol,
+    agent and seed. Empty when the rows hold no oracle."""
+    multi = {_pair_key(r, int(r["num_agents"])): r for r in rows if not is_oracle(r)}
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for r in rows:
+        if is_oracle(r):
+            partner = multi.get(_pair_key(r, int(r["oracle_of"])))
+            if partner is not None:
+                pairs.append((r, partner))
+    out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for a in sorted({o["agent"] for o, _ in pairs}):
+        mine = [(o, m) for o, m in pairs if o["agent"] == a]
+        groups = [(LEVEL_LABEL[lv], [p for p in mine if int(p[0]["level"]) == lv]) for lv in (1, 2, 3)]
+        groups.append(("All", mine))
+        out[a] = {}
+        for label, sel in groups:
+            if not sel:
+                continue
+            cells: dict[str, dict[str, Any]] = {}
+            for k in sorted({int(o["oracle_of"]) for o, _ in sel}):
+                ps = [(o, m) for o, m in sel if int(o["oracle_of"]) == k]
+                sr1 = 100.0 * sum(bool(o["success"]) for o, _ in ps) / len(ps)
+                srk = 100.0 * sum(bool(m["success"]) for _, m in ps) / len(ps)
+                rcc = relative_coordination_cost(srk, sr1)
+                cell: dict[str, Any] = {"SR_1": sr1, "SR_k": srk, "pairs": len(ps)}
+                if rcc != rcc:  # NaN: SR(N=1) = 0
+                    cell.update(RCC=None, RCC_pct=None, RCC_note=RCC_UNDEFINED)
+                else:
+                    cell.update(RCC=rcc, RCC_pct=100.0 * rcc)
+                cells[str(k)] = cell
+            out[a][label] = cells
+    return out
+
+
+def _cell2(cell: dict[str, Any] | None) -> str:
+    if not cell:
+        return "-"
+    rcc = "undefined" if cell["RCC"] is None else f"{cell['RCC_pct']:.1f}%"
+    return f"{cell['SR_1']:.1f} / {cell['SR_k']:.1f} / {rcc}"
+
+
+def table2_rows(t2: dict[str, dict[str, dict[str, dict[str, Any]]]]) -> tuple[list[str], list[list[str]]]:
+    """Paper Table 2 layout: one row per (agent, k), one column per level (+ all levels)."""
+    labels = [*LEVEL_LABEL.values(), "All"]
+    present = [lb for lb in labels if any(lb in t2[a] for a in t2)]
+    columns = ["agent", "k", *present, "pairs"]
+    body = []
+    for a, by_level in t2.items():
+        ks = sorted({int(k) for cells in by_level.values() for k in cells})
+        for k in ks:
+            cells = [by_level.get(lb, {}).get(str(k)) for lb in present]
+            n_pairs = by_level.get("All", {}).get(str(k), {}).get("pairs", 0)
+            body.append([a, str(k), *[_cell2(c) for c in cells], str(n_pairs)])
+    return columns, body
+
+
 def plot_success_vs_n(rows: Sequence[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -196,9 +275,13 @@ def write_report(run_dir: str | Path, *, show: bool = True, plots: bool = True) 
     path = run_dir / "results.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (run `posttrain silo run --out {run_dir}` first)")
-    rows = load_rows(path)
-    if not rows:
+    all_rows = load_rows(path)
+    if not all_rows:
         raise ValueError(f"{path} has no finished cases")
+    rows = [r for r in all_rows if not is_oracle(r)]
+    t2 = table2(all_rows)
+    if not rows:
+        raise ValueError(f"{path} holds only N = 1 oracle rows; Table 1 and Table 2 need the N = k runs too")
     t1 = table1(rows)
     fails = failure_summary(rows)
     columns, body = table1_rows(t1, rows)
@@ -215,10 +298,21 @@ def write_report(run_dir: str | Path, *, show: bool = True, plots: bool = True) 
         ]
         for a, d in fails.items()
     ]
+    t2cols, t2body = table2_rows(t2)
+    n_oracle = len(all_rows) - len(rows)
     if show:
         print_table("SILO-BENCH (paper Table 1 layout)", columns, body)
         print_table("Failure modes (paper Table 4)", fcols, frows)
-    summary = {"table1": t1, "failure_modes": fails, "per_task": per_task(rows), "cases": len(rows)}
+        if t2body:
+            print_table("N = 1 oracle vs N = k (paper Table 2): SR(N=1) / SR(N=k) / RCC", t2cols, t2body)
+    summary = {
+        "table1": t1,
+        "failure_modes": fails,
+        "per_task": per_task(rows),
+        "cases": len(rows),
+        "oracle_cases": n_oracle,
+        "table2": t2,
+    }
     md = [
         "# SILO-BENCH report\n",
         f"{len(rows)} cases from `{path}`. Cells: SR / PCS / tokens per round (C_paper) / density (D_paper).\n",
@@ -226,6 +320,16 @@ def write_report(run_dir: str | Path, *, show: bool = True, plots: bool = True) 
         "\n## Failure modes\n",
         markdown_table(fcols, frows),
     ]
+    if t2body:
+        md += [
+            "\n## N = 1 oracle vs N = k (paper Table 2)\n",
+            "Cells: SR(N=1) / SR(N=k) / RCC, RCC = 1 − SR(N=k) / SR(N=1) (paper §4.1), over paired cases "
+            "(the oracle of an N = k case and that case: same task, protocol, agent, seed). RCC is "
+            f"{RCC_UNDEFINED.split(' (')[0]} where SR(N=1) = 0.\n",
+            markdown_table(t2cols, t2body),
+        ]
+    elif n_oracle:
+        md.append(f"\n{n_oracle} oracle rows have no paired N = k row; no Table 2.\n")
     if plots:
         plot_success_vs_n(rows, run_dir / "success_vs_n.png")
         plot_heatmap(rows, run_dir / "heatmap_task_protocol.png")

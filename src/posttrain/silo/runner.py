@@ -7,7 +7,8 @@ Layout of an output directory::
     DIR/errors.jsonl           cases that raised (e.g. an LLM endpoint after its retry cap); retried next run
     DIR/cases/<agent>/<protocol>/<TASK>_n<N>_s<seed>/{results.json, transcript.jsonl}   (save_cases)
 
-Resume: a case is identified by (task_id, num_agents, protocol, agent, seed). A rerun reads
+Resume: a case is identified by (task_id, num_agents, protocol, agent, seed) and, for the N = 1 oracle
+baseline (``oracle=True``, `posttrain.silo.oracle`), the N = k it is the oracle of (``oracle_of``). A rerun reads
 ``results.jsonl`` and skips every key already there; a torn last line (a killed writer) is cut off
 first so the file stays valid JSONL. Rows are appended with fsync, one per finished case, so a kill loses
 at most the cases in flight.
@@ -42,6 +43,7 @@ CSV_COLUMNS = (
     "level",
     "protocol",
     "num_agents",
+    "oracle_of",
     "agent",
     "seed",
     "S",
@@ -66,12 +68,26 @@ CSV_COLUMNS = (
 )
 
 
-def case_key(task_id: str, num_agents: int, protocol: str, agent: str, seed: int) -> str:
-    return f"{task_id}|{int(num_agents)}|{protocol}|{agent}|{int(seed)}"
+def case_key(
+    task_id: str, num_agents: int, protocol: str, agent: str, seed: int, oracle_of: int | None = None
+) -> str:
+    """Resume key of one case; an oracle row (num_agents = 1) also carries the k it is the oracle of,
+    so the oracles of N = 2 and N = 5 (different global inputs) are different cases."""
+    key = f"{task_id}|{int(num_agents)}|{protocol}|{agent}|{int(seed)}"
+    return key if oracle_of is None else f"{key}|oracle{int(oracle_of)}"
 
 
 def row_key(row: dict[str, Any]) -> str:
-    return case_key(row["task_id"], row["num_agents"], row["protocol"], row["agent"], row["seed"])
+    return case_key(
+        row["task_id"], row["num_agents"], row["protocol"], row["agent"], row["seed"], row.get("oracle_of")
+    )
+
+
+def job_key(job: tuple) -> str:
+    """`case_key` of a planned job ``(task_id, n, protocol, AgentSpec, seed, oracle)``: an oracle job of
+    N = n runs with one agent."""
+    task_id, n, proto, spec, seed, oracle = job
+    return case_key(task_id, 1 if oracle else n, proto, spec.label, seed, n if oracle else None)
 
 
 def repair_jsonl(path: Path) -> int:
@@ -152,6 +168,7 @@ class SweepConfig:
     progress: bool | None = None
     max_calls_per_turn: int | None = None
     scaffolds: tuple[str, ...] = ()
+    oracle: bool = False  # also run the N = 1 oracle of every (task, N = k, seed), paired with each protocol
 
 
 @dataclass
@@ -193,7 +210,25 @@ class CaseSource:
         return self._cache[key]
 
 
+class _OracleCache:
+    """The oracle of the most recent (task, k, seed) source case (built once, shared by its protocols)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[str, int, int] | None = None
+        self._case: dict[str, Any] | None = None
+
+    def get(self, task_id: str, n: int, seed: int, case: dict[str, Any]) -> dict[str, Any]:
+        from posttrain.silo.oracle import normalise_oracle, oracle_case
+
+        if self._key != (task_id, n, seed) or self._case is None:
+            self._case = normalise_oracle(oracle_case(case))
+            self._key = (task_id, n, seed)
+        return self._case
+
+
 def plan(cfg: SweepConfig, agents: Sequence[AgentSpec], source: CaseSource) -> list[tuple]:
+    """Jobs ``(task_id, n, protocol, AgentSpec, seed, oracle)`` in grid order; with ``cfg.oracle`` each
+    multi-agent job is followed by its N = 1 oracle job (same task, k = n, protocol, agent, seed)."""
     protos = [canonical_protocol(p) for p in cfg.protocols]
     jobs = []
     for seed in cfg.seeds:
@@ -203,7 +238,9 @@ def plan(cfg: SweepConfig, agents: Sequence[AgentSpec], source: CaseSource) -> l
                     continue
                 for proto in protos:
                     for spec in agents:
-                        jobs.append((task_id, n, proto, spec, seed))
+                        jobs.append((task_id, n, proto, spec, seed, False))
+                        if cfg.oracle:
+                            jobs.append((task_id, n, proto, spec, seed, True))
     return jobs
 
 
@@ -220,7 +257,7 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
         raise ValueError(f"agent labels must be unique, got {labels}")
     source = CaseSource(Path(cfg.cases_dir) if cfg.cases_dir else None)
     jobs = plan(cfg, agents, source)
-    todo = [j for j in jobs if case_key(j[0], j[1], j[2], j[3].label, j[4]) not in done]
+    todo = [j for j in jobs if job_key(j) not in done]
     skipped = len(jobs) - len(todo)
     ecfg = EngineConfig(
         max_rounds=cfg.max_rounds,
@@ -229,16 +266,19 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
         scaffolds=tuple(cfg.scaffolds),
     )
     sem = asyncio.Semaphore(max(1, cfg.concurrency))
+    oracle_cases = _OracleCache()
     stats = {"ran": 0, "ok": 0, "errors": 0}
     t0 = time.perf_counter()
 
     with progress_bar("silo", total=len(jobs), completed=skipped, enabled=cfg.progress) as bar:
 
         async def one(job: tuple) -> None:
-            task_id, n, proto, spec, seed = job
+            task_id, n, proto, spec, seed, oracle = job
             async with sem:
                 try:
                     case = source.get(task_id, n, seed)
+                    if oracle:
+                        case = oracle_cases.get(task_id, n, seed, case)
                     engine = SiloEngine(case, proto, spec.get(), ecfg, agent_name=spec.label)
                     res = await engine.run()
                 except Exception as e:  # one failing case must not kill the sweep; it is retried next run
@@ -246,7 +286,7 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
                     append_jsonl(
                         out / "errors.jsonl",
                         {
-                            "key": case_key(task_id, n, proto, spec.label, seed),
+                            "key": job_key(job),
                             "error": f"{type(e).__name__}: {e}",
                             "traceback": traceback.format_exc(limit=5),
                             "at": datetime.now(timezone.utc).isoformat(),
@@ -256,8 +296,10 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
                     return
                 row = res.row()
                 row["seed"] = seed
+                row["oracle_of"] = n if oracle else None
                 if cfg.save_cases:
-                    d = out / "cases" / _slug(spec.label) / proto / f"{task_id}_n{n}_s{seed}"
+                    name = f"{task_id}_n1_oracle{n}_s{seed}" if oracle else f"{task_id}_n{n}_s{seed}"
+                    d = out / "cases" / _slug(spec.label) / proto / name
                     res.save(d)
                 append_jsonl(results_path, row)
                 rows.append(row)

@@ -16,6 +16,9 @@ Strategies (round numbers are the earliest possible under the one-round visibili
 * **SFS**: everyone writes ``shard/{i}`` (round 1), reads the others' keys (round 2), computes and
   submits (round 3). N keys written, D_code = 1/(N-1); N(N-1) reads, D_paper = 1.
 
+* **N = 1 oracle** (`posttrain.silo.oracle`): the only agent holds the whole input (merged, or listed
+  shard by shard); it computes and submits in round 1, with no tool call besides ``submit_result``.
+
 Message payloads are JSON (``<`` escaped as ``\\u003c`` so data can never close an XML tag).
 """
 
@@ -130,6 +133,12 @@ class ScriptedAgent(Agent):
         else:
             raise ScriptError("cannot tell the protocol from the system prompt's tool list")
         task_id, shard = read_task(user)
+        if n == 1:  # N = 1 oracle baseline (posttrain.silo.oracle): the whole input is here; answer at once
+            from posttrain.silo import solve
+            from posttrain.silo.oracle import read_oracle_input
+
+            held = read_oracle_input(user) or [shard]
+            return format_tool_call("submit_result", answer=json.dumps(solve(task_id, held, user)[0]))
         round_ = 1 + sum(1 for m in messages if m["role"] == "assistant")
         results = [
             res for m in messages[2:] if m["role"] == "user" for res in parse_tool_results(m["content"])
