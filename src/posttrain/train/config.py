@@ -193,7 +193,10 @@ def _hook_validator(registry_attr: str, key: str):
     def check(v: HookSpec) -> HookSpec:
         import posttrain.sampling as s
 
-        check_choice(key, v.name, getattr(s, registry_attr).names(include_aliases=True))
+        try:
+            check_choice(key, v.name, getattr(s, registry_attr).names(include_aliases=True))
+        except ValueError as e:
+            raise ValueError(f"name: {e}") from None
         return v
 
     return check
@@ -245,6 +248,9 @@ class RLConfig(StrictModel):
     micro_batch_size: int | None = Field(None, ge=1)
     """Sequences per forward/backward (gradient accumulation); None = a whole minibatch at once."""
     logprob_chunk_size: int = Field(1024, ge=1)
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op CPU threads (None = torch's default). Tiny models on a busy CPU run several
+    times faster with 1 thread (their ops are too small to amortise thread synchronisation)."""
     steps: int = Field(100, ge=0)
     seed: int = 0
     out_dir: str = "runs/rl"

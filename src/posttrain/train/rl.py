@@ -121,6 +121,8 @@ class RLTrainer:
         runner: EpisodeRunner | None = None,
     ) -> None:
         self.cfg = cfg = config
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
         self.run_dir = Path(cfg.out_dir)
         self.device = pick_device() if cfg.model.device == "auto" else cfg.model.device
@@ -664,6 +666,7 @@ class RLTrainer:
                 logger.log_eval(0, ev)
                 summary["eval_start"] = _strip(ev)
             last: dict[str, float] = {}
+            saved_at = -1
             with progress_bar("rl", total=cfg.steps, enabled=show, completed=self.step_idx) as bar:
                 while self.step_idx < cfg.steps:
                     last = self.step()
@@ -672,13 +675,14 @@ class RLTrainer:
                     s = self.step_idx
                     if cfg.eval.every and s % cfg.eval.every == 0 and s < cfg.steps:
                         logger.log_eval(s, self.evaluate())
-                    if cfg.checkpoint.every and s % cfg.checkpoint.every == 0 and s < cfg.steps:
+                    if cfg.checkpoint.every and s % cfg.checkpoint.every == 0:
                         self.save()
+                        saved_at = s
             if cfg.eval.at_end and cfg.steps > summary["start_step"]:
                 ev = self.evaluate()
                 logger.log_eval(self.step_idx, ev)
                 summary["eval_end"] = _strip(ev)
-            if cfg.checkpoint.final:
+            if cfg.checkpoint.final and saved_at != self.step_idx:
                 self.save()
         finally:
             logger.close()

@@ -47,6 +47,8 @@ class SFTConfig(StrictModel):
     schedule: Literal["constant", "cosine"] = "constant"
     grad_clip: float = Field(1.0, ge=0)
     seed: int = 0
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op CPU threads (None = torch's default); see ``RLConfig.threads``."""
     out_dir: str = "runs/sft"
     eval: EvalConfig = EvalConfig(at_start=False)
     max_new_tokens: int = Field(16, ge=1)
@@ -106,6 +108,8 @@ class SFTTrainer:
         from posttrain.train.rl import seed_everything
 
         self.cfg = cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
         if model is None:
             device = pick_device() if cfg.model.device == "auto" else cfg.model.device

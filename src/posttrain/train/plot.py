@@ -1,0 +1,70 @@
+"""Learning curves (PNG) from a run's ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from posttrain.utils.io import atomic_write_bytes, read_jsonl
+
+PANELS = (
+    ("reward_mean", "reward (mean)"),
+    ("accuracy", "train accuracy"),
+    ("entropy", "entropy (nats/token)"),
+    ("length_mean", "completion length"),
+    ("zero_var_frac", "zero-variance groups"),
+    ("grad_norm", "grad norm"),
+)
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``<run_dir>/curves.png`` (or ``out``): one panel per training metric present, plus
+    held-out accuracy from the eval rows. Raises FileNotFoundError / ValueError naming the file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no metrics file (is {str(run_dir)!r} a run directory?)")
+    rows = list(read_jsonl(path))
+    steps = [r for r in rows if r.get("kind") == "step"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    if not steps and not evals:
+        raise ValueError(f"{path}: no step or eval rows to plot")
+    panels = [(k, t) for k, t in PANELS if any(k in r for r in steps)]
+    if not panels and steps:  # e.g. an SFT run: plot its loss
+        panels = [(k, k) for k in ("loss",) if any(k in r for r in steps)]
+    n = len(panels) + (1 if evals else 0)
+    cols = min(3, n)
+    nrows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, (key, title) in zip(flat, panels, strict=False):
+        pts = [(r["step"], r[key]) for r in steps if key in r]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    if evals:
+        ax = flat[len(panels)]
+        ax.plot([r["step"] for r in evals], [r["accuracy"] for r in evals], "o-", label="greedy pass@1")
+        for k in sorted({k for r in evals for k in r if k.startswith("pass@")}):
+            ax.plot([r["step"] for r in evals if k in r], [r[k] for r in evals if k in r], "s--", label=k)
+        ax.set_title("held-out accuracy")
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in flat[n:]:
+        ax.axis("off")
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    target = Path(out) if out is not None else run_dir / "curves.png"
+    atomic_write_bytes(target, buf.getvalue())
+    return target

@@ -1,0 +1,35 @@
+"""Picklable test rewards (top-level classes so reward-pool workers can import them)."""
+
+from __future__ import annotations
+
+import time
+
+
+class SleepyReward:
+    """Sleeps longer than any test timeout, so every call times out."""
+
+    name = "sleepy"
+
+    def __init__(self, seconds: float = 30.0) -> None:
+        self.seconds = seconds
+
+    def __call__(self, completion, example) -> float:
+        time.sleep(self.seconds)
+        return 1.0
+
+
+class FirstCharDigit:
+    """1 if the completion starts with a decimal digit: trivially learnable from a random model
+    (10 of 357 tokens are digits, so a few samples per step are rewarded at the start)."""
+
+    name = "first_char_digit"
+
+    def __call__(self, completion, example) -> float:
+        return 1.0 if completion[:1].isdigit() else 0.0
+
+
+class Constant:
+    name = "constant"
+
+    def __call__(self, completion, example) -> float:
+        return 1.0
