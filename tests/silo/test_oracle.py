@@ -288,6 +288,7 @@ def test_cli_run_oracle_then_report_shows_table2(tmp_path):
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     assert "4 cases in grid: 0 already done, 4 run, 0 errors" in r.output
+    assert "of which 2 N = 1 oracle cases, success rate 1.000" in r.output
     csv_text = (out / "results.csv").read_text()
     assert csv_text.splitlines()[0].split(",")[3:5] == ["num_agents", "oracle_of"]
     assert (out / "cases" / "scripted" / "bp" / "II-11_n1_oracle2_s42" / "results.json").exists()

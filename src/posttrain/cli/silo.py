@@ -208,6 +208,10 @@ def run_cmd(
         f"{s.total} cases in grid: {s.skipped} already done, {s.ran} run, {s.errors} errors "
         f"({s.wall_s:.1f}s); success rate over {len(s.rows)} finished cases: {sr:.3f}; results in {out}"
     )
+    oracle_rows = [r for r in s.rows if r.get("oracle_of") is not None]
+    if oracle_rows:
+        sr1 = sum(bool(r["success"]) for r in oracle_rows) / len(oracle_rows)
+        typer.echo(f"of which {len(oracle_rows)} N = 1 oracle cases, success rate {sr1:.3f}")
     if s.errors:
         typer.echo(f"see {out / 'errors.jsonl'}; rerun the same command to retry them", err=True)
         raise typer.Exit(1)
