@@ -53,7 +53,7 @@ def test_config_error_lists_accepted_values():
         load_rl_config(None, ["objective.name=dgpoo"])
     msg = str(e.value)
     assert "did you mean 'dgpo'" in msg and "maspo" in msg
-    with pytest.raises(ConfigError, match="accepted: .*dgpo_m"):
+    with pytest.raises(ConfigError, match=r"accepted: .*dgpo_m"):
         load_rl_config(None, ["objective.name=dgpo", "objective.params={bogus: 1}"])
     cfg = load_rl_config(None, ["objective.name=dgpo", "objective.params={dgpo_n: 2}", "ppo_epochs=2"])
     assert cfg.objective.params == {"dgpo_n": 2} and cfg.off_policy

@@ -27,12 +27,12 @@ def _load(model_cls, config: Optional[Path], overrides: list[str]):  # noqa: UP0
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def rl(
-    overrides: Optional[list[str]] = typer.Argument(
+    overrides: list[str] | None = typer.Argument(
         None, help="key=value overrides, e.g. steps=50 objective.name=dgpo"
-    ),  # noqa: UP045
-    config: Optional[Path] = typer.Option(
+    ),
+    config: Path | None = typer.Option(
         None, "--config", "-c", help="YAML config (see src/posttrain/configs/)"
-    ),  # noqa: UP045
+    ),
     resume: bool = typer.Option(False, "--resume", help="continue from <out_dir>/checkpoints/latest"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
@@ -65,9 +65,9 @@ def rl(
 
 @app.command()
 def sft(
-    overrides: Optional[list[str]] = typer.Argument(
+    overrides: list[str] | None = typer.Argument(
         None, help="key=value overrides, e.g. steps=100 data=train.jsonl"
-    ),  # noqa: UP045
+    ),
     config: Optional[Path] = typer.Option(None, "--config", "-c"),  # noqa: UP045
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
