@@ -326,6 +326,7 @@ def _decode(text: str) -> Any:
 
 __all__ = [
     "LISTED_TASKS",
+    "ORACLE_NOTES",
     "SEGMENTED_OUTPUT",
     "OracleError",
     "merge_shards",
