@@ -246,9 +246,9 @@ def _compare_with_verl_module(core_algos: Any, *, seed: int) -> dict[str, Any]:
             "verl_name": theirs,
             "agg": agg,
             "params": _our_params(ours),
-            "loss_ours": float(our_loss),
-            "loss_verl": float(verl_loss),
-            "max_abs_diff": float((our_loss - verl_loss).abs()),
+            "loss_ours": float(our_loss.detach()),
+            "loss_verl": float(verl_loss.detach()),
+            "max_abs_diff": float((our_loss - verl_loss).detach().abs()),
             "max_abs_diff_grad": float((grad_o - grad_v).abs().max()),
         }
     return out
@@ -360,5 +360,6 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
             console.print(f"verl {r['verl_name']} vs posttrain {name}: could not compare ({r['error']})")
         else:
             console.print(
-                f"verl {r['verl_name']} vs posttrain {name} ({r['agg']}): max |Δ| = {r['max_abs_diff']:.2e}"
+                f"verl {r['verl_name']} vs posttrain {name} ({r['agg']}): loss |Δ| = {r['max_abs_diff']:.2e}, "
+                f"max |Δ grad wrt logp| = {r['max_abs_diff_grad']:.2e}"
             )
