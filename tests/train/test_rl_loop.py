@@ -328,3 +328,43 @@ def test_resume_gives_identical_weights(tmp_path):
 
     steps = [r["step"] for r in read_jsonl(tmp_path / "b" / "run" / "metrics.jsonl") if r["kind"] == "step"]
     assert steps == [1, 2, 3, 4]
+
+
+class _KeepMixed(PromptSampler):
+    """DAPO-style dynamic sampling through the hook: keep only groups with reward variance, resample."""
+
+    filters_groups = True
+    max_rounds = 3
+
+    def __init__(self, examples, *, seed=0):
+        self.examples, self.i = examples, 0
+        self.rounds_seen = 0
+
+    def plan(self, step, num_prompts, group_size):
+        picked = [self.examples[(self.i + j) % len(self.examples)] for j in range(num_prompts)]
+        self.i += num_prompts
+        self.rounds_seen += 1
+        return PromptPlan(picked, [group_size] * num_prompts)
+
+    def keep_groups(self, outcomes):
+        return [not o.zero_variance for o in outcomes]
+
+
+SAMPLERS.register("test-keep-mixed")(_KeepMixed)
+
+
+def test_group_filtering_sampler_resamples_and_keeps_only_informative_groups(tmp_path):
+    tr = trainer(tmp_path, "hooks.sampler.name=test-keep-mixed", reward=Constant())
+    with pytest.warns(DegenerateSettingWarning, match="kept no group"):
+        m = tr.step()
+    # a constant reward never gives variance: 3 rounds, then the last round is used as is
+    assert m["sampling_rounds"] == 3 and tr.sampler.rounds_seen == 3 and m["num_groups"] == 4
+    tr = trainer(
+        tmp_path, "hooks.sampler.name=test-keep-mixed", "rollout.max_new_tokens=2", reward=FirstCharDigit()
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        m = tr.step()
+    assert 1 <= m["sampling_rounds"] <= 3
+    if m["num_groups"] and m["zero_var_frac"] < 1:
+        assert m["zero_var_frac"] == 0.0  # every kept group is informative

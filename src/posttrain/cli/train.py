@@ -151,6 +151,9 @@ def eval_cmd(
 
 @app.command()
 def demo(
+    overrides: Optional[list[str]] = typer.Argument(
+        None, help="key=value overrides of the RL config (configs/demo.yaml)"
+    ),  # noqa: UP045
     out: Path = typer.Option(Path("runs/demo"), "--out", help="run directory"),
     objective: str = typer.Option("dgpo", "--objective", help="policy loss for the RL stage"),
     quick: bool = typer.Option(False, "--quick", help="a few steps only (smoke test)"),
@@ -165,16 +168,21 @@ def demo(
     if objective not in list_policy_losses(include_aliases=True):
         _fail(f"--objective: unknown value {objective!r}; accepted: {', '.join(list_policy_losses())}")
     from posttrain.train.demo import run_demo
+    from posttrain.utils.config import ConfigError
 
-    run_demo(
-        out,
-        objective=objective,
-        quick=quick,
-        sft_steps=sft_steps,
-        rl_steps=rl_steps,
-        seed=seed,
-        progress=progress,
-    )
+    try:
+        run_demo(
+            out,
+            objective=objective,
+            quick=quick,
+            sft_steps=sft_steps,
+            rl_steps=rl_steps,
+            seed=seed,
+            progress=progress,
+            overrides=overrides or [],
+        )
+    except ConfigError as e:
+        _fail(str(e))
 
 
 @app.command()

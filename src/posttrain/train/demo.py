@@ -37,6 +37,9 @@ def run_demo(
     rl_steps: int | None = None,
     seed: int = 0,
     progress: bool | None = None,
+    overrides: list[str] | None = None,
+    sft_lr: float = 3e-3,
+    sft_style: str | None = None,
 ) -> dict[str, Any]:
     from importlib.resources import files
 
@@ -56,7 +59,9 @@ def run_demo(
     rl_steps = rl_steps if rl_steps is not None else (2 if quick else 60)
 
     cfg: RLConfig = build_config(
-        RLConfig, str(base), demo_overrides(out, objective=objective, rl_steps=rl_steps, seed=seed)
+        RLConfig,
+        str(base),
+        [*demo_overrides(out, objective=objective, rl_steps=rl_steps, seed=seed), *(overrides or [])],
     )
     if quick:
         cfg.eval.n = 20
@@ -67,8 +72,8 @@ def run_demo(
         task=cfg.task,
         steps=sft_steps,
         batch_size=32,
-        lr=3e-3,
-        style="long",
+        lr=sft_lr,
+        style=sft_style or ("long" if cfg.task.params.get("format") == "scratchpad" else "short"),
         threads=cfg.threads,
         seed=seed,
         out_dir=str(out / "sft"),
