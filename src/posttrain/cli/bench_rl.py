@@ -20,7 +20,7 @@ def rl_step(
     trl: bool = typer.Option(
         True, "--trl/--no-trl", help="Include TRL's GRPOTrainer (needs the bench extra)."
     ),
-    seed: int = typer.Option(0, "--seed", help="Model initialisation and sampling seed."),
+    seed: int = typer.Option(0, "--seed", help="Model initialisation and trainer seeds."),
     model: str | None = typer.Option(
         None, "--model", help="Override the preset's model (preset or local dir)."
     ),
@@ -39,8 +39,9 @@ def rl_step(
 ) -> None:
     """Median time of one RL step: posttrain vs TRL GRPOTrainer vs plain-HF generate+fwd/bwd/AdamW.
 
-    All three run interleaved in this process with the same weights, prompts, reward, lr, fp32, no KL,
-    and EOS suppressed; prints the ratios, the FLOP limit and pass/fail against posttrain <= 1.05x floor.
+    All three run interleaved in this process: same weights, prompts, reward, lr, fp32, no KL, EOS off.
+
+    Prints the ratios, the FLOP limit and pass/fail against posttrain <= 1.05x floor (docs/bench-rl-step.md).
     """
     from dataclasses import replace
 
