@@ -225,6 +225,41 @@ def test_floor_step_suppresses_eos_and_updates_weights(tiny):
     assert changed == len(before)  # AdamW moved every parameter
 
 
+def test_posttrain_and_trl_sides_suppress_eos(tiny, tmp_path):
+    """Both trainers, configured by the bench, generate exactly new_tokens even when EOS dominates."""
+    model, tok = tiny
+    params, examples, reward_fn = rs.bench_task(MICRO)
+    pt_model = copy.deepcopy(model)
+    pt_model.get_output_embeddings().register_forward_hook(_PreferEOS(tok.eos_token_id))
+    pt = rs.PosttrainStep(
+        pt_model, copy.deepcopy(tok), MICRO, params, seed=0, steps=1, out_dir=str(tmp_path / "pt")
+    )
+    try:
+        metrics = pt.step()
+    finally:
+        pt.close()
+    assert pt.completion_lengths == [MICRO.new_tokens] * MICRO.batch_size
+    assert metrics["length_mean"] == MICRO.new_tokens
+    if rs.trl_versions() is None:
+        return
+    trl_model = copy.deepcopy(model)
+    trl_model.get_output_embeddings().register_forward_hook(_PreferEOS(tok.eos_token_id))
+    trl = rs.TRLRun(
+        trl_model,
+        copy.deepcopy(tok),
+        examples,
+        reward_fn,
+        MICRO,
+        total_steps=1,
+        seed=0,
+        output_dir=str(tmp_path),
+    )
+    steps = []
+    trl.run(lambda i, dt: steps.append((i, dt)))
+    assert [i for i, _ in steps] == [0] and steps[0][1] > 0
+    assert trl.reward.completion_lengths == [MICRO.new_tokens] * MICRO.batch_size
+
+
 def test_floor_batch_is_left_padded_and_grouped(tiny):
     model, tok = tiny
     floor = rs.FloorStep(model, tok, ["1+2=", "10+20="], MICRO)

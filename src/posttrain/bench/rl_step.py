@@ -336,52 +336,54 @@ class TRLRun:
 
         self.reward = _TRLRewardAdapter(reward_fn, examples)
         dataset = Dataset.from_list([{"prompt": ex.prompt, "example_id": ex.id} for ex in examples])
-        args = GRPOConfig(
-            output_dir=output_dir,
-            use_cpu=True,
-            bf16=False,  # TRL defaults to bf16; every side runs fp32
-            fp16=False,
-            activation_checkpointing=False,  # TRL defaults to recomputing activations; the others do not
-            seed=seed,
-            max_steps=total_steps,
-            per_device_train_batch_size=preset.batch_size,  # counted in completions
-            gradient_accumulation_steps=1,
-            num_generations=preset.group_size,
-            num_iterations=1,  # one optimizer step per batch: no old-logprob forward
-            max_completion_length=preset.new_tokens,
-            generation_kwargs={"min_new_tokens": preset.new_tokens},  # EOS suppressed
-            temperature=preset.temperature,
-            top_p=1.0,
-            top_k=0,
-            beta=0.0,  # no KL, no reference model
-            learning_rate=preset.lr,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            weight_decay=0.0,
-            max_grad_norm=preset.grad_clip,
-            shuffle_dataset=False,
-            use_vllm=False,
-            logging_strategy="no",
-            save_strategy="no",
-            eval_strategy="no",
-            report_to=[],
-            log_completions=False,
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-            remove_unused_columns=False,
-        )
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
-            self.trainer = GRPOTrainer(
-                model=model,
-                reward_funcs=[self.reward],
-                args=args,
-                train_dataset=dataset,
-                processing_class=tokenizer,
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers v6 deprecations inside TRL
+            args = GRPOConfig(
+                output_dir=output_dir,
+                use_cpu=True,
+                bf16=False,  # TRL defaults to bf16; every side runs fp32
+                fp16=False,
+                activation_checkpointing=False,  # TRL defaults to recomputing activations; the others do not
+                seed=seed,
+                max_steps=total_steps,
+                per_device_train_batch_size=preset.batch_size,  # counted in completions
+                gradient_accumulation_steps=1,
+                num_generations=preset.group_size,
+                num_iterations=1,  # one optimizer step per batch: no old-logprob forward
+                max_completion_length=preset.new_tokens,
+                generation_kwargs={"min_new_tokens": preset.new_tokens},  # EOS suppressed
+                temperature=preset.temperature,
+                top_p=1.0,
+                top_k=0,
+                beta=0.0,  # no KL, no reference model
+                learning_rate=preset.lr,
+                lr_scheduler_type="constant",
+                warmup_steps=0,
+                weight_decay=0.0,
+                max_grad_norm=preset.grad_clip,
+                shuffle_dataset=False,
+                use_vllm=False,
+                logging_strategy="no",
+                save_strategy="no",
+                eval_strategy="no",
+                report_to=[],
+                log_completions=False,
+                disable_tqdm=True,
+                dataloader_num_workers=0,
+                remove_unused_columns=False,
             )
-        finally:
-            hf_logging.set_verbosity(verbosity)
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()
+            try:
+                self.trainer = GRPOTrainer(
+                    model=model,
+                    reward_funcs=[self.reward],
+                    args=args,
+                    train_dataset=dataset,
+                    processing_class=tokenizer,
+                )
+            finally:
+                hf_logging.set_verbosity(verbosity)
         for cb in (PrinterCallback, ProgressCallback):
             self.trainer.remove_callback(cb)
         if any(getattr(m, "gradient_checkpointing", False) for m in self.trainer.model.modules()):
@@ -409,7 +411,9 @@ class TRLRun:
         timer = _Timer()
         self.trainer.add_callback(timer)
         try:
-            self.trainer.train()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # transformers v6 deprecations inside TRL
+                self.trainer.train()
         finally:
             self.trainer.remove_callback(timer)
         if timer.steps != self.trainer.args.max_steps:
@@ -516,7 +520,13 @@ class PosttrainStep:
         engine.generate = generate_and_record  # observe only: lengths of what the engine produced
 
     def step(self) -> dict[str, Any]:
-        return self.trainer.step()
+        from posttrain.train.rl import DegenerateSettingWarning
+
+        with warnings.catch_warnings():
+            # a random-init model answers no arithmetic right and every completion runs to the cap:
+            # the trainer's degenerate-setting warnings are expected here
+            warnings.simplefilter("ignore", DegenerateSettingWarning)
+            return self.trainer.step()
 
     def close(self) -> None:
         self.trainer.close()
@@ -608,7 +618,6 @@ def run_rl_step_bench(
     import transformers
 
     from posttrain.models import load_model_and_tokenizer
-    from posttrain.train.rl import DegenerateSettingWarning
 
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
@@ -638,10 +647,6 @@ def run_rl_step_bench(
     with contextlib.ExitStack() as stack:
         torch.set_num_threads(threads)
         stack.callback(torch.set_num_threads, threads_before)
-        # a random-init model answers no arithmetic right: all-zero groups are expected, not a problem
-        stack.enter_context(warnings.catch_warnings())
-        warnings.simplefilter("ignore", DegenerateSettingWarning)
-        warnings.simplefilter("ignore", FutureWarning)  # transformers deprecations hit inside TRL
         work_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="posttrain-bench-rl-step-"))
         floor = FloorStep(copy.deepcopy(base_model), base_tok, prompts, preset)
         posttrain = PosttrainStep(
