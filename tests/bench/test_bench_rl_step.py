@@ -146,6 +146,8 @@ def test_summarize_ratios_come_from_medians():
     assert out["paired_ratio_posttrain_over_floor"] == pytest.approx(0.5)
     assert out["paired_ratio_trl_over_floor"] == pytest.approx(2.5)
     assert out["paired_ratio_posttrain_over_trl"] == pytest.approx(1 / 3)  # [0.75, 0.2, 1/3]
+    # |1.0/0.5 - 1| = 1, |0.4/(1/3) - 1| = 0.2, |2.5/2.5 - 1| = 0
+    assert out["ratio_disagreement"] == pytest.approx(1.0)
 
 
 def test_summarize_without_trl_gives_none_ratios():
@@ -156,6 +158,7 @@ def test_summarize_without_trl_gives_none_ratios():
     assert out["ratio_posttrain_over_trl"] is None and out["ratio_trl_over_floor"] is None
     assert out["ratio_posttrain_over_floor"] == pytest.approx(1.1)
     assert out["paired_ratio_posttrain_over_trl"] is None
+    assert out["ratio_disagreement"] == pytest.approx(0.0)  # one round: paired == ratio of medians
     assert out["target_pass"] is False
 
 

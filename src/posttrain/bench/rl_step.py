@@ -54,6 +54,9 @@ TARGET_POSTTRAIN_OVER_FLOOR = 1.05
 
 SIDES = ("posttrain", "trl", "floor")
 
+#: A run whose ratio of medians and paired ratio differ by more than this is flagged as noisy.
+NOISY_GAP = 0.05
+
 
 @dataclass(frozen=True)
 class RLStepPreset:
@@ -572,6 +575,12 @@ def summarize(
             return None
         return _median([x / y for x, y in zip(xs, ys, strict=True) if y > 0])
 
+    pairs = {
+        "posttrain_over_floor": (pt_floor, paired("posttrain", "floor")),
+        "posttrain_over_trl": (_ratio(med["posttrain"], med["trl"]), paired("posttrain", "trl")),
+        "trl_over_floor": (_ratio(med["trl"], med["floor"]), paired("trl", "floor")),
+    }
+    gaps = [abs(r / q - 1.0) for r, q in pairs.values() if r is not None and q]
     return {
         "posttrain_median_step_s": med["posttrain"],
         "trl_median_step_s": med["trl"],
@@ -584,9 +593,9 @@ def summarize(
         "ratio_floor_over_flop_limit": _ratio(med["floor"], flop_limit),
         "ratio_posttrain_over_flop_limit": _ratio(med["posttrain"], flop_limit),
         "ratio_trl_over_flop_limit": _ratio(med["trl"], flop_limit),
-        "paired_ratio_posttrain_over_floor": paired("posttrain", "floor"),
-        "paired_ratio_posttrain_over_trl": paired("posttrain", "trl"),
-        "paired_ratio_trl_over_floor": paired("trl", "floor"),
+        **{f"paired_ratio_{k}": q for k, (_, q) in pairs.items()},
+        # largest relative gap between a ratio of medians and its paired ratio: > NOISY_GAP = noisy run
+        "ratio_disagreement": max(gaps) if gaps else None,
         "target_posttrain_over_floor": target,
         "target_pass": None if pt_floor is None else bool(pt_floor <= target),
     }
@@ -826,5 +835,11 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         ratio_rows,
         console=console,
     )
+    gap = result.get("ratio_disagreement")
+    if gap is not None and gap > NOISY_GAP:
+        console.print(
+            f"[yellow]noisy run[/yellow]: ratios of medians and paired ratios differ by up to {gap:.0%}; "
+            "the machine load changed during the run. Rerun with more --repeats or --threads 1."
+        )
     if result.get("trl_skipped_reason"):
         console.print(f"TRL skipped: {result['trl_skipped_reason']}")
