@@ -151,9 +151,9 @@ def eval_cmd(
 
 @app.command()
 def demo(
-    overrides: Optional[list[str]] = typer.Argument(
+    overrides: list[str] | None = typer.Argument(
         None, help="key=value overrides of the RL config (configs/demo.yaml)"
-    ),  # noqa: UP045
+    ),
     out: Path = typer.Option(Path("runs/demo"), "--out", help="run directory"),
     objective: str = typer.Option("dgpo", "--objective", help="policy loss for the RL stage"),
     quick: bool = typer.Option(False, "--quick", help="a few steps only (smoke test)"),

@@ -1,12 +1,20 @@
 """``posttrain demo``: tiny model, short SFT warm start, RL, held-out before/after.
 
 1. build the ``tiny`` preset (0.94 M parameters, character tokenizer) with a fixed seed;
-2. SFT on the arithmetic task's reference completions for a deliberately short schedule, so the
-   model is only partly right (the "before" number);
-3. RL with the chosen objective (DGPO by default) from that warm start, using the full loop of
-   :mod:`posttrain.train.rl` (group sampling, rewards in a worker pool, GRPO advantages, updates);
-4. greedy pass@1 on the held-out split before and after RL; a table, ``curves.png`` and
-   ``summary.json`` in the run directory.
+2. SFT (completion tokens only, lr 3e-3, batch 32) on the reference completions of 2-digit
+   addition in the scratchpad format, digit by digit with carries (``style="long"``), for a
+   deliberately short 350 steps, so the model is only partly right (the "before" number);
+3. RL with the chosen objective (DGPO by default) from that warm start through the full loop of
+   :mod:`posttrain.train.rl` (16 prompts x 8 completions per step at T = 1, exact-match reward in a
+   worker pool, GRPO advantages, one on-policy AdamW update per step at lr 1e-4, 40 steps);
+4. greedy pass@1 on the 200 held-out questions (never trained on) before and after RL; a table,
+   ``curves.png`` and ``summary.json`` in the run directory.
+
+Why the scratchpad: the column-wise procedure is shared by all questions, so what RL reinforces on
+training questions (column sums, carries, copying the digits into the final answer) transfers to
+held-out ones. With the plain format (``12+34=`` -> ``46``) the tiny model mostly memorises, and RL
+on training questions barely moves held-out accuracy (measured: 12% -> 11% in 60 steps).
+The RL settings live in ``posttrain/configs/demo.yaml``; CLI ``key=value`` arguments override them.
 """
 
 from __future__ import annotations
@@ -55,16 +63,17 @@ def run_demo(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = files("posttrain.configs") / "demo.yaml"
-    sft_steps = sft_steps if sft_steps is not None else (10 if quick else 60)
-    rl_steps = rl_steps if rl_steps is not None else (2 if quick else 60)
+    sft_steps = sft_steps if sft_steps is not None else (10 if quick else 350)
+    rl_steps = rl_steps if rl_steps is not None else (2 if quick else 40)
 
     cfg: RLConfig = build_config(
         RLConfig,
         str(base),
         [*demo_overrides(out, objective=objective, rl_steps=rl_steps, seed=seed), *(overrides or [])],
     )
-    if quick:
+    if quick:  # smoke test: a few prompts, a small eval
         cfg.eval.n = 20
+        cfg.rollout.prompts_per_step = 4
     model, tok = load_model_and_tokenizer(cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=seed)
 
     sft_cfg = SFTConfig(
