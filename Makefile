@@ -21,7 +21,7 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check src tests
-	$(BIN)/pytest
+	$(BIN)/pytest -q
 
 lint: setup
 	$(BIN)/ruff check src tests
