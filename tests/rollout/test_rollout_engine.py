@@ -212,3 +212,17 @@ def test_nucleus_is_the_smallest_prefix_reaching_top_p(logits, top_p):
     # every kept token is at least as likely as every removed one
     if (~kept).any():
         assert p[kept].min() >= p[~kept].max() - 1e-12
+
+
+def test_inverse_cdf_draw_matches_the_distribution_and_skips_zero_mass():
+    from posttrain.rollout.hf import _draw
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0]]).repeat(20000, 1)
+    tok = _draw(p, g).squeeze(1)
+    freq = torch.bincount(tok, minlength=5).float() / len(tok)
+    assert freq[1] == 0 and freq[4] == 0
+    torch.testing.assert_close(freq, p[0], atol=0.015, rtol=0)
+    one_hot = torch.zeros(3, 4)
+    one_hot[torch.arange(3), torch.tensor([3, 0, 2])] = 1
+    assert _draw(one_hot, g).squeeze(1).tolist() == [3, 0, 2]

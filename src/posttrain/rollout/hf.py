@@ -35,6 +35,24 @@ def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove, float("-inf"))
 
 
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row from ``probs`` (B, V) by inverse-CDF sampling: ``u ~ U[0, Σp)``, token =
+    first index whose cumulative probability exceeds u (``searchsorted(..., right=True)``, which never
+    lands on a zero-probability token). Exact like ``torch.multinomial``, and on CPU about 10x
+    cheaper per call (measured in docs/bench-rl-step.md). A draw that rounding pushes past the last
+    token falls back to the row's most likely token."""
+    cdf = probs.cumsum(dim=-1)
+    u = (
+        torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
+        * cdf[:, -1:]
+    )
+    tok = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[1] - 1)
+    bad = probs.gather(1, tok) <= 0
+    if bool(bad.any()):
+        tok = torch.where(bad, probs.argmax(dim=-1, keepdim=True), tok)
+    return tok
+
+
 class _Sampler:
     """A ``LogitsProcessor`` that samples the next token itself (see module docstring)."""
 
@@ -59,7 +77,7 @@ class _Sampler:
             if p.top_p < 1.0:
                 z = _nucleus(z, p.top_p)
             logp_all = torch.log_softmax(z, dim=-1)
-            tok = torch.multinomial(logp_all.exp(), 1, generator=self.generator)
+            tok = _draw(logp_all.exp(), self.generator)
             if p.logprobs:
                 self.logps.append(logp_all.gather(1, tok).squeeze(1))
         self.step += 1
