@@ -6,7 +6,7 @@
    deliberately short 350 steps, so the model is only partly right (the "before" number);
 3. RL with the chosen objective (DGPO by default) from that warm start through the full loop of
    :mod:`posttrain.train.rl` (16 prompts x 8 completions per step at T = 1, exact-match reward in a
-   worker pool, GRPO advantages, one on-policy AdamW update per step at lr 1e-4, 40 steps);
+   worker pool, GRPO advantages, one on-policy AdamW update per step at lr 1e-4, 60 steps);
 4. greedy pass@1 on the 200 held-out questions (never trained on) before and after RL; a table,
    ``curves.png`` and ``summary.json`` in the run directory.
 
@@ -64,7 +64,7 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     base = files("posttrain.configs") / "demo.yaml"
     sft_steps = sft_steps if sft_steps is not None else (10 if quick else 350)
-    rl_steps = rl_steps if rl_steps is not None else (2 if quick else 40)
+    rl_steps = rl_steps if rl_steps is not None else (2 if quick else 60)
 
     cfg: RLConfig = build_config(
         RLConfig,
