@@ -1,17 +1,17 @@
-"""Command-line interface. Each area registers its commands in its own module, imported here."""
+"""Command-line interface. Each area registers its commands in its own module, imported here.
+
+Importing a command module registers its commands on the apps of `posttrain.cli.app`. Heavy libraries
+(torch, transformers) are imported inside the command functions, so `posttrain --help` stays fast.
+"""
 
 from __future__ import annotations
 
-from posttrain.cli.app import app, bench_app, silo_app
-
-# Command modules: importing them registers their commands on the apps above.
-# Keep imports of heavy libraries (torch, transformers) inside the command functions.
-# (one line per area, e.g. `from posttrain.cli import rl as _rl  # noqa: F401`)
-from posttrain.cli import silo as _silo  # noqa: F401
-from posttrain.cli import bench_rl as _bench_rl  # noqa: F401
 from posttrain.cli import bench_losses as _bench_losses  # noqa: F401
+from posttrain.cli import bench_rl as _bench_rl  # noqa: F401
+from posttrain.cli import silo as _silo  # noqa: F401
 from posttrain.cli import tasks as _tasks  # noqa: F401
 from posttrain.cli import train as _train  # noqa: F401
+from posttrain.cli.app import app, bench_app, silo_app
 
 __all__ = ["app", "bench_app", "main", "silo_app"]
 
