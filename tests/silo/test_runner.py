@@ -192,6 +192,9 @@ def test_cli_generate_run_report_and_bench(tmp_path):
     assert r.exit_code != 0 and "smoke" in r.output
     r = runner.invoke(app, ["silo", "run", "--agent", "openai", "--out", str(tmp_path / "x")])
     assert r.exit_code != 0 and "--base-url" in r.output
+    r = runner.invoke(app, ["silo", "run", "--agent", "wizard", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "unknown agent kind 'wizard'" in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "results.jsonl").write_text('{"task_id": "I-01"}\n')

@@ -179,7 +179,10 @@ def run_cmd(
             opts = dict(model=m, max_new_tokens=max_new_tokens, temperature=temperature or 0.0)
             specs.append(AgentSpec(f"hf:{m}", lambda o=opts: build_agent("hf", **o)))
     else:
-        build_agent(agent)  # validates the name
+        try:
+            build_agent(agent)  # validates the name
+        except ValueError as e:
+            raise typer.BadParameter(f"--agent: {e}") from None
         specs.append(AgentSpec(agent, lambda: build_agent(agent)))
     if scaffolds:  # scaffolded runs are a different population: keep them apart in results and resume keys
         for sp in specs:
