@@ -26,6 +26,15 @@ def _params(items: list[str]) -> dict:
     return out
 
 
+def _signature(cls: type) -> str:
+    """`cls.__init__`'s parameters as `name` or `name=default`, comma-separated."""
+    return ", ".join(
+        p.name if p.default is p.empty else f"{p.name}={p.default!r}"
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name != "self"
+    )
+
+
 @tasks_app.command("list")
 def tasks_list() -> None:
     """Tasks, their default reward and parameters (with defaults); then the rewards."""
@@ -36,25 +45,10 @@ def tasks_list() -> None:
     rows = []
     for name in list_tasks():
         cls = TASKS.get(name)
-        sig = inspect.signature(cls.__init__)
-        ps = ", ".join(
-            p.name if p.default is p.empty else f"{p.name}={p.default!r}"
-            for p in sig.parameters.values()
-            if p.name != "self"
-        )
-        default = "set by params" if "default_reward" in sig.parameters else cls.default_reward
-        rows.append([name, default, ps])
+        takes_reward = "default_reward" in inspect.signature(cls.__init__).parameters
+        rows.append([name, "set by params" if takes_reward else cls.default_reward, _signature(cls)])
     print_table("tasks", ["task", "default reward", "params"], rows)
-    rows = []
-    for name in list_rewards():
-        cls = REWARDS.get(name)
-        sig = inspect.signature(cls.__init__)
-        ps = ", ".join(
-            p.name if p.default is p.empty else f"{p.name}={p.default!r}"
-            for p in sig.parameters.values()
-            if p.name != "self"
-        )
-        rows.append([name, ps])
+    rows = [[name, _signature(REWARDS.get(name))] for name in list_rewards()]
     print_table("rewards", ["reward", "params"], rows)
 
 
