@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -35,6 +36,13 @@ def test_cli_tasks_list_and_show() -> None:
     res = runner.invoke(app, ["tasks", "show", "arithmetic", "-p", "digit=3"])
     assert res.exit_code != 0
     assert "unknown parameter(s) 'digit'" in res.output
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+@pytest.mark.parametrize(("key", "value"), [("n_train", -1), ("n_heldout", True), ("n_train", 2.5)])
+def test_split_sizes_must_be_non_negative_ints(task: str, key: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"task '{task}': {key} must be a non-negative integer, got"):
+        get_task(task, **{key: value})
 
 
 def test_cli_bench_reward_pool(tmp_path: Path) -> None:

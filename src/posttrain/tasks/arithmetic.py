@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Any, Literal
 
-from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, register_task
+from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, check_split_sizes, register_task
 
 _OPS = ("+", "-", "*")
 _FORMATS = ("plain", "scratchpad")
@@ -109,9 +109,7 @@ class ArithmeticTask(Task):
             raise ValueError(
                 f"task 'arithmetic': format must be one of {', '.join(_FORMATS)}, got {format!r}"
             )
-        for key, val in (("n_train", n_train), ("n_heldout", n_heldout)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 0:
-                raise ValueError(f"task 'arithmetic': {key} must be a non-negative integer, got {val!r}")
+        check_split_sizes("arithmetic", n_train=n_train, n_heldout=n_heldout)
         self.digits, self.n_train, self.n_heldout, self.seed, self.format = (
             digits,
             n_train,

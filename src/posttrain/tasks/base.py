@@ -105,6 +105,13 @@ def check_params(kind: str, name: str, cls: type, params: dict[str, Any]) -> Non
         )
 
 
+def check_split_sizes(task: str, **sizes: Any) -> None:
+    """Each of `sizes` (e.g. `n_train=..., n_heldout=...`) must be a non-negative int (not a bool)."""
+    for key, val in sizes.items():
+        if not isinstance(val, int) or isinstance(val, bool) or val < 0:
+            raise ValueError(f"task {task!r}: {key} must be a non-negative integer, got {val!r}")
+
+
 def get_task(name: str, **params: Any) -> Task:
     """Build a registered task: `get_task("arithmetic", digits=3, seed=1)`."""
     cls = TASKS.get(name)

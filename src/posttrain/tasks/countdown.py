@@ -24,7 +24,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any, Literal
 
-from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, register_task
+from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, check_split_sizes, register_task
 
 MAX_EXPRESSION_CHARS = 300
 MAX_NESTING = 32
@@ -160,9 +160,7 @@ class CountdownTask(Task):
             raise ValueError(
                 f"task 'countdown': prompt_style must be instruct or compact, got {prompt_style!r}"
             )
-        for key, val in (("n_train", n_train), ("n_heldout", n_heldout)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 0:
-                raise ValueError(f"task 'countdown': {key} must be a non-negative integer, got {val!r}")
+        check_split_sizes("countdown", n_train=n_train, n_heldout=n_heldout)
         self.n_numbers, self.max_number = n_numbers, max_number
         self.min_target, self.max_target = min_target, max_target
         self.n_train, self.n_heldout, self.seed, self.prompt_style = n_train, n_heldout, seed, prompt_style
