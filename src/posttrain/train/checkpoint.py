@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from posttrain.utils.io import atomic_write_json, atomic_write_text
+from posttrain.utils.io import atomic_write_text
 
 LATEST = "latest"
 
@@ -106,6 +106,18 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(f.fileno())
 
 
+def _install_dir(tmp: Path, final: Path) -> Path:
+    """fsync every file under the finished temp dir ``tmp``, then rename it to ``final`` (atomic on
+    POSIX). An existing ``final`` (re-saving the same step / model dir) is moved aside first."""
+    _fsync_tree(tmp)
+    if final.exists():
+        old = final.parent / f".old-{final.name}-{os.getpid()}"
+        os.replace(final, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
 def save_checkpoint(
     ckpt_root: str | os.PathLike,
     step: int,
@@ -137,13 +149,7 @@ def save_checkpoint(
         save_file(rng_t, str(tmp / "rng.safetensors"))
         state = {"step": step, "rng": rng_js, **trainer_state}
         (tmp / "trainer_state.json").write_text(json.dumps(state, default=_json_default), encoding="utf-8")
-        _fsync_tree(tmp)
-        final = root / name
-        if final.exists():  # re-saving the same step: move the old one aside first
-            old = root / f".old-{name}-{os.getpid()}"
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, final)
+        final = _install_dir(tmp, root / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -209,10 +215,6 @@ def load_checkpoint(
     return state
 
 
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_json(path, obj)
-
-
 def save_model_dir(model: torch.nn.Module, tokenizer: Any, path: str | os.PathLike) -> Path:
     """``save_pretrained`` (safetensors) + tokenizer into ``path`` atomically (temp dir, then rename)."""
     path = Path(path)
@@ -223,12 +225,7 @@ def save_model_dir(model: torch.nn.Module, tokenizer: Any, path: str | os.PathLi
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        _fsync_tree(tmp)
-        if path.exists():
-            old = path.parent / f".old-{path.name}-{os.getpid()}"
-            os.replace(path, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, path)
+        _install_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
