@@ -45,10 +45,11 @@ def last_boxed(text: str) -> str | None:
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start == -1:
         return None
-    i = text.find("{", start)
-    if i == -1:
-        # `\boxed 5` (no braces) is valid LaTeX for a single token
-        m = re.match(r"\\boxed\s+([^\s$]+)", text[start:])
+    after = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    i = len(text) - len(text[after:].lstrip())  # the argument's first character
+    if not text.startswith("{", i):
+        # `\boxed 5` (no braces) is valid LaTeX for a single token; a later `{` is not its argument
+        m = re.match(r"\s+([^\s$]+)", text[after:])
         return m.group(1) if m else None
     depth = 0
     for j in range(i, len(text)):
