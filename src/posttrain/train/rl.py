@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from posttrain.algos import agg_loss, get_advantage, get_policy_loss, kl_penalty
+from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stats, kl_penalty
 from posttrain.models import load_model_and_tokenizer, pick_device, sequence_logprobs
 from posttrain.rollout import (
     EpisodeRunner,
@@ -348,7 +348,7 @@ class RLTrainer:
             time_step=wall,
             tokens_per_s=gen_tokens / max(wall, 1e-9),
         )
-        outcomes = self._outcomes(episodes, scored)
+        outcomes = self._outcomes(episodes, scored.raw)
         self.sampler.observe(outcomes, self.step_idx)
         self.replay.observe(episodes, scored.shaped, scored.correct, self.step_idx)
         for c in self.controllers:
@@ -376,7 +376,7 @@ class RLTrainer:
             res = handle.result()
             last = (episodes, res)
             raw = torch.tensor(res.rewards, dtype=torch.float32)
-            outcomes = self._outcomes_raw(episodes, raw)
+            outcomes = self._outcomes(episodes, raw)
             keep = self.sampler.keep_groups(outcomes)
             gids = torch.unique(episodes.batch.group_ids)
             keep_ids = gids[torch.tensor(keep, dtype=torch.bool)]
@@ -474,7 +474,7 @@ class RLTrainer:
         self.optimizer.step()
         return float(norm)
 
-    def _outcomes_raw(self, episodes: Episodes, raw: torch.Tensor) -> list[GroupOutcome]:
+    def _outcomes(self, episodes: Episodes, raw: torch.Tensor) -> list[GroupOutcome]:
         correct = raw >= self.cfg.reward.success_threshold
         gids = episodes.batch.group_ids
         lengths = episodes.batch.lengths.cpu()
@@ -491,9 +491,6 @@ class RLTrainer:
             )
         return out
 
-    def _outcomes(self, episodes: Episodes, scored: _Scored) -> list[GroupOutcome]:
-        return self._outcomes_raw(episodes, scored.raw)
-
     def _batch_metrics(self, episodes: Episodes, scored: _Scored) -> dict[str, float]:
         b = episodes.batch
         lengths = b.lengths.float().cpu()
@@ -501,8 +498,7 @@ class RLTrainer:
         uniq, inv = torch.unique(gids, return_inverse=True)
         g = len(uniq)
         r = scored.shaped.double()
-        cnt = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, torch.ones_like(r))
-        mean = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, r) / cnt
+        cnt, mean, _ = group_stats(r, inv, g)
         spread = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, (r - mean[inv]).abs())
         zero_var = ((spread < 1e-12) | (cnt < 2)).double().mean()
         out = {
