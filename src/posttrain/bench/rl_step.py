@@ -180,17 +180,13 @@ def time_matmul(size: int, *, repeats: int = 3) -> list[float]:
     """Wall seconds of `repeats` fp32 `torch.matmul`s of two (size x size) matrices (after one untimed)."""
     import torch
 
+    from posttrain.bench.common import time_fn
+
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=gen)
     b = torch.randn(size, size, generator=gen)
     out = torch.empty(size, size)
-    torch.matmul(a, b, out=out)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.matmul(a, b, out=out)
-        times.append(time.perf_counter() - t0)
-    return times
+    return time_fn(lambda: torch.matmul(a, b, out=out), repeats=repeats, warmup=1)["wall_s"]
 
 
 def matmul_gflops(size: int, seconds: float) -> float:
@@ -217,12 +213,11 @@ class FloorStep:
         import torch
         from transformers import GenerationConfig
 
+        from posttrain.rollout import pad_left
+
         self.model, self.preset = model, preset
-        prompt_ids = _tokenize_prompts(tokenizer, prompts)
-        width = max(len(p) for p in prompt_ids)
         pad = tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+        ids, mask = pad_left(_tokenize_prompts(tokenizer, prompts), pad)
         # G completions per prompt, grouped like TRL's RepeatSampler: [p0]*G + [p1]*G + ...
         self.input_ids = ids.repeat_interleave(preset.group_size, dim=0)
         self.attention_mask = mask.repeat_interleave(preset.group_size, dim=0)
