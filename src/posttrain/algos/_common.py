@@ -21,7 +21,7 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     Positions with mask == 0 are selected away with `torch.where`, so inf/nan there cannot leak in.
     An all-zero mask gives 0.
     """
-    valid = mask if mask.dtype == torch.bool else mask != 0
+    valid = as_bool_mask(mask)
     total = torch.where(valid, values, torch.zeros_like(values)).sum()
     count = valid.sum().clamp(min=1).to(total.dtype)
     return total / count
