@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from posttrain.silo.agents.base import Agent, AgentReply
-from posttrain.silo.parsing import format_tool_results, parse_tool_calls
+from posttrain.silo.parsing import ToolCall, format_tool_results, parse_tool_calls
 from posttrain.silo.prompts import (
     CORRECTIVE_MESSAGE,
     PLANNING_NOTE,
@@ -52,8 +52,8 @@ from posttrain.silo.prompts import (
     system_prompt,
     user_prompt,
 )
-from posttrain.silo.protocols import TURN_ENDING, Broadcast, canonical_protocol, make_protocol
-from posttrain.utils.io import atomic_write_json
+from posttrain.silo.protocols import Broadcast, Protocol, canonical_protocol, make_protocol
+from posttrain.utils.io import atomic_write_json, atomic_write_text
 from posttrain.utils.registry import Registry
 
 TokenCounter = Callable[[str], int]
@@ -243,8 +243,6 @@ class CaseResult:
         case_dir = Path(case_dir)
         case_dir.mkdir(parents=True, exist_ok=True)
         lines = "".join(json.dumps(t, default=str) + "\n" for t in self.transcript)
-        from posttrain.utils.io import atomic_write_text
-
         atomic_write_text(case_dir / "transcript.jsonl", lines)
         atomic_write_json(case_dir / "results.json", self.results_json())
 
@@ -360,42 +358,9 @@ class SiloEngine:
                     contexts[i].append({"role": "assistant", "content": text})
                     ctx_tokens[i] += out_count
                     calls = parse_tool_calls(text)
-                    results: list[tuple[str, Any]] = []
-                    if not calls:
-                        results.append(("system", {"error": CORRECTIVE_MESSAGE}))
-                    for k, call in enumerate(calls):
-                        if cfg.max_calls_per_turn is not None and k >= cfg.max_calls_per_turn:
-                            results.append(
-                                (
-                                    "system",
-                                    {
-                                        "error": f"tool-call limit of {cfg.max_calls_per_turn} per turn "
-                                        f"reached; {len(calls) - k} calls not executed"
-                                    },
-                                )
-                            )
-                            break
-                        if call.name in TURN_ENDING:
-                            if call.name == "wait":
-                                results.append(("wait", {"status": "waiting"}))
-                                break
-                            if submitted[i]:
-                                results.append(("submit_result", {"status": "already_submitted"}))
-                                break
-                            if "answer" not in call.params:
-                                results.append(
-                                    (
-                                        "submit_result",
-                                        {"success": False, "error": "Missing parameter: answer"},
-                                    )
-                                )
-                                continue
-                            submitted[i] = True
-                            answers[i] = call.params["answer"]
-                            submit_round[i] = r
-                            results.append(("submit_result", {"status": "submitted"}))
-                            break
-                        results.append((call.name, proto.execute(i, r, call)))
+                    results, answer = self._execute_turn(proto, i, r, calls)
+                    if answer is not None:
+                        submitted[i], answers[i], submit_round[i] = True, answer[0], r
                     msg = format_tool_results(results)
                     contexts[i].append({"role": "user", "content": msg})
                     ctx_tokens[i] += self.count(msg)
@@ -480,6 +445,36 @@ class SiloEngine:
             agent_rounds=agent_rounds,
             transcript=transcript,
         )
+
+    def _execute_turn(
+        self, proto: Protocol, i: int, r: int, calls: Sequence[ToolCall]
+    ) -> tuple[list[tuple[str, Any]], tuple[Any] | None]:
+        """Execute agent i's tool calls of round r in order, stopping after the first turn-ending one
+        (spec §4.3). Returns the ``(tool, result)`` pairs and ``(answer,)`` when it submitted, else None.
+        The agent has not submitted before (submitted agents are not called), so a submit always counts.
+        """
+        cap = self.cfg.max_calls_per_turn
+        if not calls:
+            return [("system", {"error": CORRECTIVE_MESSAGE})], None
+        results: list[tuple[str, Any]] = []
+        for k, call in enumerate(calls):
+            if cap is not None and k >= cap:
+                msg = f"tool-call limit of {cap} per turn reached; {len(calls) - k} calls not executed"
+                results.append(("system", {"error": msg}))
+                break
+            if call.name == "wait":
+                results.append(("wait", {"status": "waiting"}))
+                break
+            if call.name == "submit_result":
+                if "answer" not in call.params:
+                    results.append(
+                        ("submit_result", {"success": False, "error": "Missing parameter: answer"})
+                    )
+                    continue
+                results.append(("submit_result", {"status": "submitted"}))
+                return results, (call.params["answer"],)
+            results.append((call.name, proto.execute(i, r, call)))
+        return results, None
 
 
 def run_case(

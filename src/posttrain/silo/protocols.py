@@ -25,8 +25,7 @@ from typing import Any
 from posttrain.silo.parsing import ToolCall
 from posttrain.utils.registry import Registry
 
-COMMON_TOOLS = ("wait", "submit_result")
-TURN_ENDING = frozenset(COMMON_TOOLS)
+COMMON_TOOLS = ("wait", "submit_result")  # both end the turn (spec §4.3); the engine runs them
 
 protocols: Registry[type[Protocol]] = Registry("SILO protocol")
 
