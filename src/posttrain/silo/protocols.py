@@ -104,8 +104,7 @@ class P2P(Protocol):
         super().__init__(num_agents)
         # per recipient: FIFO of (round, seq, sender, content); appended in (round, seq) order
         self.inbox: list[list[tuple[int, int, int, Any]]] = [[] for _ in range(num_agents)]
-        self.seq = 0
-        self.count = 0
+        self.seq = 0  # sends so far, over all agents (= the code's D numerator)
 
     def tool_send_message(self, agent_id: int, round_: int, call: ToolCall) -> dict[str, Any]:
         if "target_id" not in call.params:
@@ -121,7 +120,6 @@ class P2P(Protocol):
             return _err("Cannot send a message to yourself")
         self.inbox[target].append((round_, self.seq, agent_id, _str_param(call, "content")))
         self.seq += 1
-        self.count += 1
         self.sent[agent_id] += 1
         return {"success": True, "message": f"Message sent to agent {target}"}
 
@@ -135,7 +133,7 @@ class P2P(Protocol):
         return {"messages": [{"from": s, "content": c, "timestamp": r} for r, _, s, c in got]}
 
     def message_count(self) -> int:
-        return self.count
+        return self.seq
 
 
 @protocols.register("bp", aliases=("broadcast",))
@@ -149,7 +147,6 @@ class Broadcast(Protocol):
         super().__init__(num_agents)
         self.log: list[tuple[int, int, Any]] = []  # (round, sender, content), in (round, seq) order
         self.cursor = [0] * num_agents  # index into log of the first broadcast not yet delivered
-        self.last_received_round = [0] * num_agents
 
     def tool_broadcast_message(self, agent_id: int, round_: int, call: ToolCall) -> dict[str, Any]:
         if "content" not in call.params:
@@ -159,7 +156,7 @@ class Broadcast(Protocol):
         return {"success": True, "message": f"Broadcast sent to {self.n - 1} agents"}
 
     def tool_receive_messages(self, agent_id: int, round_: int, call: ToolCall) -> dict[str, Any]:
-        # broadcasts from rounds (last_received_round, r-1], not sent by the caller
+        # broadcasts not yet delivered to the caller from rounds <= r-1, not sent by the caller
         i = self.cursor[agent_id]
         out = []
         log = self.log
@@ -169,7 +166,6 @@ class Broadcast(Protocol):
                 out.append({"from": s, "content": c, "timestamp": r})
             i += 1
         self.cursor[agent_id] = i
-        self.last_received_round[agent_id] = round_ - 1
         self.received[agent_id] += len(out)
         return {"messages": out}
 
