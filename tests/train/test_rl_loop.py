@@ -12,7 +12,8 @@ import torch
 
 from posttrain.algos import agg_loss, list_policy_losses
 from posttrain.models import sequence_logprobs
-from posttrain.rollout import FunctionRewardSource
+from posttrain.rollout import FunctionRewardSource, RewardSource, ScoredBatch
+from posttrain.rollout.reward_source import _Ready
 from posttrain.sampling import (
     CONTROLLERS,
     REPLAY_BUFFERS,
@@ -368,3 +369,21 @@ def test_group_filtering_sampler_resamples_and_keeps_only_informative_groups(tmp
     assert 1 <= m["sampling_rounds"] <= 3
     if m["num_groups"] and m["zero_var_frac"] < 1:
         assert m["zero_var_frac"] == 0.0  # every kept group is informative
+
+
+class _ParityWithComponents(RewardSource):
+    """Rows of a group are contiguous, so alternating 0/1 gives every group of 4 reward variance."""
+
+    def submit(self, completions, examples):
+        r = [float(i % 2) for i in range(len(completions))]
+        return _Ready(ScoredBatch(rewards=r, components={"parity": r, "one": [1.0] * len(r)}))
+
+
+def test_group_filtering_sampler_keeps_reward_components(tmp_path):
+    tr = RLTrainer(cfg(tmp_path, "hooks.sampler.name=test-keep-mixed"), reward_source=_ParityWithComponents())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        m = tr.step()
+    assert m["sampling_rounds"] == 1 and m["zero_var_frac"] == 0.0
+    assert m["reward/parity"] == pytest.approx(m["reward_mean"]) == 0.5
+    assert m["reward/one"] == 1.0

@@ -393,10 +393,12 @@ class RLTrainer:
             )
             kept_parts, kept_scores = [last[0]], [last[1]]
         merged = Episodes.concat(kept_parts)
+        common = set.intersection(*(set(s.components) for s in kept_scores))
         scores = ScoredBatch(
             rewards=[r for s in kept_scores for r in s.rewards],
             timeouts=sum(s.timeouts for s in kept_scores),
             errors=sum(s.errors for s in kept_scores),
+            components={k: [v for s in kept_scores for v in s.components[k]] for k in sorted(common)},
         )
         return merged, _Ready(scores), rounds
 
@@ -712,4 +714,9 @@ def _select_episodes(ep: Episodes, rows: torch.Tensor) -> Episodes:
 
 
 def _select_scored(res: ScoredBatch, rows: list[int]) -> ScoredBatch:
-    return ScoredBatch(rewards=[res.rewards[i] for i in rows], timeouts=res.timeouts, errors=res.errors)
+    return ScoredBatch(
+        rewards=[res.rewards[i] for i in rows],
+        timeouts=res.timeouts,
+        errors=res.errors,
+        components={k: [vals[i] for i in rows] for k, vals in res.components.items()},
+    )
