@@ -157,3 +157,12 @@ def test_sft_jsonl_errors_name_file_line_and_key(tmp_path, content, needle):
     with pytest.raises(SFTDataError) as e:
         load_sft_jsonl(p)
     assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_sft_without_examples_is_a_clear_error():
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.train.sft import SFTConfig, SFTTrainer
+
+    model, tok = load_model_and_tokenizer("tiny")
+    with pytest.raises(SFTDataError, match="no training examples"):
+        SFTTrainer(SFTConfig(), model, tok, pairs=[])

@@ -131,6 +131,9 @@ class SFTTrainer:
         if cfg.max_examples:
             pairs = pairs[: cfg.max_examples]
         self.encoded = [(self.formatter.encode(p), self.formatter.encode_completion(c)) for p, c in pairs]
+        if not self.encoded:
+            source = cfg.data or f"task {cfg.task.name!r} (train split)"
+            raise SFTDataError(f"{source}: no training examples")
         for i, (p, _) in enumerate(self.encoded):
             if not p:
                 raise SFTDataError(f"example {i}: the prompt encodes to zero tokens")
