@@ -83,6 +83,13 @@ def test_rl_config_error_names_key():
     assert "objective.name" in res.output and "dgpo" in res.output
 
 
+@pytest.mark.parametrize(("value", "needle"), [("{digits: 1}", "invalid JSON"), ("[1]", "got list")])
+def test_eval_bad_task_params_names_the_option(value, needle):
+    res = _invoke(["eval", "--model", "tiny", "--task-params", value, "--n", "2"])
+    assert res.exit_code == 2
+    assert "--task-params" in res.output and needle in res.output
+
+
 def test_sft_bad_dataset_row_gives_clear_error(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1+1=", "completion": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')

@@ -113,6 +113,8 @@ def eval_cmd(
         params = json.loads(task_params)
     except json.JSONDecodeError as e:
         _fail(f"--task-params: invalid JSON ({e.msg}); expected an object like '{{\"digits\": 1}}'")
+    if not isinstance(params, dict):
+        _fail(f"--task-params: expected a JSON object like '{{\"digits\": 1}}', got {type(params).__name__}")
     if k > samples:
         _fail(f"--k {k} needs --samples >= {k}")
     spec = model
