@@ -152,3 +152,13 @@ def test_bf16_model_gives_fp32_outputs():
     assert lp.dtype == ent.dtype == torch.float32
     rlp, _ = _full_reference(model, ids, torch.ones_like(ids))
     torch.testing.assert_close(lp[:, 1:], rlp, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_single_token_rows_give_float32_zeros(dtype):
+    model, _ = load_model_and_tokenizer("tiny", dtype=dtype)
+    ids = torch.tensor([[5], [6]])
+    lp, ent = sequence_logprobs(model, ids)
+    assert lp.shape == ent.shape == (2, 1)
+    assert lp.dtype == ent.dtype == torch.float32
+    assert (lp == 0).all() and (ent == 0).all()

@@ -310,8 +310,10 @@ def sequence_logprobs(
             )
         valid = resp
     decoder, weight, bias = _decoder_and_head(model)
-    if t < 2:  # no position has a context: nothing to score
-        zeros = torch.zeros(b, t, dtype=weight.dtype, device=input_ids.device)
+    if t < 2:  # no position has a context: nothing to score (same output dtype as token_logprobs)
+        zeros = torch.zeros(
+            b, t, dtype=torch.promote_types(weight.dtype, torch.float32), device=input_ids.device
+        )
         return zeros, zeros.clone()
     position_ids = position_ids_from_attention_mask(attention_mask)
     # The last position's hidden state predicts nothing, so the decoder runs on T−1 positions (causal
