@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from posttrain.silo import TASK_IDS, generate_case, task_level
 from posttrain.silo.metrics import (
     _lis_length,
+    answer_key,
     communication_density,
     emergent_leaders,
     is_correct,
@@ -182,6 +184,23 @@ json_values = st.recursive(json_scalars, lambda kids: st.lists(kids, max_size=4)
 def test_correct_answer_full_credit(value, level):
     assert is_correct(value, value)
     assert partial_credit(value, value, level) == 1.0
+
+
+def _variants(value):
+    """Forms an agent might submit for the same answer: as is, as JSON text, integers as floats."""
+    as_float = json.loads(json.dumps(value), parse_int=float)
+    return [value, json.dumps(value), as_float]
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values, json_values)
+def test_answer_key_agrees_with_is_correct(a, b):
+    """Equal keys iff `is_correct` judges the answers equal (the consensus-failure count relies on it)."""
+    for x in _variants(a):
+        assert answer_key(x) == answer_key(a)
+        for y in _variants(b):
+            assert (answer_key(x) == answer_key(y)) == is_correct(x, y)
+    assert answer_key(True) != answer_key(1) and answer_key({"0": 1}) == answer_key({0: 1.0})
 
 
 @settings(max_examples=200, deadline=None)

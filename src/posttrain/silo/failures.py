@@ -29,7 +29,6 @@ Emergent leaders (App. G.3): agents receiving more than 1.5x the average number 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 
@@ -76,26 +75,6 @@ def knowledge_masks(transcript: list[dict[str, Any]], protocol: str, num_agents:
     return K
 
 
-def _canon(v: Any) -> str:
-    """A hashable canonical text: `normalize_value`, then integral floats as ints (5 == 5.0, as in
-    `metrics.is_correct`), bools kept distinct from numbers, dict keys sorted."""
-    from posttrain.silo.metrics import normalize_value
-
-    def fix(x: Any) -> Any:
-        if isinstance(x, float) and x.is_integer():
-            return int(x)
-        if isinstance(x, list):
-            return [fix(y) for y in x]
-        if isinstance(x, dict):
-            return {k: fix(y) for k, y in x.items()}
-        return x
-
-    try:
-        return json.dumps(fix(normalize_value(v)), sort_keys=True, default=str)
-    except (TypeError, ValueError, RecursionError):
-        return repr(v)
-
-
 def analyze_failures(
     transcript: list[dict[str, Any]],
     *,
@@ -108,6 +87,7 @@ def analyze_failures(
 ) -> dict[str, Any]:
     """The three failure modes of spec §7.6 plus per-agent evidence."""
     from posttrain.silo import dependency_peers, task_info
+    from posttrain.silo.metrics import answer_key
 
     n = num_agents
     K = knowledge_masks(transcript, protocol, n)
@@ -129,10 +109,9 @@ def analyze_failures(
             premature.append(i)
         if has_all and not correct[i]:
             comp_err.append(i)
-    info = task_info(task_id)
-    segmented = bool(info["is_segmented"] if isinstance(info, dict) else info.is_segmented)
+    segmented = task_info(task_id).is_segmented
     submitted_answers = [a for a, s in zip(answers, submit_rounds, strict=True) if s is not None]
-    distinct = len({_canon(a) for a in submitted_answers})
+    distinct = len({answer_key(a) for a in submitted_answers})
     return {
         "premature_submission": bool(premature),
         "consensus_failure": (not segmented) and distinct > 1,

@@ -170,6 +170,12 @@ def partial_credit(answer: Any, expected: Any, level: int) -> float:
     return _lis_length(seq) / len(y)
 
 
+def answer_key(value: Any) -> Any:
+    """A hashable key of an answer: two answers have the same key iff `is_correct` would judge them
+    equal (after `normalize_value`: 5, "5" and 5.0 share a key; True and 1 do not)."""
+    return _hashable(normalize_value(value))
+
+
 def _hashable(value: Any) -> Any:
     # canonical key: numbers by value (1 and 1.0 equal, like `_equal`) but bools kept apart
     if isinstance(value, bool):
@@ -266,6 +272,7 @@ def emergent_leaders(received_counts: Sequence[int], factor: float = LEADER_FACT
 
 
 __all__ = [
+    "answer_key",
     "communication_density",
     "emergent_leaders",
     "is_correct",
