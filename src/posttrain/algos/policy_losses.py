@@ -308,11 +308,17 @@ def _with_value(log_ratio: Tensor, log_value: Tensor) -> Tensor:
     return torch.exp(log_ratio - log_ratio.detach() + log_value.detach())
 
 
-def _dual_clip(adv: Tensor, loss: Tensor, c: float) -> tuple[Tensor, Tensor]:
-    """verl dual clip: for A < 0, ℓ = min(−A·c, ℓ); returns (ℓ, bool mask of dual-clipped tokens)."""
+def _dual_clip(adv: Tensor, loss: Tensor, weight: Tensor, c: float | None) -> tuple[Tensor, Tensor, Tensor]:
+    """verl dual clip: for A < 0, ℓ = min(−A·c, ℓ), and g = 0 on the dual-clipped tokens (A < 0 ∧ −A·c < ℓ).
+
+    Returns (ℓ, g, bool mask of dual-clipped tokens); ``c=None`` leaves ℓ and g as they are.
+    """
+    if c is None:
+        return loss, weight, torch.zeros_like(adv, dtype=torch.bool)
     l3 = -adv * c
     dual = (adv < 0) & (l3 < loss)
-    return torch.where(adv < 0, torch.minimum(l3, loss), loss), dual
+    loss = torch.where(adv < 0, torch.minimum(l3, loss), loss)
+    return loss, torch.where(dual, torch.zeros_like(weight), weight), dual
 
 
 @register_policy_loss("ppo", aliases=("grpo", "vanilla"), validate=_validate_ppo)
@@ -333,14 +339,10 @@ def ppo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.2, clip_c: floa
     adv, r = b.adv, torch.exp(b.log_ratio)
     l1 = -adv * r
     l2 = -adv * torch.clamp(r, 1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(l1, l2)
     clipped = l2 > l1
-    if clip_c is not None:
-        loss, dual = _dual_clip(adv, loss, clip_c)
-    else:
-        dual = torch.zeros_like(clipped)
     rd = r.detach()
-    weight = torch.where(clipped | dual, torch.zeros_like(rd), rd)
+    weight = torch.where(clipped, torch.zeros_like(rd), rd)
+    loss, weight, dual = _dual_clip(adv, torch.maximum(l1, l2), weight, clip_c)
     return Terms(
         loss, weight, rd, clipped & (adv < 0), clipped & (adv > 0), {"dualclip_frac": dual.to(rd.dtype)}
     )
@@ -476,13 +478,7 @@ def dgpo(
     log_hp = math.log1p(clip_high) / dgpo_m + (1.0 - 1.0 / dgpo_m) * lrd
     log_value = torch.where(ln, log_ln, torch.where(hp, log_hp, lrd))
     ratio = _with_value(lr, log_value)
-    loss = -adv * ratio
-    weight = torch.exp(log_value)
-    if dual_clip:
-        loss, dual = _dual_clip(adv, loss, clip_c)
-        weight = torch.where(dual, torch.zeros_like(weight), weight)
-    else:
-        dual = torch.zeros_like(ln)
+    loss, weight, dual = _dual_clip(adv, -adv * ratio, torch.exp(log_value), clip_c if dual_clip else None)
     return Terms(loss, weight, rd, ln, hp, {"dualclip_frac": dual.to(weight.dtype)})
 
 
@@ -529,13 +525,7 @@ def maspo(
     sigma = torch.where(adv > 0, sigma_pos, sigma_neg)
     gated = ((adv > 0) & (rd > 1.0)) | ((adv < 0) & (rd < 1.0))
     w = torch.where(gated, torch.exp(-((rd - 1.0) ** 2) / (2.0 * sigma**2)), torch.ones_like(rd))
-    loss = -adv * (w * r)
-    weight = w * rd
-    if dual_clip:
-        loss, dual = _dual_clip(adv, loss, clip_c)
-        weight = torch.where(dual, torch.zeros_like(weight), weight)
-    else:
-        dual = torch.zeros_like(gated)
+    loss, weight, dual = _dual_clip(adv, -adv * (w * r), w * rd, clip_c if dual_clip else None)
     none = torch.zeros_like(gated)
     extra = {"gate_mean": w, "gated_frac": gated, "sigma_mean": sigma, "dualclip_frac": dual}
     return Terms(loss, weight, rd, none, none, extra)
