@@ -109,6 +109,9 @@ def test_report_table1_and_artefacts(tmp_path):
     assert summary["cases"] == 12 and summary["failure_modes"]["scripted"]["success"] == 12
     for name in ("report.md", "report.json", "success_vs_n.png", "heatmap_task_protocol.png"):
         assert (c.out_dir / name).stat().st_size > 0
+    for name in ("success_vs_n.png", "heatmap_task_protocol.png"):
+        assert (c.out_dir / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert not list(c.out_dir.glob(".*.tmp"))  # atomic writes leave no temporaries behind
     md = (c.out_dir / "report.md").read_text()
     assert "| Average | 100.0 / 100.0 /" in md
 

@@ -25,13 +25,15 @@ panel per agent).
 
 from __future__ import annotations
 
+import io
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from posttrain.silo.metrics import relative_coordination_cost
-from posttrain.utils.io import atomic_write_json, atomic_write_text
+from posttrain.utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from posttrain.utils.tables import markdown_table, print_table
 
 PROTO_ORDER = ("bp", "p2p", "sfs")
@@ -183,7 +185,7 @@ def table2(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict
                 srk = 100.0 * sum(bool(m["success"]) for _, m in ps) / len(ps)
                 rcc = relative_coordination_cost(srk, sr1)
                 cell: dict[str, Any] = {"SR_1": sr1, "SR_k": srk, "pairs": len(ps)}
-                if rcc != rcc:  # NaN: SR(N=1) = 0
+                if math.isnan(rcc):  # SR(N=1) = 0
                     cell.update(RCC=None, RCC_pct=None, RCC_note=RCC_UNDEFINED)
                 else:
                     cell.update(RCC=rcc, RCC_pct=100.0 * rcc)
@@ -214,6 +216,16 @@ def table2_rows(t2: dict[str, dict[str, dict[str, dict[str, Any]]]]) -> tuple[li
     return columns, body
 
 
+def _save_png(fig: Any, path: Path) -> None:
+    """Render to memory, then write atomically (a killed report never leaves a torn PNG); closes `fig`."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def plot_success_vs_n(rows: Sequence[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -239,8 +251,7 @@ def plot_success_vs_n(rows: Sequence[dict[str, Any]], path: Path) -> None:
         ax.set_title(LEVEL_LABEL[lv])
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_png(fig, path)
 
 
 def plot_heatmap(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -263,8 +274,7 @@ def plot_heatmap(rows: Sequence[dict[str, Any]], path: Path) -> None:
         ax.set_yticks(range(len(tasks)), tasks, fontsize=7)
         ax.set_title(a, fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), label="SR (%)")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_png(fig, path)
 
 
 def write_report(run_dir: str | Path, *, show: bool = True, plots: bool = True) -> dict[str, Any]:
@@ -279,9 +289,9 @@ def write_report(run_dir: str | Path, *, show: bool = True, plots: bool = True) 
     if not all_rows:
         raise ValueError(f"{path} has no finished cases")
     rows = [r for r in all_rows if not is_oracle(r)]
-    t2 = table2(all_rows)
     if not rows:
         raise ValueError(f"{path} holds only N = 1 oracle rows; Table 1 and Table 2 need the N = k runs too")
+    t2 = table2(all_rows)
     t1 = table1(rows)
     fails = failure_summary(rows)
     columns, body = table1_rows(t1, rows)
