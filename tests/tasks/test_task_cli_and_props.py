@@ -70,6 +70,8 @@ def test_cli_bench_reward_pool(tmp_path: Path) -> None:
     assert data["rows"][0]["mode"] == "in-process" and pool_row["workers"] == 1
     assert pool_row["recovery_timeouts"] == 1 and pool_row["recovery_s"] >= 0
     assert pool_row["median_ms"] > 0
+    res = runner.invoke(app, ["bench", "reward-pool", "--workers", "0", "--repeats", "1"])
+    assert res.exit_code == 2 and "worker counts must be >= 1" in res.output
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -57,6 +57,9 @@ def run_bench(
     if batch < 1 or repeats < 1:
         raise ValueError(f"batch and repeats must be >= 1, got {batch}, {repeats}")
     workers = workers or [1, 2]
+    if any(n < 1 for n in workers):
+        # 0 would be the in-process row (always measured) and has no timeout: the hang would take 60 s
+        raise ValueError(f"worker counts must be >= 1 (in-process is always measured), got {workers}")
     task = get_task("arithmetic", format="scratchpad", ops="+-*", n_train=max(batch, 16), n_heldout=0)
     exs = task.split("train")[:batch]
     comps = [task.reference_completion(e, "long") for e in exs]
