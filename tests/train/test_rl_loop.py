@@ -12,7 +12,7 @@ import torch
 
 from posttrain.algos import agg_loss, list_policy_losses
 from posttrain.models import sequence_logprobs
-from posttrain.rollout import FunctionRewardSource, RewardSource, ScoredBatch
+from posttrain.rollout import EpisodeRunner, FunctionRewardSource, RewardSource, ScoredBatch
 from posttrain.rollout.reward_source import _Ready
 from posttrain.sampling import (
     CONTROLLERS,
@@ -387,3 +387,29 @@ def test_group_filtering_sampler_keeps_reward_components(tmp_path):
     assert m["sampling_rounds"] == 1 and m["zero_var_frac"] == 0.0
     assert m["reward/parity"] == pytest.approx(m["reward_mean"]) == 0.5
     assert m["reward/one"] == 1.0
+
+
+class _RefuseToScore(RewardSource):
+    def submit(self, completions, examples):
+        raise AssertionError("episodes that carry rewards must not be sent to the reward source")
+
+
+class _SelfScoringRunner(EpisodeRunner):
+    """An environment that scores its own episodes (as a multi-turn runner does)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def run(self, examples, n_per_prompt, params):
+        ep = self.inner.run(examples, n_per_prompt, params)
+        ep.rewards = torch.arange(len(ep), dtype=torch.float32) % 2
+        return ep
+
+
+def test_runner_supplied_rewards_bypass_the_reward_source(tmp_path):
+    tr = RLTrainer(cfg(tmp_path), reward_source=_RefuseToScore())
+    tr.runner = _SelfScoringRunner(tr.runner)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        m = tr.step()
+    assert m["reward_mean"] == 0.5 and m["zero_var_frac"] == 0.0

@@ -369,8 +369,10 @@ class RLTrainer:
             rounds += 1
             plan = self.sampler.plan(self.step_idx, need, cfg.rollout.group_size)
             episodes = self._episodes_for(plan, params)
-            handle = _Ready(self._fixed_rewards(episodes)) if episodes.rewards is not None else None
-            handle = handle or self.reward_source.submit(episodes.texts, episodes.examples)
+            if episodes.rewards is not None:  # the environment scored its own episodes
+                handle = _Ready(ScoredBatch(rewards=[float(r) for r in episodes.rewards]))
+            else:
+                handle = self.reward_source.submit(episodes.texts, episodes.examples)
             if not self.sampler.filters_groups:
                 return episodes, handle, rounds
             res = handle.result()
@@ -451,9 +453,6 @@ class RLTrainer:
         batch = RolloutBatch(p_ids, p_mask, c_ids, c_mask, c_lp, reasons, torch.tensor(gids), pad)
         texts = self.tokenizer.batch_decode(comps, skip_special_tokens=True)
         return Episodes(batch, list(texts), examples, replayed=torch.ones(len(comps), dtype=torch.bool))
-
-    def _fixed_rewards(self, episodes: Episodes) -> ScoredBatch:
-        return ScoredBatch(rewards=[float(r) for r in episodes.rewards])
 
     def _score(self, episodes: Episodes, handle: RewardHandle) -> _Scored:
         res = handle.result()
