@@ -76,6 +76,15 @@ def _flat(shards: list[Any]) -> list[Any]:
     return [x for shard in shards for x in shard]
 
 
+def _cut_like(values: list[Any], shards: list[Any]) -> list[list[Any]]:
+    """`values` cut into consecutive slices as long as the shards (a segmented answer, one per agent)."""
+    out, start = [], 0
+    for s in shards:
+        out.append(values[start : start + len(s)])
+        start += len(s)
+    return out
+
+
 # ------------------------------------------------------------------------------------------- Level I
 
 
@@ -204,12 +213,7 @@ def _ii14(shards, prompt):
         left, right = (state << 1) & mask, state >> 1  # neighbour j-1 and j+1 moved onto bit j
         exactly_one = (left ^ state ^ right) & ~(left & state & right)
         state = exactly_one & mask
-    final = [(state >> j) & 1 for j in range(width)]
-    out, start = [], 0
-    for s in shards:
-        out.append(final[start : start + len(s)])
-        start += len(s)
-    return out
+    return _cut_like([(state >> j) & 1 for j in range(width)], shards)
 
 
 @_solver("II-15")
@@ -298,12 +302,7 @@ def _num_nodes(prompt: str, task_id: str) -> int:
 @_solver("III-21")
 def _iii21(shards, prompt):
     # k-way merge of locally sorted shards, cut to each agent's current shard size
-    merged = list(heapq.merge(*(sorted(s) for s in shards)))
-    out, start = [], 0
-    for s in shards:
-        out.append(merged[start : start + len(s)])
-        start += len(s)
-    return out
+    return _cut_like(list(heapq.merge(*(sorted(s) for s in shards))), shards)
 
 
 @_solver("III-22")
