@@ -56,6 +56,7 @@ class PeakMemory:
         self.peak_bytes: int = 0
         self.method: str = ""
         self._base = 0
+        self._ru = False  # fall back to the lifetime peak (ru_maxrss)
 
     def __enter__(self) -> PeakMemory:
         if self.device.startswith("cuda"):
@@ -80,7 +81,7 @@ class PeakMemory:
 
             torch.cuda.synchronize()
             self.peak_bytes = max(0, torch.cuda.max_memory_allocated() - self._base)
-        elif getattr(self, "_ru", False):
+        elif self._ru:
             import resource
 
             self.peak_bytes = max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self._base)
