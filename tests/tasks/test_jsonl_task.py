@@ -242,6 +242,14 @@ def test_parquet_without_pyarrow_says_what_to_install(tmp_path: Path, monkeypatc
         get_task("jsonl", path=pp)
 
 
+def test_corrupt_parquet_is_a_dataset_error(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    pp = tmp_path / "bad.parquet"
+    pp.write_bytes(b"not parquet at all")
+    with pytest.raises(DatasetError, match=r"bad\.parquet: not a readable parquet file"):
+        get_task("jsonl", path=pp)
+
+
 @pytest.mark.parametrize(
     ("text", "boxed"),
     [

@@ -175,7 +175,11 @@ class JsonlTask(Task):
                 raise DatasetError(
                     f"{path}: reading .parquet needs pyarrow (pip install pyarrow, or convert to .jsonl)"
                 ) from e
-            return list(enumerate(pq.read_table(path).to_pylist(), start=1))
+            try:
+                table = pq.read_table(path)
+            except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid / ArrowIOError
+                raise DatasetError(f"{path}: not a readable parquet file ({e})") from e
+            return list(enumerate(table.to_pylist(), start=1))
         if suffix == ".json":
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
