@@ -337,10 +337,11 @@ class SiloEngine:
                 active = [i for i in range(n) if not submitted[i]]
                 if "reminder" in cfg.scaffolds:  # appended to the last (user) message: roles keep alternating
                     note = "\n\n" + reminder_note(self.protocol_name)
+                    note_tokens = self.count(note)
                     for i in active:
                         last = contexts[i][-1]
                         contexts[i][-1] = {**last, "content": last["content"] + note}
-                        ctx_tokens[i] += self.count(note)
+                        ctx_tokens[i] += note_tokens
                 t0 = time.perf_counter()
                 replies = await asyncio.gather(*(self.agents[i].reply(list(contexts[i])) for i in active))
                 agent_s += time.perf_counter() - t0
