@@ -6,6 +6,7 @@ import json
 import math
 import random
 from math import comb
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,3 +167,34 @@ def test_sft_without_examples_is_a_clear_error():
     model, tok = load_model_and_tokenizer("tiny")
     with pytest.raises(SFTDataError, match="no training examples"):
         SFTTrainer(SFTConfig(), model, tok, pairs=[])
+
+
+def test_resaving_a_step_replaces_it_and_a_crash_keeps_the_old_copy(tmp_path, monkeypatch):
+    import posttrain.train.checkpoint as ckpt_mod
+    from posttrain.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer("tiny", seed=0)
+    root = tmp_path / "checkpoints"
+
+    def save(pos):
+        return save_checkpoint(
+            root, 3, model=model, tokenizer=None, optimizer=None, trainer_state={"sampler": {"pos": pos}}
+        )
+
+    save(1)
+    save(2)
+    assert load_checkpoint(resolve_checkpoint(root))["sampler"] == {"pos": 2}
+    assert sorted(p.name for p in root.iterdir()) == [LATEST, "step_000003"]
+
+    real_replace = ckpt_mod.os.replace
+
+    def crash_on_install(src, dst):
+        if Path(src).name.startswith(".tmp-"):
+            raise OSError("simulated crash")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt_mod.os, "replace", crash_on_install)
+    with pytest.raises(OSError, match="simulated crash"):
+        save(3)
+    (old,) = [p for p in root.iterdir() if p.name.startswith(".old-step_000003")]
+    assert json.loads((old / "trainer_state.json").read_text())["sampler"] == {"pos": 2}

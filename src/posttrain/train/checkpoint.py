@@ -108,13 +108,16 @@ def _fsync_tree(root: Path) -> None:
 
 def _install_dir(tmp: Path, final: Path) -> Path:
     """fsync every file under the finished temp dir ``tmp``, then rename it to ``final`` (atomic on
-    POSIX). An existing ``final`` (re-saving the same step / model dir) is moved aside first."""
+    POSIX). An existing ``final`` (re-saving the same step / model dir) is moved aside first and
+    deleted only once the new one is in place, so no crash loses both copies."""
     _fsync_tree(tmp)
+    old = None
     if final.exists():
         old = final.parent / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
-        shutil.rmtree(old, ignore_errors=True)
     os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
