@@ -195,6 +195,12 @@ def test_cli_generate_run_report_and_bench(tmp_path):
     assert r.exit_code != 0 and "smoke" in r.output
     r = runner.invoke(app, ["silo", "run", "--agent", "openai", "--out", str(tmp_path / "x")])
     assert r.exit_code != 0 and "--base-url" in r.output
+    r = runner.invoke(
+        app, ["silo", "generate", "--agents", "1", "--tasks", "I-01", "--out", str(tmp_path / "g")]
+    )
+    assert r.exit_code == 2 and "num_agents must be >= 2" in r.output
+    r = runner.invoke(app, ["bench", "silo", "--agents", "2", "--tasks", "I-01", "--max-rounds", "0"])
+    assert r.exit_code == 2 and "max_rounds must be >= 1" in r.output
     r = runner.invoke(app, ["silo", "run", "--agent", "wizard", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "unknown agent kind 'wizard'" in r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)

@@ -108,7 +108,10 @@ def generate_cmd(
     seeds = _ints(seed, "--seed")
     if len(seeds) != 1:
         raise typer.BadParameter("--seed: generate takes exactly one seed")
-    paths = write_cases(out, _ints(agents, "--agents"), seeds[0], _tasks(tasks), parity=parity)
+    try:
+        paths = write_cases(out, _ints(agents, "--agents"), seeds[0], _tasks(tasks), parity=parity)
+    except ValueError as e:  # e.g. N < 2
+        raise typer.BadParameter(str(e)) from None
     typer.echo(f"wrote {len(paths)} case files to {out}")
 
 
@@ -260,7 +263,10 @@ def bench_silo_cmd(
             ok[1] += bool(info["success"])
             bar.advance(sr=ok[1] / ok[0], n=info["n"])
 
-        res = run_silo_bench(task_ids, counts, protos, seed, max_rounds, on_case=on_case)
+        try:
+            res = run_silo_bench(task_ids, counts, protos, seed, max_rounds, on_case=on_case)
+        except ValueError as e:  # e.g. N < 2, max_rounds < 1
+            raise typer.BadParameter(str(e)) from None
     rows = [
         [
             f"N={n}",
