@@ -36,6 +36,8 @@ def test_cli_tasks_list_and_show() -> None:
     res = runner.invoke(app, ["tasks", "show", "arithmetic", "-p", "digit=3"])
     assert res.exit_code != 0
     assert "unknown parameter(s) 'digit'" in res.output
+    res = runner.invoke(app, ["tasks", "show", "arithmetic", "--style", "medium"])
+    assert res.exit_code == 2 and "expected short or long, got 'medium'" in res.output
 
 
 @pytest.mark.parametrize("task", ["arithmetic", "countdown"])

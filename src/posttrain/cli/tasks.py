@@ -64,6 +64,8 @@ def tasks_show(
     from posttrain.rewards import get_reward
     from posttrain.tasks import get_task
 
+    if style not in ("short", "long"):
+        raise typer.BadParameter(f"--style: expected short or long, got {style!r}")
     try:
         task = get_task(name, **_params(param))
         exs = task.split(split)  # type: ignore[arg-type]
