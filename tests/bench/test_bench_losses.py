@@ -55,6 +55,9 @@ def test_cli_bad_sizes():
     r = CliRunner().invoke(app, ["bench", "losses", "--tokens", "0", "--no-verl"])
     assert r.exit_code != 0
     assert "tokens must be >= 1" in r.output
+    r = CliRunner().invoke(app, ["bench", "losses", "--chunk-size", "0", "--no-verl"])
+    assert r.exit_code != 0
+    assert "chunk_size must be >= 1" in r.output
 
 
 def test_memory_probe_sees_a_large_allocation_and_its_absence():

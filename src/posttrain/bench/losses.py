@@ -116,14 +116,14 @@ def run_bench(
     from posttrain.bench.common import run_isolated
     from posttrain.models import DEFAULT_CHUNK_SIZE, pick_device, resolve_dtype
 
-    for name, val in (("tokens", tokens), ("hidden", hidden), ("repeats", repeats)):
+    chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+    for name, val in (("tokens", tokens), ("hidden", hidden), ("repeats", repeats), ("chunk_size", chunk)):
         if val < 1:
             raise ValueError(f"{name} must be >= 1, got {val}")
     if not vocabs or any(v < 2 for v in vocabs):
         raise ValueError(f"vocab sizes must be >= 2, got {list(vocabs)}")
     resolve_dtype(dtype)  # validate early, in the parent
     dev = pick_device() if device == "auto" else device
-    chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
     rows = []
     method = ""
     for v in vocabs:
