@@ -482,3 +482,18 @@ def test_token_level_advantages_broadcast_equivalence():
         l1, _ = fn(logp, old, a, mask)
         l2, _ = fn(logp, old, a[:, None].expand(2, 3).clone(), mask)
         close(l1, l2, 1e-14)
+
+
+def test_gspo_sequence_ratio_uses_unclamped_token_log_ratios() -> None:
+    """verl's GSPO averages the raw per-token log-ratios; only log s_it is clamped (at 10).
+
+    Token log-ratios [30, -28] average to 1 (s_i = e); clamping each at ±20 first would give 0 (s_i = 1).
+    """
+    from posttrain.algos import get_policy_loss
+
+    logp = torch.tensor([[-1.0, -40.0]], dtype=torch.float64)
+    old = torch.tensor([[-31.0, -12.0]], dtype=torch.float64)
+    mask = torch.ones_like(logp)
+    adv = torch.tensor([-1.0], dtype=torch.float64)  # A<0, s_i = e > 1 - eps_low: not clipped
+    _, metrics = get_policy_loss("gspo")(logp, old, adv, mask)
+    assert float(metrics["seq_ratio_mean"]) == pytest.approx(math.e, rel=1e-12)

@@ -377,8 +377,10 @@ def gspo(b: Batch, *, clip_low: float = 3e-4, clip_high: float = 4e-4) -> Terms:
     """
     valid = b.valid
     n = valid.sum(dim=-1).clamp(min=1).to(b.logp.dtype)
-    seq_log_ratio = b.log_ratio.sum(dim=-1) / n  # padded positions are already 0
-    log_s_raw = seq_log_ratio.detach().unsqueeze(-1) + b.logp - b.logp.detach()
+    # verl sums the UNclamped per-token log-ratios (only log s_it is clamped, at 10); padded positions
+    # of logp/old_logp are already 0
+    seq_log_ratio = (b.logp.detach() - b.old_logp).sum(dim=-1) / n
+    log_s_raw = seq_log_ratio.unsqueeze(-1) + b.logp - b.logp.detach()
     log_s = torch.clamp(log_s_raw, max=10.0)
     s = torch.exp(log_s)
     adv = b.adv
