@@ -413,3 +413,28 @@ def test_runner_supplied_rewards_bypass_the_reward_source(tmp_path):
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m = tr.step()
     assert m["reward_mean"] == 0.5 and m["zero_var_frac"] == 0.0
+
+
+def test_replay_into_self_scored_episodes_is_refused_not_silently_dropped(tmp_path):
+    tr = trainer(tmp_path, "hooks.replay.name=test-first", reward=FirstCharDigit())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        tr.step()  # fills the replay buffer
+        tr.runner = _SelfScoringRunner(tr.runner)
+        with pytest.raises(ValueError, match="hooks.replay"):
+            tr.step()
+
+
+def test_resuming_a_finished_run_does_not_rewrite_its_checkpoint(tmp_path):
+    extra = ["checkpoint.every=0", "checkpoint.final=true", "eval.at_end=false", "reward.num_workers=0"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        RLTrainer(cfg(tmp_path, "steps=1", *extra)).train(progress=False)
+        ckpts = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
+        assert len(ckpts) == 1
+        before = ckpts[0].stat().st_ino, ckpts[0].stat().st_mtime_ns
+        done = RLTrainer(cfg(tmp_path, "steps=1", *extra), resume=True)
+        assert done.step_idx == 1
+        done.train(progress=False)
+    after = ckpts[0].stat().st_ino, ckpts[0].stat().st_mtime_ns
+    assert after == before

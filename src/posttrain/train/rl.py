@@ -180,6 +180,7 @@ class RLTrainer:
         self.shaper = GROUP_SHAPERS.get(h.shaper.name)(**h.shaper.params)
         self.knobs = Knobs(temperature=cfg.rollout.temperature)
         self.step_idx = 0
+        self._checkpointed_step = -1  # step of the checkpoint on disk that matches the weights
         self._last_warned: dict[str, int] = {}
         self._check_settings()
         if ckpt is not None:
@@ -420,6 +421,12 @@ class RLTrainer:
         if len(parts) == 1:
             return parts[0]
         a, b = parts  # same group numbering (plan index): concatenate without renumbering
+        if a.rewards is not None or a.advantage_inputs:
+            raise ValueError(
+                "hooks.replay: replayed trajectories cannot join episodes that the episode runner scored "
+                "itself (rewards / advantage_inputs); use a replay buffer only with runners whose "
+                "episodes are scored by the reward source"
+            )
         return Episodes(
             batch=RolloutBatch.concat([a.batch, b.batch]),
             texts=a.texts + b.texts,
@@ -588,7 +595,7 @@ class RLTrainer:
             "knobs": {"temperature": self.knobs.temperature, "extra": self.knobs.extra},
         }
         extra = {f"engine.{k}": v for k, v in self.engine.state_dict().items()}
-        return save_checkpoint(
+        path = save_checkpoint(
             self.run_dir / "checkpoints",
             self.step_idx,
             model=self.model,
@@ -598,10 +605,13 @@ class RLTrainer:
             extra_tensors=extra,
             keep=self.cfg.checkpoint.keep,
         )
+        self._checkpointed_step = self.step_idx
+        return path
 
     def _restore(self, ckpt: Path) -> None:
         state = load_checkpoint(ckpt, optimizer=self.optimizer)
         self.step_idx = int(state["step"])
+        self._checkpointed_step = self.step_idx
         self.sampler.load_state_dict(state["sampler"])
         for c, s in zip(self.controllers, state["controllers"], strict=True):
             c.load_state_dict(s)
@@ -663,7 +673,6 @@ class RLTrainer:
                 logger.log_eval(0, ev)
                 summary["eval_start"] = _strip(ev)
             last: dict[str, float] = {}
-            saved_at = -1
             with progress_bar("rl", total=cfg.steps, enabled=show, completed=self.step_idx) as bar:
                 while self.step_idx < cfg.steps:
                     last = self.step()
@@ -674,12 +683,11 @@ class RLTrainer:
                         logger.log_eval(s, self.evaluate())
                     if cfg.checkpoint.every and s % cfg.checkpoint.every == 0:
                         self.save()
-                        saved_at = s
             if cfg.eval.at_end and cfg.steps > summary["start_step"]:
                 ev = self.evaluate()
                 logger.log_eval(self.step_idx, ev)
                 summary["eval_end"] = _strip(ev)
-            if cfg.checkpoint.final and saved_at != self.step_idx:
+            if cfg.checkpoint.final and self._checkpointed_step != self.step_idx:
                 self.save()
         finally:
             logger.close()

@@ -240,20 +240,26 @@ class SFTTrainer:
         logger = MetricsLogger(out) if cfg.save else None
         t0 = time.perf_counter()
         last: dict[str, float] = {}
-        with progress_bar("sft", total=cfg.steps, enabled=cfg.progress) as bar:
-            while self.step_idx < cfg.steps:
-                last = self.step()
+        try:
+            with progress_bar("sft", total=cfg.steps, enabled=cfg.progress) as bar:
+                while self.step_idx < cfg.steps:
+                    last = self.step()
+                    if logger:
+                        logger.log_step(last)
+                    bar.advance(loss=last["loss"])
+            summary: dict[str, Any] = {
+                "steps": self.step_idx,
+                "wall_s": time.perf_counter() - t0,
+                "last": last,
+            }
+            if cfg.eval.at_end and cfg.data is None:
+                ev = self.evaluate()
+                summary["eval"] = {k: v for k, v in ev.items() if k != "samples"}
                 if logger:
-                    logger.log_step(last)
-                bar.advance(loss=last["loss"])
-        summary: dict[str, Any] = {"steps": self.step_idx, "wall_s": time.perf_counter() - t0, "last": last}
-        if cfg.eval.at_end and cfg.data is None:
-            ev = self.evaluate()
-            summary["eval"] = {k: v for k, v in ev.items() if k != "samples"}
+                    logger.log_eval(self.step_idx, ev)
+            if cfg.save:
+                summary["model_dir"] = str(save_model_dir(self.model, self.tokenizer, out / "model"))
+        finally:
             if logger:
-                logger.log_eval(self.step_idx, ev)
-        if cfg.save:
-            summary["model_dir"] = str(save_model_dir(self.model, self.tokenizer, out / "model"))
-        if logger:
-            logger.close()
+                logger.close()
         return summary
