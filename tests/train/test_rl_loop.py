@@ -421,7 +421,7 @@ def test_replay_into_self_scored_episodes_is_refused_not_silently_dropped(tmp_pa
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         tr.step()  # fills the replay buffer
         tr.runner = _SelfScoringRunner(tr.runner)
-        with pytest.raises(ValueError, match="hooks.replay"):
+        with pytest.raises(ValueError, match=r"hooks\.replay"):
             tr.step()
 
 
