@@ -1,29 +1,30 @@
 """`posttrain.algos` — the tensor math of a GRPO-style trainer: losses, aggregation, advantages, KL.
 
 Pure functions, tensors in and tensors out; no I/O, no models, no state beyond the registries.
-Specs: `rl-objectives.md` (§n below) and `rl-sampling-and-rewards.md` §4 (DuCA/HIAN).
+Sources (arXiv ids) at the right; formulas and tested reference values in ``docs/objectives.md`` and
+``docs/advantages.md``.
 
 Policy losses (`policy_losses.py`), ``get_policy_loss(name)(logp, old_logp, advantages, mask, *,
 agg=None, is_weights=None, global_tokens=None, global_seqs=None, scale=None, **params) -> (loss,
 metrics)``. With r = exp(clamp(logp − old_logp, ±20)) and ∂ℓ_t/∂logp_t = −A_t·g_t:
 
-    ppo/grpo/vanilla  g = r inside [1−ε_low, 1+ε_high]; 0 where clipped or dual-clipped (A<0 ∧ r>c)   §3
-    dapo              ppo with ε_high = 0.28                                                          §6
-    gspo              g = s_i = exp(mean_t log r) per sequence; 0 if the sequence is clipped           §8
-    cispo             g = clamp(r, 1−ε_low, 1+ε_high)                                                 §9
-    sapo              g = 4·r·σ(τ(r−1))(1−σ(τ(r−1)))                                                  §10
-    dgpo              g = r·(r/(1−ε_low))^n (A<0, r<1−ε_low); (1+ε_high)^{1/m} r^{1−1/m} (A>0, r>1+ε_high)   §11
-    maspo             g = w·r, w = exp(−(sg(r)−1)²/2σ²) in the favoured direction, σ mass-adaptive     §12
+    ppo/grpo/vanilla  g = r inside [1−ε_low, 1+ε_high]; 0 where clipped or dual-clipped (A<0 ∧ r>c)   1707.06347
+    dapo              ppo with ε_high = 0.28                                                          2503.14476
+    gspo              g = s_i = exp(mean_t log r) per sequence; 0 if the sequence is clipped           2507.18071
+    cispo             g = clamp(r, 1−ε_low, 1+ε_high)                                                 2506.13585
+    sapo              g = 4·r·σ(τ(r−1))(1−σ(τ(r−1)))                                                  2511.20347
+    dgpo              g = r·(r/(1−ε_low))^n (A<0, r<1−ε_low); (1+ε_high)^{1/m} r^{1−1/m} (A>0, r>1+ε_high)   2603.14389
+    maspo             g = w·r, w = exp(−(sg(r)−1)²/2σ²) in the favoured direction, σ mass-adaptive     2602.17550
 
 Aggregation (`aggregation.py`): ``agg_loss(values, mask, mode, *, scale, global_tokens, global_seqs)``
-with token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (§4).
+with token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (verl ``agg_loss``; Dr.GRPO 2503.20783).
 
 Advantages (`advantages.py`): ``get_advantage(name)(rewards, group_ids, **params) -> (B,)`` for grpo,
-dr_grpo, rloo, reinforce_pp (§2, §7), and ``hian_advantages(...) -> (B, T)`` (DuCA/HIAN proposed
-design).
+dr_grpo, rloo, reinforce_pp (2402.03300, 2503.20783, 2402.14740, 2501.03262), and ``hian_advantages(...) -> (B, T)`` (DuCA/HIAN, arXiv 2603.01481;
+proposed design).
 
 KL (`kl.py`): ``kl_penalty(logp, ref_logp, kind)`` for k1/kl, abs, k2/mse, k3/low_var_kl and the
-straight-through ``<kind>+`` (§5).
+straight-through ``<kind>+`` (verl ``kl_penalty``; Schulman 2020).
 """
 
 from posttrain.algos._common import masked_mean

@@ -8,15 +8,15 @@ answers (any values, any order, groups of any size). Everything is vectorised wi
 ===============  ===========================================================================  ===========
 name             A_i (g = group of i, n = |g|, μ_g = mean, s_g = unbiased std over g)          source
 ===============  ===========================================================================  ===========
-``grpo``         (R_i − μ_g) / (s_g + ε);  n = 1: μ = 0, s = 1 → A = R/(1+ε)                    verl §2
+``grpo``         (R_i − μ_g) / (s_g + ε);  n = 1: μ = 0, s = 1 → A = R/(1+ε)                    2402.03300
                  ``norm_std=False``: R_i − μ_g  (Dr.GRPO)
-``dr_grpo``      R_i − μ_g  (n = 1: A = R)                                                     Dr.GRPO §7
+``dr_grpo``      R_i − μ_g  (n = 1: A = R)                                                     2503.20783
 ``rloo``         R_i − (Σ_g R − R_i)/(n − 1)  = n/(n−1)·(R_i − μ_g);  n = 1: A = R             verl rloo
 ``reinforce_pp`` x_i = R_i − μ_g (n = 1: x = R), then whitened over the batch:                 verl
                  (x_i − mean(x)) / sqrt(var_unbiased(x) + ε)                                   REINFORCE++
 ===============  ===========================================================================  ===========
 
-Spec `rl-objectives.md` §2 keeps verl's singleton rule (a one-member group has baseline 0, so its
+We keep verl's singleton rule (a one-member group has baseline 0, so its
 advantage is its raw score); drop such groups in the sampler if that is unwanted.
 """
 
@@ -154,7 +154,7 @@ def group_stats(values: Tensor, inv: Tensor, n_groups: int) -> tuple[Tensor, Ten
 
 @register_advantage("grpo", validate=_validate_eps)
 def grpo(r: Tensor, inv: Tensor, n_groups: int, *, norm_std: bool = True, eps: float = 1e-6) -> Tensor:
-    """GRPO group-normalised advantage (verl ``compute_grpo_outcome_advantage``; spec §2).
+    """GRPO group-normalised advantage (verl ``compute_grpo_outcome_advantage``; DeepSeekMath, arXiv 2402.03300).
 
     Source: Shao et al. 2024, DeepSeekMath (arXiv 2402.03300).
 
@@ -173,7 +173,7 @@ def grpo(r: Tensor, inv: Tensor, n_groups: int, *, norm_std: bool = True, eps: f
 
 @register_advantage("dr_grpo")
 def dr_grpo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
-    """Dr.GRPO advantage: A_i = R_i − mean_g(R), no std division (spec §7; arXiv 2503.20783).
+    """Dr.GRPO advantage: A_i = R_i − mean_g(R), no std division (Dr.GRPO, arXiv 2503.20783).
 
     Same as ``grpo`` with ``norm_std=False`` (verl ``norm_adv_by_std_in_grpo=False``); singleton → R.
     """
@@ -252,10 +252,10 @@ def hian_advantages(
     turn_grouping: str = "pool",
     eps: float = 1e-6,
 ) -> Tensor:
-    """DuCA/HIAN dual-horizon per-token advantages — PROPOSED DESIGN (spec `rl-sampling-and-rewards.md` §4.2).
+    """DuCA/HIAN dual-horizon per-token advantages — PROPOSED DESIGN (DuCA, arXiv 2603.01481).
 
     DuCA (arXiv 2603.01481) states only that HIAN normalises turn-level and session-level advantages
-    separately before fusing them; the formula below is the spec's proposed design, not the authors'.
+    separately before fusing them; the formula below is our proposed design, not the authors' (unpublished).
     For group g (one scenario, G sessions), session i with turns k = 1..K_i:
 
         A^sess_i     = (R_i − mean_g R) / (std_g R + ε)             (``grpo`` estimator, unbiased std)

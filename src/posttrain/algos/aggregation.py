@@ -1,6 +1,6 @@
 """Loss aggregation: per-token loss matrix (B, T) -> scalar.
 
-Source: verl `verl/trainer/ppo/core_algos.py::agg_loss` (spec `rl-objectives.md` §4). With m the mask,
+Source: verl `verl/trainer/ppo/core_algos.py::agg_loss`. With m the mask,
 ℓ the per-token values, n_i = Σ_t m_it the valid tokens of sequence i:
 
 =============================  ============================================================  =====================
@@ -19,7 +19,7 @@ the micro-batch losses (and of their gradients) equals the loss (gradient) of th
 data-parallel training use the counts of all ranks and SUM the gradients (verl instead multiplies by
 dp_size and averages; same result).
 
-Dr.GRPO constant (spec §4 caveat). We use the CURRENT verl semantics: Σ m·ℓ / scale, no division by
+Dr.GRPO constant (arXiv 2503.20783). We use the CURRENT verl semantics: Σ m·ℓ / scale, no division by
 the number of sequences, ``scale`` defaulting to the padded length T = mask.shape[-1]. Because the
 default depends on padding, set ``scale`` to a fixed L_max (max response length) in real runs, as
 Dr.GRPO does. The older verl vendored in FlyTune/DGPO-RL divides by B·L instead; reproduce it with
@@ -118,7 +118,7 @@ def agg_loss(
 ) -> Tensor:
     """Aggregate per-token `values` (B, T) under `mask` (B, T; nonzero = valid) into a scalar.
 
-    See the module docstring for the formula of each mode (verl `agg_loss`, spec §4).
+    See the module docstring for the formula of each mode (verl `agg_loss`).
     `global_tokens` is used by ``token-mean``; `global_seqs` by ``seq-mean-token-mean`` and
     ``seq-mean-token-sum``; `scale` by ``seq-mean-token-sum-norm``; other arguments are ignored by
     a mode. Counts may be Python numbers or 0-d tensors.

@@ -1,6 +1,6 @@
 """Per-token KL estimators between the policy and a reference policy.
 
-Source: verl ``core_algos.kl_penalty`` / ``kl_penalty_forward`` (spec `rl-objectives.md` §5); the k1/k2/k3
+Source: verl ``core_algos.kl_penalty`` / ``kl_penalty_forward``; the k1/k2/k3
 names follow J. Schulman, "Approximating KL divergence" (2020). With d = logp − ref_logp (per token;
 samples come from the policy π):
 

@@ -6,7 +6,7 @@ Every loss is called the same way::
                                           is_weights=None, global_tokens=None, global_seqs=None,
                                           scale=None, **params)
 
-Notation (spec `rl-objectives.md` §0): r_t = exp(clamp(logp_t − old_logp_t, −20, 20)); A_t the advantage
+Notation: r_t = exp(clamp(logp_t − old_logp_t, −20, 20)); A_t the advantage
 ((B,) broadcast over tokens, or (B, T)); ε_low/ε_high = ``clip_low``/``clip_high``; c = ``clip_c``;
 sg = stop-gradient. The per-token gradient weight g_t is defined by
 
@@ -17,14 +17,14 @@ so g_t = r_t is the plain importance-weighted policy gradient and g_t = 0 means 
 ===========  ==================================================================  ====================
 loss         g_t (weight on ∇log π_t)                                             source
 ===========  ==================================================================  ====================
-ppo          r inside; 0 if clipped (A>0 ∧ r>1+ε_high, A<0 ∧ r<1−ε_low) or        verl vanilla §3
+ppo          r inside; 0 if clipped (A>0 ∧ r>1+ε_high, A<0 ∧ r<1−ε_low) or        PPO 1707.06347, verl
              dual-clipped (A<0 ∧ r>c)
-dapo         ppo with ε_high = 0.28 (clip-higher)                                 verl DAPO §6
-gspo         s_i (sequence ratio) on every token; 0 if the sequence is clipped    verl gspo §8
-cispo        clip(r, 1−ε_low, 1+ε_high), never 0                                 verl cispo §9
-sapo         4·r·σ(τ(r−1))·(1−σ(τ(r−1))), τ = τ_pos if A>0 else τ_neg              verl sapo §10
-dgpo         r·(r/(1−ε_low))^n on LN; (1+ε_high)^{1/m}·r^{1−1/m} on HP; r else     DGPO-RL §11
-maspo        w·r with a Gaussian gate w on sg(r) in the favoured direction         MASPO-RL §12
+dapo         ppo with ε_high = 0.28 (clip-higher)                                 DAPO 2503.14476
+gspo         s_i (sequence ratio) on every token; 0 if the sequence is clipped    GSPO 2507.18071
+cispo        clip(r, 1−ε_low, 1+ε_high), never 0                                 CISPO 2506.13585
+sapo         4·r·σ(τ(r−1))·(1−σ(τ(r−1))), τ = τ_pos if A>0 else τ_neg              SAPO 2511.20347
+dgpo         r·(r/(1−ε_low))^n on LN; (1+ε_high)^{1/m}·r^{1−1/m} on HP; r else     DGPO 2603.14389
+maspo        w·r with a Gaussian gate w on sg(r) in the favoured direction         MASPO 2602.17550
 ===========  ==================================================================  ====================
 
 Conventions shared by all losses:
@@ -302,7 +302,7 @@ def _validate_maspo(name: str, p: dict[str, Any]) -> None:
 def _with_value(log_ratio: Tensor, log_value: Tensor) -> Tensor:
     """exp(log_value) in value, with ∂/∂logp = exp(log_value) (straight-through in log space).
 
-    ``exp(lr − sg(lr) + sg(log_value))`` — the authors' "ratio replacement" trick (DGPO §11.3): the
+    ``exp(lr − sg(lr) + sg(log_value))`` — the authors' "ratio replacement" trick (FlyTune/DGPO-RL ``core_algos.py``): the
     value is the desired g_t and its derivative wrt logp is the same g_t (inside the ±20 clamp).
     """
     return torch.exp(log_ratio - log_ratio.detach() + log_value.detach())
@@ -323,7 +323,7 @@ def _dual_clip(adv: Tensor, loss: Tensor, weight: Tensor, c: float | None) -> tu
 
 @register_policy_loss("ppo", aliases=("grpo", "vanilla"), validate=_validate_ppo)
 def ppo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.2, clip_c: float | None = 3.0) -> Terms:
-    """PPO/GRPO clipped surrogate with asymmetric clip and dual clip (verl ``vanilla``; spec §3).
+    """PPO/GRPO clipped surrogate with asymmetric clip and dual clip (verl ``compute_policy_loss_vanilla``; arXiv 1707.06347, dual clip 1912.09729).
 
     Source: Schulman et al. 2017 (PPO, arXiv 1707.06347); dual clip: Ye et al. 2020 (arXiv 1912.09729);
     code: verl ``compute_policy_loss_vanilla``.
@@ -350,7 +350,7 @@ def ppo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.2, clip_c: floa
 
 @register_policy_loss("dapo", validate=_validate_ppo)
 def dapo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.28, clip_c: float | None = 3.0) -> Terms:
-    """DAPO clip-higher: the ``ppo`` loss with ε_low = 0.2, ε_high = 0.28 (spec §6).
+    """DAPO clip-higher: the ``ppo`` loss with ε_low = 0.2, ε_high = 0.28 (arXiv 2503.14476, §3.1 clip-higher).
 
     Source: Yu et al. 2025, DAPO (arXiv 2503.14476); code: verl ``docs/algo/dapo.md`` recipe
     (``clip_ratio_low=0.2, clip_ratio_high=0.28``, token-mean aggregation, vanilla loss incl. dual clip).
@@ -362,7 +362,7 @@ def dapo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.28, clip_c: fl
 
 @register_policy_loss("gspo", default_agg="seq-mean-token-mean", validate=_validate_clip_only)
 def gspo(b: Batch, *, clip_low: float = 3e-4, clip_high: float = 4e-4) -> Terms:
-    """GSPO: sequence-level ratio with per-token gradient (verl ``compute_policy_loss_gspo``; spec §8).
+    """GSPO: sequence-level ratio with per-token gradient (verl ``compute_policy_loss_gspo``; arXiv 2507.18071).
 
     Source: Zheng et al. 2025, Group Sequence Policy Optimization (arXiv 2507.18071).
 
@@ -402,7 +402,7 @@ def gspo(b: Batch, *, clip_low: float = 3e-4, clip_high: float = 4e-4) -> Terms:
 
 @register_policy_loss("cispo", validate=_validate_clip_only)
 def cispo(b: Batch, *, clip_low: float = 10.0, clip_high: float = 0.2) -> Terms:
-    """CISPO: clipped importance-sampling weight on a REINFORCE term (verl ``cispo``; spec §9).
+    """CISPO: clipped importance-sampling weight on a REINFORCE term (verl ``compute_policy_loss_cispo``; MiniMax-M1, arXiv 2506.13585).
 
     Source: MiniMax-M1 (arXiv 2506.13585); code: verl ``compute_policy_loss_cispo``.
 
@@ -421,7 +421,7 @@ def cispo(b: Batch, *, clip_low: float = 10.0, clip_high: float = 0.2) -> Terms:
 
 @register_policy_loss("sapo", default_agg="seq-mean-token-mean", validate=_validate_sapo)
 def sapo(b: Batch, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> Terms:
-    """SAPO: smooth sigmoid gate instead of a hard clip (verl ``compute_policy_loss_sapo``; spec §10).
+    """SAPO: smooth sigmoid gate instead of a hard clip (verl ``compute_policy_loss_sapo``; arXiv 2511.20347).
 
     Source: Soft Adaptive Policy Optimization (Qwen team, arXiv 2511.20347); code: verl.
 
@@ -453,10 +453,10 @@ def dgpo(
     dual_clip: bool = False,
     clip_c: float = 3.0,
 ) -> Terms:
-    """DGPO: decoupled, decaying gradient in the clipped regions instead of zero (spec §11).
+    """DGPO: decoupled, decaying gradient in the clipped regions instead of zero (arXiv 2603.14389).
 
     Source: Decoupled Gradient Policy Optimization, arXiv 2603.14389 (ACL 2026); code:
-    FlyTune/DGPO-RL ``compute_policy_loss`` (``ratio_mode == "dgpo"``). Authors' form (§11.3), with
+    FlyTune/DGPO-RL ``compute_policy_loss`` (``ratio_mode == "dgpo"``). Authors' form, with
     the ratio replaced before ℓ_t = −A·ratio':
 
         LN (A<0 ∧ r<1−ε_low):  ratio' = exp(logp + n·sg(logp) − (n+1)·old_logp) / (1−ε_low)^n
@@ -498,7 +498,7 @@ def maspo(
     dual_clip: bool = False,
     clip_c: float = 3.0,
 ) -> Terms:
-    """MASPO: mass-adaptive unilateral Gaussian gate on the detached ratio (spec §12).
+    """MASPO: mass-adaptive unilateral Gaussian gate on the detached ratio (arXiv 2602.17550; FlyTune/MASPO-RL ``core_algos.py``).
 
     Source: Mass-Adaptive Soft Policy Optimization, arXiv 2602.17550; code: FlyTune/MASPO-RL
     ``compute_policy_loss`` (``"maspo" in ratio_mode``). With r̄ = sg(r), π_old = exp(old_logp):
