@@ -1,4 +1,4 @@
-"""Advantage estimators: spec §2 table, groups of any size/order, RLOO, REINFORCE++, DuCA/HIAN."""
+"""Advantage estimators: reference table (verl GRPO semantics), groups of any size/order, RLOO, REINFORCE++, DuCA/HIAN."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_registry():
         adv("grpo", [1.0, 0.0], [0, 0], eps=-1)
 
 
-# spec §2 table: scores, std-normalised A, Dr.GRPO A
+# reference table (verl GRPO semantics): scores, std-normalised A, Dr.GRPO A
 GRPO_TABLE = [
     ([1, 0, 0, 1], [0.866, -0.866, -0.866, 0.866], [0.5, -0.5, -0.5, 0.5]),
     ([1, 0, 0, 0], [1.5, -0.5, -0.5, -0.5], [0.75, -0.25, -0.25, -0.25]),
@@ -161,7 +161,7 @@ def test_integer_rewards_and_float32():
 
 
 def test_hian_reference_example():
-    # spec rl-sampling-and-rewards §4.2, option (a) pool, unbiased std, ε = 1e-6
+    # proposed HIAN design, option (a) pool, unbiased std, ε = 1e-6
     spans = [[(0, 2), (3, 5)], [(0, 1), (1, 2), (4, 6)]]
     turns = [torch.tensor([0.8, 0.6]), torch.tensor([0.4, 0.9, 0.5])]
     a = hian_advantages(torch.tensor([1.0, 0.0]), torch.tensor([3, 3]), turns, spans, 7)

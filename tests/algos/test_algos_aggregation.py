@@ -1,4 +1,4 @@
-"""agg_loss: spec §4 reference table, edge cases, padding poison, micro-batch invariance (hypothesis)."""
+"""agg_loss: verl agg_loss reference table, edge cases, padding poison, micro-batch invariance (hypothesis)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KL estimators: spec §5 table values and gradients, aliases, straight-through, clamps, gradcheck."""
+"""KL estimators: reference table values and gradients, aliases, straight-through, clamps, gradcheck."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from posttrain.algos import agg_loss, kl_clamped, kl_penalty, list_kl_estimators
 F64 = torch.float64
 LOGP = [-1.0, -2.0]
 REF = [-1.2, -1.0]
-# spec §5: k1, abs, k2, k3, ∂k3/∂logp, ∂k2/∂logp
+# reference values: k1, abs, k2, k3, ∂k3/∂logp, ∂k2/∂logp
 TABLE = {
     "k1": ([0.2, -1.0], [1.0, 1.0]),
     "abs": ([0.2, 1.0], [1.0, -1.0]),

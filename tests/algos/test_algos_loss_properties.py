@@ -45,7 +45,7 @@ def straight_through(potential, loss):
     return potential.detach() + (loss - loss.detach())
 
 
-# ---- the papers' per-token potentials φ(x), x = logp − old_logp, with ∂φ/∂x = −A·g (spec §1.3 table)
+# ---- the papers' per-token potentials φ(x), x = logp − old_logp, with ∂φ/∂x = −A·g
 
 
 def phi_cispo(x, a, lo=10.0, hi=0.2):
