@@ -170,6 +170,11 @@ def eval_cmd(
     warning = truncation_warning(res, option="--max-new-tokens")
     if warning:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
+    if res["n"] < res["n_requested"]:
+        typer.secho(
+            f"note: task {cfg.task.name!r} has only {res['n']} held-out examples; evaluated all {res['n']}",
+            err=True,
+        )
     if out is not None:
         from posttrain.utils.io import atomic_write_json
 

@@ -33,6 +33,13 @@ class ComponentSpec(StrictModel):
 HookSpec = ComponentSpec  # the hooks' spec (same shape)
 
 
+def _default_name(v: Any, default: str) -> Any:
+    """``x.params=...`` alone (no ``x.name``) keeps the default component: fill in its name."""
+    if isinstance(v, dict) and "name" not in v:
+        return {"name": default, **v}
+    return v
+
+
 def _check_spec(
     v: ComponentSpec, registry: Any, *, skip_positional: int = 0, reserved: tuple[str, ...] = ()
 ) -> ComponentSpec:
@@ -129,6 +136,11 @@ class RewardConfig(StrictModel):
 
         return _registry_name("reward.name", v, REWARDS)
 
+    @field_validator("source", mode="before")
+    @classmethod
+    def _fill_name(cls, v: Any) -> Any:
+        return _default_name(v, cls.model_fields["source"].default.name)
+
     @field_validator("source")
     @classmethod
     def _known_source(cls, v: ComponentSpec) -> ComponentSpec:
@@ -164,6 +176,11 @@ class RolloutConfig(StrictModel):
     """Rollout engine factory (``posttrain.rollout.ENGINES``; ``package.module:Name`` for a plug-in)."""
     runner: ComponentSpec = ComponentSpec(name="single-turn")
     """Episode runner factory (``posttrain.rollout.RUNNERS``): single-turn, or a multi-turn plug-in."""
+
+    @field_validator("engine", "runner", mode="before")
+    @classmethod
+    def _fill_name(cls, v: Any, info: Any) -> Any:
+        return _default_name(v, cls.model_fields[info.field_name].default.name)
 
     @field_validator("engine")
     @classmethod
@@ -320,6 +337,11 @@ class HooksConfig(StrictModel):
     controllers: list[ComponentSpec] = Field(default_factory=list)
     replay: ComponentSpec = ComponentSpec(name="none")
     shaper: ComponentSpec = ComponentSpec(name="none")
+
+    @field_validator("sampler", "replay", "shaper", mode="before")
+    @classmethod
+    def _fill_name(cls, v: Any, info: Any) -> Any:
+        return _default_name(v, cls.model_fields[info.field_name].default.name)
 
     @field_validator("sampler")
     @classmethod

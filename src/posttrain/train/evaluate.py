@@ -189,7 +189,7 @@ def locate_model(model: str) -> ModelLocation:
     p = Path(model)
     if not p.is_dir() or (p / "config.json").exists():
         return ModelLocation(given=model, path=model)
-    if (p / "model" / "config.json").exists():  # an SFT run folder
+    if (p / "model" / "config.json").exists() and not (p / "trainer_state.json").exists():  # SFT run
         settings, source = _saved_settings(p / "config.yaml", load_yaml)
         return ModelLocation(model, str(p / "model"), str(p), settings=settings, settings_from=source)
     ckpt = resolve_checkpoint(p)
