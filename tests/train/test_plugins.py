@@ -7,6 +7,7 @@ The plug-in module is ``tests/plugins/my_plugins.py``; each test puts its folder
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -214,7 +215,7 @@ def test_registry_plugin_resolution_and_errors(plugins):
     assert ENGINES.get("my_plugins:CountingEngine") is plugins.CountingEngine
     with pytest.raises(PluginError, match="did you mean 'CountingEngine'"):
         ENGINES.get("my_plugins:CountingEngin")
-    with pytest.raises(PluginError, match="expected 'package.module:Name'"):
+    with pytest.raises(PluginError, match=re.escape("expected 'package.module:Name'")):
         ENGINES.get("my_plugins:")
     with pytest.raises(PluginError, match="is a int; expected a factory"):
         ENGINES.get("my_plugins:NOT_A_CLASS")
