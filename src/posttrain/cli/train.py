@@ -196,10 +196,12 @@ def demo(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
     """Tiny model: short SFT warm start, RL (DGPO by default), held-out accuracy before/after."""
-    from posttrain.algos import list_policy_losses
+    from posttrain.algos import POLICY_LOSSES
 
-    if objective not in list_policy_losses(include_aliases=True):
-        _fail(f"--objective: unknown value {objective!r}; accepted: {', '.join(list_policy_losses())}")
+    try:
+        POLICY_LOSSES.check(objective)  # a registered name or a plug-in package.module:Name
+    except ValueError as e:
+        _fail(f"--objective: {e}")
     from posttrain.train.demo import run_demo
     from posttrain.utils.config import ConfigError
 
