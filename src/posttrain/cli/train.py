@@ -128,8 +128,9 @@ def eval_cmd(
     A run directory is evaluated with the run's own settings (task and params, prompt template,
     reward, max_new_tokens, engine, runner, reward source); --config, key=value overrides and the
     options above override them, in that order."""
-    from posttrain.train.evaluate import evaluate_cli_settings, locate_model, truncation_warning
+    from posttrain.train.evaluate import evaluate_cli_settings, evaluate_run, locate_model, truncation_warning
     from posttrain.utils.config import ConfigError
+    from posttrain.utils.io import atomic_write_json
 
     flags: dict[str, object] = {}
     if task_params is not None:
@@ -159,10 +160,6 @@ def eval_cmd(
         cfg = evaluate_cli_settings(loc, config, overrides or [], n=n, **flags)
     except (ConfigError, ValueError) as e:
         _fail(str(e))
-    if cfg.eval.k > cfg.eval.samples:
-        _fail(f"--k {cfg.eval.k} needs --samples >= {cfg.eval.k} (got {cfg.eval.samples})")
-    from posttrain.train.evaluate import evaluate_run
-
     try:
         res = evaluate_run(loc, cfg)
     except (ValueError, FileNotFoundError) as e:
@@ -176,8 +173,6 @@ def eval_cmd(
             err=True,
         )
     if out is not None:
-        from posttrain.utils.io import atomic_write_json
-
         atomic_write_json(out, res)
     typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "samples"}))
 

@@ -64,9 +64,9 @@ def _check_spec(
     return v
 
 
-def _registry_name(key: str, value: str, registry: Any) -> str:
-    """A registry key/alias or an importable ``package.module:Name`` (ValueError otherwise)."""
-    del key  # pydantic puts the key in front of the message
+def _registry_name(value: str, registry: Any) -> str:
+    """A registry key/alias or an importable ``package.module:Name`` (ValueError otherwise; pydantic
+    puts the key in front of the message)."""
     return registry.check(value)
 
 
@@ -100,7 +100,7 @@ class TaskConfig(StrictModel):
     def _known_task(cls, v: str) -> str:
         from posttrain.tasks import TASKS
 
-        return _registry_name("task.name", v, TASKS)
+        return _registry_name(v, TASKS)
 
     @model_validator(mode="after")
     def _task_params(self) -> TaskConfig:
@@ -134,7 +134,7 @@ class RewardConfig(StrictModel):
             return v
         from posttrain.rewards import REWARDS
 
-        return _registry_name("reward.name", v, REWARDS)
+        return _registry_name(v, REWARDS)
 
     @field_validator("source", mode="before")
     @classmethod
@@ -211,7 +211,7 @@ class ObjectiveConfig(StrictModel):
     def _known(cls, v: str) -> str:
         from posttrain.algos import POLICY_LOSSES
 
-        return _registry_name("objective.name", v, POLICY_LOSSES)
+        return _registry_name(v, POLICY_LOSSES)
 
     @field_validator("agg")
     @classmethod
@@ -247,7 +247,7 @@ class AdvantageConfig(StrictModel):
     def _known(cls, v: str) -> str:
         from posttrain.algos import ADVANTAGES
 
-        return _registry_name("advantage.name", v, ADVANTAGES)
+        return _registry_name(v, ADVANTAGES)
 
     @model_validator(mode="after")
     def _params(self) -> AdvantageConfig:
