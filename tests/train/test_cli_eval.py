@@ -163,3 +163,22 @@ def test_eval_of_a_preset_records_no_run():
         "step": None,
         "settings_from": None,
     }
+
+
+def test_saved_sft_config_maps_to_the_eval_settings():
+    from posttrain.train.evaluate import _eval_base
+
+    sft = {
+        "model": {"name": "tiny", "dtype": "float32", "device": "cpu", "gradient_checkpointing": False},
+        "task": {"name": "arithmetic", "params": {"digits": 1}, "prompt_template": "Q: {prompt}"},
+        "max_new_tokens": 40,
+        "eval": {"every": 5, "n": 64, "k": 2, "samples": 4, "temperature": 0.7, "at_start": False},
+        "lr": 1e-3,
+        "steps": 10,
+    }
+    assert _eval_base(sft) == {
+        "model": {"dtype": "float32", "device": "cpu"},
+        "task": sft["task"],
+        "rollout": {"max_new_tokens": 40},
+        "eval": {"k": 2, "samples": 4, "temperature": 0.7},
+    }
