@@ -86,66 +86,92 @@ def sft(
     )
 
 
-@app.command("eval")
+def _positive(option: str):
+    def check(value: float | None) -> float | None:
+        if value is not None and not value > 0:
+            raise typer.BadParameter(f"{value} is not > 0", param_hint=f"'{option}'")
+        return value
+
+    return check
+
+
+@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def eval_cmd(
+    overrides: list[str] | None = typer.Argument(
+        None,
+        help="key=value overrides of the RL config it evaluates with, e.g. rollout.engine.name=hf "
+        "reward.source.name=my_lab.judges:Judge",
+    ),
     model: str = typer.Option(
         ..., "--model", "-m", help="preset name, model directory, or RL/SFT run directory"
     ),
-    task: str = typer.Option("arithmetic", "--task"),
-    task_params: str = typer.Option("{}", "--task-params", help="JSON, e.g. '{\"digits\": 1}'"),
-    n: int = typer.Option(100, "--n", help="held-out examples"),
-    k: int = typer.Option(1, "--k", help="pass@k (needs --samples >= k)"),
-    samples: int = typer.Option(1, "--samples"),
-    temperature: float = typer.Option(1.0, "--temperature"),
-    max_new_tokens: int = typer.Option(16, "--max-new-tokens"),
+    config: Optional[Path] = typer.Option(  # noqa: UP045
+        None, "--config", "-c", help="RL config YAML (task, reward, rollout.engine/runner, reward.source)"
+    ),
+    task: Optional[str] = typer.Option(None, "--task", help="task (default: the run's, else arithmetic)"),  # noqa: UP045
+    task_params: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--task-params", help="JSON merged into the run's task params, e.g. '{\"digits\": 1}'"
+    ),
+    n: int = typer.Option(100, "--n", min=1, help="held-out examples (the first n)"),
+    k: Optional[int] = typer.Option(None, "--k", min=1, help="pass@k (needs --samples >= k)"),  # noqa: UP045
+    samples: Optional[int] = typer.Option(None, "--samples", min=1),  # noqa: UP045
+    temperature: Optional[float] = typer.Option(  # noqa: UP045
+        None, "--temperature", callback=_positive("--temperature"), help="sampling temperature of pass@k"
+    ),
+    max_new_tokens: Optional[int] = typer.Option(  # noqa: UP045
+        None, "--max-new-tokens", min=1, help="default: the run's rollout.max_new_tokens, else 16"
+    ),
     out: Optional[Path] = typer.Option(None, "--out", help="write the result JSON here"),  # noqa: UP045
 ) -> None:
-    """Greedy pass@1 (and sampled pass@k) on a task's held-out split."""
-    from posttrain.models import load_model_and_tokenizer
-    from posttrain.rewards import get_reward
-    from posttrain.rollout import FunctionRewardSource
-    from posttrain.tasks import get_task
-    from posttrain.train.checkpoint import resolve_checkpoint
-    from posttrain.train.evaluate import evaluate
+    """Greedy pass@1 (and sampled pass@k) on a task's held-out split.
+
+    A run directory is evaluated with the run's own settings (task and params, prompt template,
+    reward, max_new_tokens, engine, runner, reward source); --config, key=value overrides and the
+    options above override them, in that order."""
+    from posttrain.train.evaluate import evaluate_cli_settings, evaluate_run, locate_model, truncation_warning
+    from posttrain.utils.config import ConfigError
     from posttrain.utils.io import atomic_write_json
 
+    flags: dict[str, object] = {}
+    if task_params is not None:
+        try:
+            params = json.loads(task_params)
+        except json.JSONDecodeError as e:
+            _fail(f"--task-params: invalid JSON ({e.msg}); expected an object like '{{\"digits\": 1}}'")
+        if not isinstance(params, dict):
+            _fail(
+                f"--task-params: expected a JSON object like '{{\"digits\": 1}}', got {type(params).__name__}"
+            )
+        flags["task_params"] = params
+    for key, value in (
+        ("task", task),
+        ("k", k),
+        ("samples", samples),
+        ("temperature", temperature),
+        ("max_new_tokens", max_new_tokens),
+    ):
+        if value is not None:
+            flags[key] = value
     try:
-        params = json.loads(task_params)
-    except json.JSONDecodeError as e:
-        _fail(f"--task-params: invalid JSON ({e.msg}); expected an object like '{{\"digits\": 1}}'")
-    if not isinstance(params, dict):
-        _fail(f"--task-params: expected a JSON object like '{{\"digits\": 1}}', got {type(params).__name__}")
-    if k > samples:
-        _fail(f"--k {k} needs --samples >= {k}")
-    spec = model
-    p = Path(model)
-    if p.is_dir() and not (p / "config.json").exists():
-        if (p / "model" / "config.json").exists():  # SFT run dir
-            spec = str(p / "model")
-        else:
-            try:
-                spec = str(resolve_checkpoint(p) / "model")
-            except FileNotFoundError as e:
-                _fail(str(e))
-    try:
-        t = get_task(task, **params)
-        m, tok = load_model_and_tokenizer(spec, device="cpu")
-    except ValueError as e:
+        loc = locate_model(model)
+    except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    src = FunctionRewardSource(get_reward(t.default_reward), num_workers=0)
     try:
-        res = evaluate(
-            m,
-            tok,
-            t.split("heldout")[:n],
-            src,
-            max_new_tokens=max_new_tokens,
-            k=k,
-            samples=samples,
-            temperature=temperature,
+        cfg = evaluate_cli_settings(loc, config, overrides or [], n=n, **flags)
+    except (ConfigError, ValueError) as e:
+        _fail(str(e))
+    try:
+        res = evaluate_run(loc, cfg)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    warning = truncation_warning(res, option="--max-new-tokens")
+    if warning:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
+    if res["n"] < res["n_requested"]:
+        typer.secho(
+            f"note: task {cfg.task.name!r} has only {res['n']} held-out examples; evaluated all {res['n']}",
+            err=True,
         )
-    finally:
-        src.close()
     if out is not None:
         atomic_write_json(out, res)
     typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "samples"}))
@@ -165,10 +191,12 @@ def demo(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
     """Tiny model: short SFT warm start, RL (DGPO by default), held-out accuracy before/after."""
-    from posttrain.algos import list_policy_losses
+    from posttrain.algos import POLICY_LOSSES
 
-    if objective not in list_policy_losses(include_aliases=True):
-        _fail(f"--objective: unknown value {objective!r}; accepted: {', '.join(list_policy_losses())}")
+    try:
+        POLICY_LOSSES.check(objective)  # a registered name or a plug-in package.module:Name
+    except ValueError as e:
+        _fail(f"--objective: {e}")
     from posttrain.train.demo import run_demo
     from posttrain.utils.config import ConfigError
 

@@ -2,6 +2,8 @@
 
 `get_reward(name, **params)`, `list_rewards()`, `register_reward` (a `Registry`). Built in:
 `exact_match`, `numeric`, `format`, `countdown`, `math_verify`, `weighted`.
+A plug-in ``package.module:Name`` (a top-level class whose instances are called as
+``reward(completion, example) -> float``) works wherever a reward name does.
 """
 
 from posttrain.rewards import basic as _basic  # noqa: F401  (registers the rewards)
@@ -23,6 +25,16 @@ from posttrain.rewards.countdown import CountdownReward
 from posttrain.rewards.mathverify import MathVerifyReward
 from posttrain.rewards.pool import RewardHandle, RewardPool, RewardResult
 from posttrain.rewards.weighted import WeightedReward
+
+
+def _reward_class(obj: object) -> object:
+    """Plug-in adapter: a class defining ``__call__`` (instances score one completion)."""
+    if isinstance(obj, type) and any("__call__" in vars(k) for k in obj.__mro__[:-1]):
+        return obj
+    return None
+
+
+REWARDS.accept(_reward_class, "a class with __call__(self, completion, example) -> float")
 
 __all__ = [
     "REWARDS",

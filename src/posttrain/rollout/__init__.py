@@ -1,4 +1,5 @@
-"""Rollout: engines that sample completions, episode runners, reward sources."""
+"""Rollout: engines that sample completions, episode runners, reward sources, and their registries
+(``ENGINES``, ``RUNNERS``, ``REWARD_SOURCES``: config-selected factories, see ``registry.py``)."""
 
 from posttrain.rollout.base import (
     FINISH_LENGTH,
@@ -10,11 +11,26 @@ from posttrain.rollout.base import (
 )
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter, SingleTurnRunner
 from posttrain.rollout.hf import HFEngine
+from posttrain.rollout.registry import (
+    ENGINES,
+    REWARD_SOURCES,
+    RUNNERS,
+    EngineContext,
+    RewardSourceContext,
+    RunnerContext,
+    build_engine,
+    build_reward_source,
+    build_runner,
+)
 from posttrain.rollout.reward_source import FunctionRewardSource, RewardHandle, RewardSource, ScoredBatch
 
 __all__ = [
+    "ENGINES",
     "FINISH_LENGTH",
     "FINISH_STOP",
+    "REWARD_SOURCES",
+    "RUNNERS",
+    "EngineContext",
     "EpisodeRunner",
     "Episodes",
     "FunctionRewardSource",
@@ -22,10 +38,15 @@ __all__ = [
     "PromptFormatter",
     "RewardHandle",
     "RewardSource",
+    "RewardSourceContext",
     "RolloutBatch",
     "RolloutEngine",
+    "RunnerContext",
     "SamplingParams",
     "ScoredBatch",
     "SingleTurnRunner",
+    "build_engine",
+    "build_reward_source",
+    "build_runner",
     "pad_left",
 ]

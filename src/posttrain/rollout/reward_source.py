@@ -3,8 +3,9 @@
 The RL loop submits a batch right after generation and collects it later (after the first policy
 forward pass), so scoring overlaps with compute. :class:`FunctionRewardSource` runs a verifier
 function in a worker pool with a per-call timeout (``posttrain.rewards.RewardPool``). A judge model
-(PaTaRM, spec ``patarm.md``) implements the same two methods: ``submit`` returns a handle whose
-``result()`` blocks until the :class:`ScoredBatch` is ready.
+(e.g. a PaTaRM generative reward model, arXiv 2510.24235) implements the same two methods: ``submit``
+returns a handle whose ``result()`` blocks until the :class:`ScoredBatch` is ready. Sources are
+selected by config (``reward.source``); see :mod:`posttrain.rollout.registry`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ class ScoredBatch:
     timeouts: int = 0
     errors: int = 0
     components: dict[str, list[float]] = field(default_factory=dict)
-    wall_s: float = 0.0
 
 
 class RewardHandle(ABC):
@@ -70,7 +70,6 @@ def _to_scored(res: Any) -> ScoredBatch:
         components={k: [float(v) for v in vals] for k, vals in comps.items()}
         if isinstance(comps, dict)
         else {},
-        wall_s=float(getattr(res, "wall_s", 0.0)),
     )
 
 

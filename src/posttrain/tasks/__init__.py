@@ -2,6 +2,7 @@
 
 `get_task(name, **params) -> Task`, `list_tasks()`, `register_task` (a `Registry`). Built in:
 `arithmetic`, `countdown`, `jsonl` (also `.json`, and `.parquet` when pyarrow is installed).
+A plug-in ``package.module:Name`` (a subclass of :class:`Task`) works wherever a task name does.
 """
 
 from posttrain.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the task)
@@ -21,6 +22,9 @@ from posttrain.tasks.base import (
 )
 from posttrain.tasks.countdown import CountdownTask, ExpressionError, parse_expression
 from posttrain.tasks.jsonl import DatasetError, JsonlTask, gsm8k_final, last_boxed
+from posttrain.utils.registry import subclass_of
+
+TASKS.accept(subclass_of(Task), "a subclass of posttrain.tasks.Task")
 
 __all__ = [
     "DEFAULT_MARKER",

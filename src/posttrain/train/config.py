@@ -1,10 +1,16 @@
 """Typed configuration of an RL run (YAML + ``dotted.key=value`` overrides, validated by pydantic).
 
-Registry-backed strings (objective, advantage, KL kind, hooks) are checked against the live
-registries, so an error names the key and the accepted values, e.g.::
+Registry-backed strings (objective, advantage, KL kind, hooks, engine, runner, reward source, task,
+reward) are checked against the live registries, so an error names the key and the accepted values,
+e.g.::
 
     config error: objective.name: Value error, unknown value 'dgpoo' (did you mean 'dgpo'?);
-    accepted: cispo, dapo, dgpo, gspo, maspo, ppo, sapo
+    accepted: cispo, dapo, dgpo, gspo, maspo, ppo, sapo, or 'package.module:Name'
+
+Each of them also accepts a plug-in ``package.module:Name``: the module is imported while the config
+is validated, so a missing module or attribute is reported before any model is loaded. The params of
+objectives, advantages, hooks, engines, runners, reward sources, tasks and rewards are checked
+against what the named target accepts, also at config time.
 """
 
 from __future__ import annotations
@@ -14,6 +20,54 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from posttrain.utils.config import StrictModel, check_choice
+
+
+class ComponentSpec(StrictModel):
+    """A registry-selected component: ``name`` (registered key or ``package.module:Name``) and the
+    keyword ``params`` its constructor / factory receives."""
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+HookSpec = ComponentSpec  # the hooks' spec (same shape)
+
+
+def _default_name(v: Any, default: str) -> Any:
+    """``x.params=...`` alone (no ``x.name``) keeps the default component: fill in its name."""
+    if isinstance(v, dict) and "name" not in v:
+        return {"name": default, **v}
+    return v
+
+
+def _check_spec(
+    v: ComponentSpec, registry: Any, *, skip_positional: int = 0, reserved: tuple[str, ...] = ()
+) -> ComponentSpec:
+    """Name known or importable, params accepted by the target's signature (else ValueError)."""
+    from posttrain.utils.registry import check_params
+
+    try:
+        registry.check(v.name)
+    except ValueError as e:
+        raise ValueError(f"name: {e}") from None
+    try:
+        check_params(
+            registry.kind,
+            v.name,
+            registry.get(v.name),
+            v.params,
+            skip_positional=skip_positional,
+            reserved=reserved,
+        )
+    except ValueError as e:
+        raise ValueError(f"params: {e}") from None
+    return v
+
+
+def _registry_name(value: str, registry: Any) -> str:
+    """A registry key/alias or an importable ``package.module:Name`` (ValueError otherwise; pydantic
+    puts the key in front of the message)."""
+    return registry.check(value)
 
 
 class ModelConfig(StrictModel):
@@ -27,6 +81,7 @@ class ModelConfig(StrictModel):
 
 class TaskConfig(StrictModel):
     name: str = "arithmetic"
+    """Registered task (``posttrain.tasks.list_tasks()``) or ``package.module:TaskClass``."""
     params: dict[str, Any] = Field(default_factory=dict)
     prompt_template: str = "{prompt}"
     """Text around each prompt (e.g. an ASRR No-Thinking prefix); must contain ``{prompt}``."""
@@ -40,11 +95,32 @@ class TaskConfig(StrictModel):
             raise ValueError("must contain the field '{prompt}'")
         return v
 
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        from posttrain.tasks import TASKS
+
+        return _registry_name(v, TASKS)
+
+    @model_validator(mode="after")
+    def _task_params(self) -> TaskConfig:
+        from posttrain.tasks import TASKS
+        from posttrain.utils.registry import check_params
+
+        try:
+            check_params("task", self.name, TASKS.get(self.name), self.params)
+        except ValueError as e:
+            raise ValueError(f"task.params: {e}") from None
+        return self
+
 
 class RewardConfig(StrictModel):
     name: str | None = None
-    """Reward registry name; None = the task's default reward."""
+    """Reward registry name or ``package.module:RewardClass``; None = the task's default reward."""
     params: dict[str, Any] = Field(default_factory=dict)
+    source: ComponentSpec = ComponentSpec(name="function")
+    """Who scores completions (``posttrain.rollout.REWARD_SOURCES``): ``function`` runs the reward
+    above in a worker pool; a judge model or remote scorer plugs in here (``package.module:Name``)."""
     num_workers: int = Field(2, ge=0)
     """Reward worker processes (0 = score in-process, no timeout)."""
     timeout_s: float = Field(5.0, gt=0)
@@ -56,9 +132,34 @@ class RewardConfig(StrictModel):
     def _known(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from posttrain.rewards import list_rewards
+        from posttrain.rewards import REWARDS
 
-        return check_choice("reward.name", v, list_rewards())
+        return _registry_name(v, REWARDS)
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _fill_name(cls, v: Any) -> Any:
+        return _default_name(v, cls.model_fields["source"].default.name)
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, v: ComponentSpec) -> ComponentSpec:
+        from posttrain.rollout.registry import REWARD_SOURCES
+
+        return _check_spec(v, REWARD_SOURCES, skip_positional=1)
+
+    @model_validator(mode="after")
+    def _reward_params(self) -> RewardConfig:
+        if self.name is None:
+            return self
+        from posttrain.rewards import REWARDS
+        from posttrain.utils.registry import check_params
+
+        try:
+            check_params("reward", self.name, REWARDS.get(self.name), self.params)
+        except ValueError as e:
+            raise ValueError(f"reward.params: {e}") from None
+        return self
 
 
 class RolloutConfig(StrictModel):
@@ -71,6 +172,29 @@ class RolloutConfig(StrictModel):
     prompts_per_step: int = Field(16, ge=1)
     max_batch_size: int | None = Field(None, ge=1)
     """Generate at most this many sequences at once (None = the whole step in one call)."""
+    engine: ComponentSpec = ComponentSpec(name="hf")
+    """Rollout engine factory (``posttrain.rollout.ENGINES``; ``package.module:Name`` for a plug-in)."""
+    runner: ComponentSpec = ComponentSpec(name="single-turn")
+    """Episode runner factory (``posttrain.rollout.RUNNERS``): single-turn, or a multi-turn plug-in."""
+
+    @field_validator("engine", "runner", mode="before")
+    @classmethod
+    def _fill_name(cls, v: Any, info: Any) -> Any:
+        return _default_name(v, cls.model_fields[info.field_name].default.name)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: ComponentSpec) -> ComponentSpec:
+        from posttrain.rollout.registry import ENGINES
+
+        return _check_spec(v, ENGINES, skip_positional=1)
+
+    @field_validator("runner")
+    @classmethod
+    def _known_runner(cls, v: ComponentSpec) -> ComponentSpec:
+        from posttrain.rollout.registry import RUNNERS
+
+        return _check_spec(v, RUNNERS, skip_positional=1)
 
 
 class ObjectiveConfig(StrictModel):
@@ -85,9 +209,9 @@ class ObjectiveConfig(StrictModel):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from posttrain.algos import list_policy_losses
+        from posttrain.algos import POLICY_LOSSES
 
-        return check_choice("objective.name", v, list_policy_losses(include_aliases=True))
+        return _registry_name(v, POLICY_LOSSES)
 
     @field_validator("agg")
     @classmethod
@@ -114,14 +238,26 @@ class ObjectiveConfig(StrictModel):
 
 class AdvantageConfig(StrictModel):
     name: str = "grpo"
+    """Advantage estimator (``posttrain.algos.list_advantages()``) or ``package.module:fn``."""
     params: dict[str, Any] = Field(default_factory=dict)
+    """Estimator hyper-parameters; accepted keys are ``advantage_defaults(name)``."""
 
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from posttrain.algos import list_advantages
+        from posttrain.algos import ADVANTAGES
 
-        return check_choice("advantage.name", v, list_advantages())
+        return _registry_name(v, ADVANTAGES)
+
+    @model_validator(mode="after")
+    def _params(self) -> AdvantageConfig:
+        from posttrain.algos import check_advantage_params
+
+        try:
+            check_advantage_params(self.name, self.params)
+        except ValueError as e:
+            raise ValueError(f"advantage.params: {e}") from None
+        return self
 
 
 class OptimizerConfig(StrictModel):
@@ -184,49 +320,48 @@ class CheckpointConfig(StrictModel):
     final: bool = True
 
 
-class HookSpec(StrictModel):
-    name: str
-    params: dict[str, Any] = Field(default_factory=dict)
+def _hook(registry_attr: str, v: ComponentSpec) -> ComponentSpec:
+    import posttrain.sampling as sampling
 
-
-def _hook_validator(registry_attr: str, key: str):
-    def check(v: HookSpec) -> HookSpec:
-        import posttrain.sampling as s
-
-        try:
-            check_choice(key, v.name, getattr(s, registry_attr).names(include_aliases=True))
-        except ValueError as e:
-            raise ValueError(f"name: {e}") from None
-        return v
-
-    return check
+    if registry_attr == "SAMPLERS":  # the trainer passes the training examples and the run's seed
+        return _check_spec(v, sampling.SAMPLERS, skip_positional=1, reserved=("seed",))
+    return _check_spec(v, getattr(sampling, registry_attr))
 
 
 class HooksConfig(StrictModel):
-    sampler: HookSpec = HookSpec(name="uniform")
-    controllers: list[HookSpec] = Field(default_factory=list)
-    replay: HookSpec = HookSpec(name="none")
-    shaper: HookSpec = HookSpec(name="none")
+    """Loop hooks (``posttrain.sampling`` registries; ``package.module:Name`` for a plug-in). A hook's
+    ``params`` are its constructor's keyword arguments (a sampler also receives the training examples
+    and ``seed`` from the trainer)."""
+
+    sampler: ComponentSpec = ComponentSpec(name="uniform")
+    controllers: list[ComponentSpec] = Field(default_factory=list)
+    replay: ComponentSpec = ComponentSpec(name="none")
+    shaper: ComponentSpec = ComponentSpec(name="none")
+
+    @field_validator("sampler", "replay", "shaper", mode="before")
+    @classmethod
+    def _fill_name(cls, v: Any, info: Any) -> Any:
+        return _default_name(v, cls.model_fields[info.field_name].default.name)
 
     @field_validator("sampler")
     @classmethod
-    def _s(cls, v: HookSpec) -> HookSpec:
-        return _hook_validator("SAMPLERS", "hooks.sampler.name")(v)
+    def _s(cls, v: ComponentSpec) -> ComponentSpec:
+        return _hook("SAMPLERS", v)
 
     @field_validator("controllers")
     @classmethod
-    def _c(cls, v: list[HookSpec]) -> list[HookSpec]:
-        return [_hook_validator("CONTROLLERS", "hooks.controllers.name")(x) for x in v]
+    def _c(cls, v: list[ComponentSpec]) -> list[ComponentSpec]:
+        return [_hook("CONTROLLERS", x) for x in v]
 
     @field_validator("replay")
     @classmethod
-    def _r(cls, v: HookSpec) -> HookSpec:
-        return _hook_validator("REPLAY_BUFFERS", "hooks.replay.name")(v)
+    def _r(cls, v: ComponentSpec) -> ComponentSpec:
+        return _hook("REPLAY_BUFFERS", v)
 
     @field_validator("shaper")
     @classmethod
-    def _g(cls, v: HookSpec) -> HookSpec:
-        return _hook_validator("GROUP_SHAPERS", "hooks.shaper.name")(v)
+    def _g(cls, v: ComponentSpec) -> ComponentSpec:
+        return _hook("GROUP_SHAPERS", v)
 
 
 class RLConfig(StrictModel):

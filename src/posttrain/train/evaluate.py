@@ -6,19 +6,33 @@ samples of which c are correct,
     pass@k = 1 − C(n − c, k) / C(n, k) = 1 − Π_{i = n−c+1}^{n} (1 − k / i)
 
 averaged over problems (the product form is the numerically stable one from the paper's code).
+
+:func:`run_eval` evaluates with any episode runner (over any engine) and reward source, the same
+registry-built components training uses (``rollout.engine``, ``rollout.runner``, ``reward.source``);
+:func:`evaluate` builds them for a bare model. ``posttrain eval`` resolves a run folder to its model,
+checkpoint step and saved settings (:func:`locate_model`, :func:`evaluate_cli_settings`,
+:func:`evaluate_run`).
 """
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.episodes import PromptFormatter, SingleTurnRunner
-from posttrain.rollout.hf import HFEngine
+from posttrain.rollout.episodes import EpisodeRunner, PromptFormatter
+from posttrain.rollout.registry import EngineContext, RunnerContext, build_engine, build_runner
 from posttrain.rollout.reward_source import RewardSource
+
+EVAL_SEED = 1234
+"""Seed of the evaluation engine's sampling generator (pass@k samples)."""
+WARN_TRUNCATED = 0.5
+"""Warn when at least this fraction of greedy completions hit ``max_new_tokens``."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -32,34 +46,29 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def evaluate(
-    model: Any,
-    tokenizer: Any,
+def run_eval(
+    runner: EpisodeRunner,
     examples: list[Any],
     reward_source: RewardSource,
     *,
-    formatter: PromptFormatter | None = None,
     max_new_tokens: int = 16,
     success_threshold: float = 1.0,
     k: int = 1,
     samples: int = 1,
     temperature: float = 1.0,
-    batch_size: int | None = 256,
-    seed: int = 1234,
 ) -> dict[str, Any]:
-    """Greedy pass@1 (``accuracy``), mean reward and length on ``examples``; with ``k > 1`` also
-    ``pass@k`` from ``samples`` completions per example at ``temperature``. Uses its own sampling
-    generator (seeded with ``seed``), so evaluating never perturbs a training run's RNG streams."""
+    """Greedy pass@1 (``accuracy``), mean reward, length and truncated fraction on ``examples`` with
+    any episode ``runner`` (over any engine) and ``reward_source``; with ``k > 1`` also ``pass@k`` from
+    ``samples`` completions per example at ``temperature``. Episodes the runner scored itself
+    (``Episodes.rewards``) are not sent to the reward source."""
     if not examples:
         raise ValueError("evaluate: no examples")
-    formatter = formatter or PromptFormatter(tokenizer)
-    engine = HFEngine(model, tokenizer, seed=seed, max_batch_size=batch_size)
-    runner = SingleTurnRunner(engine, formatter)
+    if k > 1 and samples < k:
+        raise ValueError(f"evaluate: pass@{k} needs samples >= {k}, got {samples}")
     t0 = time.perf_counter()
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, logprobs=False)
     eps = runner.run(examples, [1] * len(examples), greedy)
-    scored = reward_source.score(eps.texts, eps.examples)
-    rewards = np.asarray(scored.rewards, dtype=float)
+    rewards, timeouts, errors = _rewards(eps, reward_source)
     correct = rewards >= success_threshold
     out: dict[str, Any] = {
         "n": len(examples),
@@ -67,13 +76,14 @@ def evaluate(
         "reward_mean": float(rewards.mean()),
         "length_mean": float(eps.batch.lengths.float().mean()),
         "truncated": float(eps.batch.truncated.float().mean()),
-        "reward_timeouts": scored.timeouts,
-        "reward_errors": scored.errors,
+        "max_new_tokens": max_new_tokens,
+        "reward_timeouts": timeouts,
+        "reward_errors": errors,
     }
     if k > 1:
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, logprobs=False)
         seps = runner.run(examples, [samples] * len(examples), params)
-        s = np.asarray(reward_source.score(seps.texts, seps.examples).rewards) >= success_threshold
+        s = _rewards(seps, reward_source)[0] >= success_threshold
         per_group = np.zeros(len(examples), dtype=int)
         np.add.at(per_group, seps.batch.group_ids.numpy(), s.astype(int))
         out[f"pass@{k}"] = float(np.mean([pass_at_k(samples, int(c), k) for c in per_group]))
@@ -84,3 +94,260 @@ def evaluate(
         for e, t in zip(eps.examples[:5], eps.texts[:5], strict=True)
     ]
     return out
+
+
+def _rewards(eps: Any, reward_source: RewardSource) -> tuple[np.ndarray, int, int]:
+    if eps.rewards is not None:  # the runner's environment scored its own episodes
+        return np.asarray(eps.rewards, dtype=float), 0, 0
+    scored = reward_source.score(eps.texts, eps.examples)
+    if len(scored.rewards) != len(eps):
+        raise ValueError(f"reward source returned {len(scored.rewards)} rewards for {len(eps)} completions")
+    return np.asarray(scored.rewards, dtype=float), scored.timeouts, scored.errors
+
+
+def truncation_warning(result: dict[str, Any], *, option: str = "max_new_tokens") -> str | None:
+    """A warning when most greedy completions were cut off at ``max_new_tokens`` (their rewards then
+    mostly measure the length cap, not the model); None otherwise."""
+    frac = float(result.get("truncated", 0.0))
+    if frac < WARN_TRUNCATED:
+        return None
+    return (
+        f"{frac:.0%} of greedy completions hit {option}={result.get('max_new_tokens')}; cut-off answers "
+        "score as wrong, so this accuracy mostly measures the length cap: raise it"
+    )
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    examples: list[Any],
+    reward_source: RewardSource,
+    *,
+    formatter: PromptFormatter | None = None,
+    engine: str = "hf",
+    runner: str = "single-turn",
+    max_new_tokens: int = 16,
+    success_threshold: float = 1.0,
+    k: int = 1,
+    samples: int = 1,
+    temperature: float = 1.0,
+    batch_size: int | None = 256,
+    seed: int = EVAL_SEED,
+) -> dict[str, Any]:
+    """:func:`run_eval` with an ``engine`` and episode ``runner`` built from their registries (default:
+    Hugging Face ``generate`` and single-turn episodes) over ``model``. The engine has its own sampling
+    generator (seeded with ``seed``), so evaluating never perturbs a training run's RNG streams."""
+    formatter = formatter or PromptFormatter(tokenizer)
+    eng = build_engine(engine, {}, EngineContext(model, tokenizer, seed=seed, max_batch_size=batch_size))
+    run = build_runner(runner, {}, RunnerContext(eng, formatter, tokenizer, seed=seed))
+    return run_eval(
+        run,
+        examples,
+        reward_source,
+        max_new_tokens=max_new_tokens,
+        success_threshold=success_threshold,
+        k=k,
+        samples=samples,
+        temperature=temperature,
+    )
+
+
+# --------------------------------------------------------------------------- `posttrain eval`
+@dataclass(frozen=True)
+class ModelLocation:
+    """What ``posttrain eval --model X`` resolved to: the model directory or preset to load, the run
+    folder it belongs to (None for a preset or a bare model directory), the checkpoint and its step,
+    and the run's saved settings (its config, as a dict; None when there is none)."""
+
+    given: str
+    path: str
+    run_dir: str | None = None
+    checkpoint: str | None = None
+    step: int | None = None
+    settings: dict[str, Any] | None = None
+    settings_from: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The JSON record of what was evaluated."""
+        return {
+            "given": self.given,
+            "path": self.path,
+            "run_dir": self.run_dir,
+            "checkpoint": self.checkpoint,
+            "step": self.step,
+            "settings_from": self.settings_from,
+        }
+
+
+def locate_model(model: str) -> ModelLocation:
+    """Resolve ``--model``: a preset name or Hugging Face model directory is used as is; an SFT run
+    folder (``model/``) or an RL run folder / checkpoints folder / ``step_*`` checkpoint gives its
+    model plus the run's saved config (``config.yaml``, else the checkpoint's trainer state)."""
+    from posttrain.train.checkpoint import resolve_checkpoint
+    from posttrain.utils.config import load_yaml
+
+    p = Path(model)
+    if not p.is_dir() or (p / "config.json").exists():
+        return ModelLocation(given=model, path=model)
+    if (p / "model" / "config.json").exists() and not (p / "trainer_state.json").exists():  # SFT run
+        settings, source = _saved_settings(p / "config.yaml", load_yaml)
+        return ModelLocation(model, str(p / "model"), str(p), settings=settings, settings_from=source)
+    ckpt = resolve_checkpoint(p)
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{ckpt / 'trainer_state.json'}: unreadable trainer state ({e})") from None
+    run_dir = ckpt.parent.parent
+    settings, source = _saved_settings(run_dir / "config.yaml", load_yaml)
+    if settings is None and isinstance(state.get("config"), dict):
+        settings, source = state["config"], str(ckpt / "trainer_state.json")
+    step = state.get("step")
+    return ModelLocation(
+        model,
+        str(ckpt / "model"),
+        str(run_dir),
+        checkpoint=str(ckpt),
+        step=int(step) if isinstance(step, int) else None,
+        settings=settings,
+        settings_from=source,
+    )
+
+
+def _saved_settings(path: Path, load_yaml: Any) -> tuple[dict[str, Any] | None, str | None]:
+    if not path.is_file():
+        return None, None
+    return load_yaml(path), str(path)
+
+
+# Sections of a saved config that say how the model was prompted, scored and sampled.
+_EVAL_SECTIONS = ("model", "task", "reward", "rollout", "eval", "seed")
+
+
+def _eval_base(saved: dict[str, Any]) -> dict[str, Any]:
+    """The RL-config subset of a saved run config (RL or SFT) that evaluation uses."""
+    base = {k: saved[k] for k in _EVAL_SECTIONS if k in saved}
+    if "rollout" not in saved and isinstance(saved.get("max_new_tokens"), int):  # an SFT config
+        base["rollout"] = {"max_new_tokens": saved["max_new_tokens"]}
+    if isinstance(base.get("model"), dict):
+        base["model"] = {k: v for k, v in base["model"].items() if k in ("dtype", "device")}
+    if isinstance(base.get("eval"), dict):
+        base["eval"] = {k: v for k, v in base["eval"].items() if k in ("k", "samples", "temperature")}
+    return base
+
+
+def evaluate_cli_settings(
+    loc: ModelLocation,
+    config: str | Path | None,
+    overrides: list[str],
+    *,
+    n: int,
+    task: str | None = None,
+    task_params: dict[str, Any] | None = None,
+    k: int | None = None,
+    samples: int | None = None,
+    temperature: float | None = None,
+    max_new_tokens: int | None = None,
+) -> Any:
+    """The :class:`~posttrain.train.config.RLConfig` an evaluation runs with: defaults <- the run's saved
+    settings <- ``config`` YAML <- ``overrides`` <- the command-line options. ``--task`` other than the
+    run's drops the run's task params and reward (the new task's default reward is used);
+    ``--task-params`` is merged into the task params."""
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import ConfigError, build_config
+
+    base = _eval_base(loc.settings) if loc.settings else {}
+    try:
+        cfg = build_config(RLConfig, config, overrides, base=base)
+    except ConfigError as e:
+        if loc.settings_from:
+            raise ConfigError(f"{e}\n  (run settings read from {loc.settings_from})") from None
+        raise
+    tree = cfg.model_dump(mode="json")
+    if task is not None and task != tree["task"]["name"]:
+        tree["task"].update(name=task, params={})
+        tree["reward"].update(name=None, params={})
+    if task_params is not None:
+        tree["task"]["params"].update(task_params)
+    if max_new_tokens is not None:
+        tree["rollout"]["max_new_tokens"] = max_new_tokens
+        tree["rollout"]["min_new_tokens"] = min(tree["rollout"]["min_new_tokens"], max_new_tokens)
+    ev = tree["eval"]
+    ev["n"] = n
+    for key, value in (("k", k), ("samples", samples), ("temperature", temperature)):
+        if value is not None:
+            ev[key] = value
+    if ev["k"] > 1 and ev["samples"] < ev["k"]:
+        raise ValueError(f"--k {ev['k']} needs --samples >= {ev['k']} (got {ev['samples']})")
+    return build_config(RLConfig, None, [], base=tree)
+
+
+def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
+    """Load the model at ``loc`` and evaluate it with the engine, runner, reward source, task, prompt
+    template and generation settings of ``cfg``; the result records what was evaluated and how."""
+    from posttrain.models import load_model_and_tokenizer, pick_device
+    from posttrain.rewards import get_reward
+    from posttrain.rollout.registry import RewardSourceContext, build_reward_source
+    from posttrain.tasks import get_task
+
+    task = get_task(cfg.task.name, **cfg.task.params)
+    heldout = task.split("heldout")
+    if not heldout:
+        raise ValueError(f"task {cfg.task.name!r} has no held-out examples to evaluate")
+    device = pick_device() if cfg.model.device == "auto" else cfg.model.device
+    model, tok = load_model_and_tokenizer(loc.path, dtype=cfg.model.dtype, device=device, seed=cfg.seed)
+    reward_name = cfg.reward.name or task.default_reward
+    reward_fn = get_reward(reward_name, **cfg.reward.params)
+    formatter = PromptFormatter(tok, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
+    engine = build_engine(
+        cfg.rollout.engine.name,
+        cfg.rollout.engine.params,
+        EngineContext(model, tok, seed=EVAL_SEED, max_batch_size=cfg.rollout.max_batch_size or 256),
+    )
+    runner = build_runner(
+        cfg.rollout.runner.name,
+        cfg.rollout.runner.params,
+        RunnerContext(engine, formatter, tok, seed=EVAL_SEED),
+    )
+    source = build_reward_source(
+        cfg.reward.source.name,
+        cfg.reward.source.params,
+        RewardSourceContext(
+            reward_fn,
+            task,
+            tok,
+            num_workers=cfg.reward.num_workers,
+            timeout_s=cfg.reward.timeout_s,
+            seed=cfg.seed,
+        ),
+    )
+    try:
+        res = run_eval(
+            runner,
+            heldout[: cfg.eval.n],
+            source,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            success_threshold=cfg.reward.success_threshold,
+            k=cfg.eval.k,
+            samples=cfg.eval.samples,
+            temperature=cfg.eval.temperature,
+        )
+    finally:
+        source.close()
+    res["n_requested"] = cfg.eval.n
+    res["model"] = loc.record()
+    res["settings"] = {
+        "task": cfg.task.name,
+        "task_params": dict(cfg.task.params),
+        "prompt_template": cfg.task.prompt_template,
+        "chat_template": cfg.task.chat_template,
+        "reward": reward_name,
+        "reward_params": dict(cfg.reward.params),
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "k": cfg.eval.k,
+        "samples": cfg.eval.samples,
+        "temperature": cfg.eval.temperature,
+        "engine": cfg.rollout.engine.model_dump(mode="json"),
+        "runner": cfg.rollout.runner.model_dump(mode="json"),
+        "reward_source": cfg.reward.source.model_dump(mode="json"),
+    }
+    return res

@@ -47,16 +47,19 @@ import torch
 from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stats, kl_penalty
 from posttrain.models import load_model_and_tokenizer, pick_device, sequence_logprobs
 from posttrain.rollout import (
+    EngineContext,
     EpisodeRunner,
     Episodes,
-    FunctionRewardSource,
-    HFEngine,
     PromptFormatter,
     RewardSource,
+    RewardSourceContext,
     RolloutBatch,
+    RunnerContext,
     SamplingParams,
     ScoredBatch,
-    SingleTurnRunner,
+    build_engine,
+    build_reward_source,
+    build_runner,
 )
 from posttrain.rollout.reward_source import RewardHandle, _Ready
 from posttrain.sampling import (
@@ -106,8 +109,10 @@ class RLTrainer:
     """GRPO-family RL trainer. ``RLTrainer(config).train()`` runs a full experiment;
     ``RLTrainer(config, model, tokenizer).step()`` does exactly one step (used by ``posttrain bench``).
 
-    Hooks are built from ``config.hooks`` via the registries in :mod:`posttrain.sampling`; a custom
-    ``runner`` (multi-turn episodes) or ``reward_source`` (a judge model) can be passed in directly.
+    Hooks are built from ``config.hooks`` via the registries in :mod:`posttrain.sampling`; engine,
+    episode runner and reward source from ``rollout.engine``, ``rollout.runner`` and ``reward.source``
+    via :mod:`posttrain.rollout.registry`. A ``runner`` or ``reward_source`` object can also be passed
+    in directly (programmatic use).
     """
 
     def __init__(
@@ -150,15 +155,34 @@ class RLTrainer:
         self.task = get_task(cfg.task.name, **cfg.task.params)
         self.train_examples = self.task.split("train")
         self.reward_fn = get_reward(cfg.reward.name or self.task.default_reward, **cfg.reward.params)
+        # engine, episode runner and reward source: registry factories named in the config
+        # (rollout.engine, rollout.runner, reward.source); runner / reward_source may also be passed in
         self._own_reward_source = reward_source is None
-        self.reward_source = reward_source or FunctionRewardSource(
-            self.reward_fn, num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s
+        self.reward_source = reward_source or build_reward_source(
+            cfg.reward.source.name,
+            cfg.reward.source.params,
+            RewardSourceContext(
+                self.reward_fn,
+                self.task,
+                tokenizer,
+                num_workers=cfg.reward.num_workers,
+                timeout_s=cfg.reward.timeout_s,
+                seed=cfg.seed,
+            ),
         )
         self.formatter = PromptFormatter(
             tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template
         )
-        self.engine = HFEngine(model, tokenizer, seed=cfg.seed + 1, max_batch_size=cfg.rollout.max_batch_size)
-        self.runner = runner or SingleTurnRunner(self.engine, self.formatter)
+        self.engine = build_engine(
+            cfg.rollout.engine.name,
+            cfg.rollout.engine.params,
+            EngineContext(model, tokenizer, seed=cfg.seed + 1, max_batch_size=cfg.rollout.max_batch_size),
+        )
+        self.runner = runner or build_runner(
+            cfg.rollout.runner.name,
+            cfg.rollout.runner.params,
+            RunnerContext(self.engine, self.formatter, tokenizer, seed=cfg.seed),
+        )
 
         self.loss_fn = get_policy_loss(cfg.objective.name)
         self.adv_fn = get_advantage(cfg.advantage.name)
@@ -624,22 +648,32 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, Any]:
-        from posttrain.train.evaluate import evaluate
+        """Held-out accuracy (and pass@k) of the current policy, with an engine and runner built from
+        the same config entries as training but their own seed, so the training RNG is untouched."""
+        from posttrain.train.evaluate import EVAL_SEED, run_eval
 
-        e = self.cfg.eval
-        heldout = self.task.split("heldout")[: e.n]
-        return evaluate(
-            self.model,
-            self.tokenizer,
-            heldout,
+        cfg, e = self.cfg, self.cfg.eval
+        engine = build_engine(
+            cfg.rollout.engine.name,
+            cfg.rollout.engine.params,
+            EngineContext(
+                self.model, self.tokenizer, seed=EVAL_SEED, max_batch_size=cfg.rollout.max_batch_size or 512
+            ),
+        )
+        runner = build_runner(
+            cfg.rollout.runner.name,
+            cfg.rollout.runner.params,
+            RunnerContext(engine, self.formatter, self.tokenizer, seed=EVAL_SEED),
+        )
+        return run_eval(
+            runner,
+            self.task.split("heldout")[: e.n],
             self.reward_source,
-            formatter=self.formatter,
-            max_new_tokens=self.cfg.rollout.max_new_tokens,
-            success_threshold=self.cfg.reward.success_threshold,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            success_threshold=cfg.reward.success_threshold,
             k=e.k,
             samples=e.samples,
             temperature=e.temperature,
-            batch_size=self.cfg.rollout.max_batch_size or 512,
         )
 
     # ---------------------------------------------------------------------------------- full run

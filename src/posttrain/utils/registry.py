@@ -1,10 +1,27 @@
-"""String-keyed registries with decorator registration and helpful lookup errors."""
+"""String-keyed registries with decorator registration, plug-ins by import path, and helpful errors.
+
+Every extension point of posttrain (policy losses, advantages, samplers, controllers, replay buffers,
+group shapers, engines, episode runners, reward sources, tasks, rewards) is a :class:`Registry`.
+A name is either a registered key (``"ppo"``) or an import path ``"package.module:Name"``: the
+module is imported (so its ``@register...`` decorators run) and ``Name`` is taken from it, then
+checked to be of the registry's kind. One code path serves all registries::
+
+    LOSSES = Registry("policy loss")
+    @LOSSES.register("ppo", aliases=("grpo",))
+    def ppo(...): ...
+    LOSSES.get("ppo"); LOSSES.get("my_lab.losses:my_loss")
+
+A registry's ``accept(adapt, expected)`` sets how an imported object becomes an entry: ``adapt(obj)``
+returns the entry, or None when ``obj`` is not of the kind (then the error quotes ``expected``).
+"""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+import importlib
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -16,15 +33,64 @@ class UnknownNameError(KeyError, ValueError):
         return str(self.args[0])
 
 
+class PluginError(ValueError):
+    """A ``package.module:Name`` that cannot be imported, has no such attribute, or is the wrong kind."""
+
+
+def is_import_path(name: str) -> bool:
+    """True for ``"package.module:Name"`` (a plug-in), False for a registered key."""
+    return isinstance(name, str) and ":" in name
+
+
+def import_object(spec: str, kind: str = "object") -> Any:
+    """Import ``"package.module:Name"`` (``Name`` may be dotted: ``Class.attr``) and return the object.
+
+    Errors name the spec and the kind it was meant to be, e.g. ``policy loss 'my_losses:foo': module
+    'my_losses' has no attribute 'foo'``."""
+    module_name, _, attr = spec.partition(":")
+    module_name, attr = module_name.strip(), attr.strip()
+    if not module_name or not attr:
+        raise PluginError(f"{kind} {spec!r}: expected 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise PluginError(
+            f"{kind} {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
+            "is it installed or on PYTHONPATH?"
+        ) from None
+    except Exception as e:  # report any error raised while the plug-in module runs
+        raise PluginError(
+            f"{kind} {spec!r}: importing module {module_name!r} raised {type(e).__name__}: {e}"
+        ) from None
+    obj: Any = module
+    for i, part in enumerate(attr.split(".")):
+        if not hasattr(obj, part):
+            where = module_name if i == 0 else f"{module_name}:{'.'.join(attr.split('.')[:i])}"
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PluginError(f"{kind} {spec!r}: {where!r} has no attribute {part!r}{hint}")
+        obj = getattr(obj, part)
+    return obj
+
+
 class Registry(Generic[T]):
-    """`reg = Registry("policy loss")`; `@reg.register("ppo", aliases=("grpo",))`; `reg.get("ppo")`."""
+    """`reg = Registry("policy loss")`; `@reg.register("ppo", aliases=("grpo",))`; `reg.get("ppo")`;
+    `reg.get("my_pkg.mod:Name")` imports a plug-in."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
         self._aliases: dict[str, str] = {}
+        self._plugins: dict[str, T] = {}
+        self._adapt: Callable[[Any], T | None] = lambda obj: obj
+        self._expected = "an object of this kind"
 
     def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
+        for key in (name, *aliases):
+            if is_import_path(key):
+                raise ValueError(f"{self.kind} name {key!r} must not contain ':' (reserved for import paths)")
+
         def deco(obj: T) -> T:
             for key in (name, *aliases):
                 if key in self._items or key in self._aliases:
@@ -36,18 +102,62 @@ class Registry(Generic[T]):
 
         return deco
 
+    def accept(self, adapt: Callable[[Any], T | None], expected: str) -> None:
+        """How an imported plug-in object becomes an entry: ``adapt(obj)`` -> entry, or None when
+        ``obj`` is not of this registry's kind (the error then says "expected <expected>")."""
+        self._adapt = adapt
+        self._expected = expected
+        self._plugins.clear()
+
     def canonical(self, name: str) -> str:
+        if is_import_path(name):
+            self.get(name)  # raises when the plug-in is unusable
+            return name
         if name in self._items:
             return name
         if name in self._aliases:
             return self._aliases[name]
         choices = self.names(include_aliases=True)
-        close = difflib.get_close_matches(name, choices, n=1)
+        close = difflib.get_close_matches(str(name), choices, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise UnknownNameError(f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(choices)}")
+        raise UnknownNameError(
+            f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(choices)} "
+            "(or 'package.module:Name' for a plug-in)"
+        )
 
     def get(self, name: str) -> T:
+        if is_import_path(name):
+            return self._plugin(name)
         return self._items[self.canonical(name)]
+
+    def _plugin(self, spec: str) -> T:
+        if spec not in self._plugins:
+            obj = import_object(spec, self.kind)
+            entry = self._adapt(obj)
+            if entry is None:
+                what = type(obj).__name__ if not isinstance(obj, type) else f"class {obj.__name__}"
+                raise PluginError(f"{self.kind} {spec!r} is a {what}; expected {self._expected}")
+            self._plugins[spec] = entry
+        return self._plugins[spec]
+
+    def check(self, name: str) -> str:
+        """Validate a configured name (registered key, alias or usable import path); return it.
+        Raises ValueError with the accepted names (or the plug-in problem)."""
+        if is_import_path(name):
+            self.get(name)
+            return name
+        if name in self:
+            return name
+        accepted = self.names(include_aliases=True)
+        close = difflib.get_close_matches(str(name), accepted, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ValueError(
+            f"unknown value {name!r}{hint}; accepted: {', '.join(accepted)}, or 'package.module:Name'"
+        )
+
+    def entries(self) -> Iterable[T]:
+        """Registered entries (without plug-ins)."""
+        return self._items.values()
 
     def names(self, *, include_aliases: bool = False) -> list[str]:
         names = list(self._items)
@@ -60,3 +170,71 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._items))
+
+
+# ------------------------------------------------------------------------------------- adapters
+def subclass_of(base: type) -> Callable[[Any], Any]:
+    """Adapter for registries of classes: accept a subclass of ``base``."""
+
+    def adapt(obj: Any) -> Any:
+        return obj if isinstance(obj, type) and issubclass(obj, base) else None
+
+    return adapt
+
+
+def any_callable(obj: Any) -> Any:
+    """Adapter for registries of factories: accept any callable."""
+    return obj if callable(obj) else None
+
+
+# ------------------------------------------------------------------------------ parameter checks
+def check_params(
+    kind: str,
+    name: str,
+    target: Callable[..., Any],
+    params: Mapping[str, Any],
+    *,
+    skip_positional: int = 0,
+    reserved: tuple[str, ...] = (),
+) -> None:
+    """Check configured keyword ``params`` against ``target``'s signature (a class: its constructor).
+
+    ``skip_positional``: leading positional parameters the caller supplies (e.g. a factory's context);
+    ``reserved``: keyword parameters the caller supplies (e.g. a sampler's ``seed``), which the config
+    must not set. Raises ValueError naming unknown / missing parameters and listing the accepted ones.
+    """
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    ps = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL,)]
+    positional = [p for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    skipped = {p.name for p in positional[:skip_positional]}
+    named = [
+        p
+        for p in ps
+        if p.name not in skipped
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in reserved
+    ]
+    accepted = [p.name for p in named]
+    acc = ", ".join(accepted) or "(none)"
+    bad_reserved = [k for k in params if k in reserved]
+    if bad_reserved:
+        raise ValueError(
+            f"{kind} {name!r}: parameter(s) {', '.join(map(repr, bad_reserved))} are set by the trainer, "
+            f"not the config; accepted: {acc}"
+        )
+    if not any(p.kind == p.VAR_KEYWORD for p in ps):
+        unknown = [k for k in params if k not in accepted]
+        if unknown:
+            parts = []
+            for k in unknown:
+                close = difflib.get_close_matches(k, accepted, n=1)
+                parts.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ValueError(f"{kind} {name!r}: unknown parameter(s) {', '.join(parts)}; accepted: {acc}")
+    missing = [p.name for p in named if p.default is p.empty and p.name not in params]
+    if missing:
+        raise ValueError(
+            f"{kind} {name!r}: missing required parameter(s) {', '.join(map(repr, missing))}; accepted: {acc}"
+        )

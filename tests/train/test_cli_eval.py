@@ -1,0 +1,184 @@
+"""`posttrain eval` through the real CLI: option guards (usage errors naming the option), run-folder
+defaults (task, params, prompt template, reward, generation settings), the truncation warning, and
+the record of which model / checkpoint was evaluated."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+from typer.testing import CliRunner
+
+from posttrain.cli import app
+from posttrain.train.rl import DegenerateSettingWarning
+
+cli = CliRunner()
+
+
+def _invoke(args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        return cli.invoke(app, args, catch_exceptions=False)
+
+
+def _last_json(res):
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--n", "0"], "--n"),
+        (["--n", "-5"], "--n"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--max-new-tokens", "-3"], "--max-new-tokens"),
+        (["--k", "0"], "--k"),
+        (["--samples", "0"], "--samples"),
+        (["--temperature", "0"], "--temperature"),
+    ],
+)
+def test_eval_bad_numbers_are_usage_errors_naming_the_option(args, option):
+    res = _invoke(["eval", "--model", "tiny", *args])
+    assert res.exit_code == 2, res.output
+    assert option in res.output and "Traceback" not in res.output
+
+
+def test_eval_k_needs_samples():
+    res = _invoke(["eval", "--model", "tiny", "--k", "3", "--samples", "2", "--n", "2"])
+    assert res.exit_code == 2 and "--k 3 needs --samples >= 3" in res.output
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run = tmp_path_factory.mktemp("evalrun") / "run"
+    res = _invoke(
+        [
+            "rl",
+            "model.name=tiny",
+            "model.device=cpu",
+            'task.params={digits: 1, ops: "+", n_train: 40, n_heldout: 12, format: "scratchpad"}',
+            "task.prompt_template='Q: {prompt}'",
+            "reward.name=numeric",
+            "reward.num_workers=0",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=5",
+            "eval.n=2",
+            "eval.at_start=false",
+            "steps=2",
+            "threads=1",
+            f"out_dir={run}",
+            "--no-progress",
+        ]
+    )
+    assert res.exit_code == 0, res.output
+    return run
+
+
+def test_eval_of_a_run_folder_uses_the_runs_settings_and_records_the_checkpoint(run_dir, tmp_path):
+    out = tmp_path / "ev.json"
+    res = _invoke(["eval", "--model", str(run_dir), "--n", "50", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    ev = json.loads(out.read_text())
+    s = ev["settings"]
+    assert s["task"] == "arithmetic"
+    assert s["task_params"] == {
+        "digits": 1,
+        "ops": "+",
+        "n_train": 40,
+        "n_heldout": 12,
+        "format": "scratchpad",
+    }
+    assert s["prompt_template"] == "Q: {prompt}" and s["reward"] == "numeric"
+    assert s["max_new_tokens"] == 5 and ev["max_new_tokens"] == 5
+    assert ev["n"] == 12 and ev["n_requested"] == 50  # the run's task has 12 held-out examples
+    assert (
+        ev["samples"][0]["prompt"] and "Q: " not in ev["samples"][0]["prompt"]
+    )  # raw prompt, template applied
+    m = ev["model"]
+    assert m["given"] == str(run_dir) and m["step"] == 2
+    assert m["checkpoint"] == str(run_dir / "checkpoints" / "step_000002")
+    assert m["path"] == str(run_dir / "checkpoints" / "step_000002" / "model")
+    assert m["settings_from"] == str(run_dir / "config.yaml")
+    assert "only 12 held-out examples" in res.output  # stderr note: fewer than --n
+
+
+def test_eval_flags_override_the_run_settings(run_dir):
+    res = _invoke(
+        [
+            "eval",
+            "--model",
+            str(run_dir / "checkpoints" / "step_000002"),  # a checkpoint folder works too
+            "--n",
+            "3",
+            "--max-new-tokens",
+            "2",
+            "--task-params",
+            '{"n_heldout": 5}',
+            "task.prompt_template='A: {prompt}'",
+        ]
+    )
+    assert res.exit_code == 0, res.output
+    ev = _last_json(res)
+    s = ev["settings"]
+    assert s["max_new_tokens"] == 2 and s["prompt_template"] == "A: {prompt}"
+    assert s["task_params"]["n_heldout"] == 5 and s["task_params"]["format"] == "scratchpad"  # merged
+    assert ev["model"]["step"] == 2 and ev["n"] == 3
+
+    # another task: the run's task params and reward do not carry over
+    res = _invoke(
+        ["eval", "--model", str(run_dir), "--task", "countdown", "--n", "2", "--max-new-tokens", "2"]
+    )
+    assert res.exit_code == 0, res.output
+    s = _last_json(res)["settings"]
+    assert s["task"] == "countdown" and s["task_params"] == {} and s["reward"] == "countdown"
+
+
+def test_eval_warns_when_most_completions_are_truncated(run_dir):
+    res = _invoke(["eval", "--model", str(run_dir), "--n", "4", "--max-new-tokens", "1"])
+    assert res.exit_code == 0, res.output
+    ev = _last_json(res)
+    assert ev["truncated"] >= 0.5
+    assert "warning:" in res.stderr and "--max-new-tokens=1" in res.stderr
+
+
+def test_truncation_warning_threshold():
+    from posttrain.train.evaluate import truncation_warning
+
+    assert truncation_warning({"truncated": 0.4, "max_new_tokens": 8}) is None
+    msg = truncation_warning({"truncated": 1.0, "max_new_tokens": 8}, option="--max-new-tokens")
+    assert msg is not None and "100%" in msg and "--max-new-tokens=8" in msg
+
+
+def test_eval_of_a_preset_records_no_run():
+    res = _invoke(["eval", "--model", "tiny", "--n", "2", "--max-new-tokens", "2"])
+    assert res.exit_code == 0, res.output
+    m = _last_json(res)["model"]
+    assert m == {
+        "given": "tiny",
+        "path": "tiny",
+        "run_dir": None,
+        "checkpoint": None,
+        "step": None,
+        "settings_from": None,
+    }
+
+
+def test_saved_sft_config_maps_to_the_eval_settings():
+    from posttrain.train.evaluate import _eval_base
+
+    sft = {
+        "model": {"name": "tiny", "dtype": "float32", "device": "cpu", "gradient_checkpointing": False},
+        "task": {"name": "arithmetic", "params": {"digits": 1}, "prompt_template": "Q: {prompt}"},
+        "max_new_tokens": 40,
+        "eval": {"every": 5, "n": 64, "k": 2, "samples": 4, "temperature": 0.7, "at_start": False},
+        "lr": 1e-3,
+        "steps": 10,
+    }
+    assert _eval_base(sft) == {
+        "model": {"dtype": "float32", "device": "cpu"},
+        "task": sft["task"],
+        "rollout": {"max_new_tokens": 40},
+        "eval": {"k": 2, "samples": 4, "temperature": 0.7},
+    }
