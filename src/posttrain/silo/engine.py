@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from posttrain.silo.agents.base import Agent, AgentReply
+from posttrain.silo.agents.base import Agent, AgentReply, Seat
 from posttrain.silo.parsing import ToolCall, format_tool_results, parse_tool_calls
 from posttrain.silo.prompts import (
     CORRECTIVE_MESSAGE,
@@ -286,12 +286,14 @@ class SiloEngine:
             )
         self.expected = expected
         if isinstance(agents, Agent):
-            self.agents = [agents] * self.n
+            seats = [agents] * self.n
         else:
-            self.agents = list(agents)
-            if len(self.agents) != self.n:
-                raise ValueError(f"got {len(self.agents)} agents for a case with {self.n} agents")
-        self.agent_name = agent_name or getattr(self.agents[0], "name", "agent")
+            seats = list(agents)
+            if len(seats) != self.n:
+                raise ValueError(f"got {len(seats)} agents for a case with {self.n} agents")
+        self.agent_name = agent_name or getattr(seats[0], "name", "agent")
+        case_id = str(case.get("case_id", self.task_id))
+        self.agents = [a.for_seat(Seat(case_id, self.task_id, i, self.n)) for i, a in enumerate(seats)]
         tc = self.cfg.token_counter
         self.count = token_counters.get(tc) if isinstance(tc, str) else tc
 

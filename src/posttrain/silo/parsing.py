@@ -129,3 +129,78 @@ def parse_tool_results(text: str) -> list[tuple[str, Any]]:
         except ValueError:
             out.append((name.strip(), body))
     return out
+
+
+# ------------------------------------------------------------------------- data literals in prompts
+
+_OPEN = {"[": "]", "(": ")", "{": "}"}
+_CLOSE = set(_OPEN.values())
+
+
+class LiteralError(ValueError):
+    """Text that does not start with a JSON or Python literal (the message shows its start)."""
+
+
+def literal_prefix_end(text: str) -> int:
+    """End index of the bracketed literal at the start of `text` (``[...]``, ``(...)``, ``{...}``),
+    matching brackets outside single- or double-quoted strings (backslash escapes honoured).
+    Raises `LiteralError` when `text` does not start with a bracket or the brackets never close."""
+    if text[:1] not in _OPEN:
+        raise LiteralError(f"{text[:60]!r} does not start with '[', '(' or '{{'")
+    stack: list[str] = []
+    quote: str | None = None
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if quote is not None:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == quote:
+                quote = None
+        elif ch in ("'", '"'):
+            quote = ch
+        elif ch in _OPEN:
+            stack.append(_OPEN[ch])
+        elif ch in _CLOSE:
+            if not stack or stack.pop() != ch:
+                raise LiteralError(f"{text[:60]!r}: unbalanced {ch!r} at offset {i}")
+            if not stack:
+                return i + 1
+        i += 1
+    raise LiteralError(f"{text[:60]!r}: the literal never closes")
+
+
+def parse_data_literal(text: str) -> Any:
+    """The data value at the start of `text`, as JSON-native values; any text after it is ignored.
+
+    Accepts JSON (our case files) and Python literals as the authors' generator prints shards with
+    ``str()`` (single quotes, tuples, integer dict keys, ``True``/``None``); the Python form is read
+    with `ast.literal_eval` (a literal parser: it evaluates no names, calls or operators). The result is
+    JSON-native: tuples become lists and dict keys strings, as a JSON round trip of the authors'
+    ``input_shard`` gives. A JSON string literal is returned unquoted. Raises `LiteralError`.
+    """
+    import ast
+
+    s = text.strip()
+    if s[:1] == '"':
+        try:
+            return json.JSONDecoder().raw_decode(s)[0]
+        except ValueError as e:
+            raise LiteralError(f"{s[:60]!r} is not a JSON string ({e})") from None
+    end = literal_prefix_end(s)
+    body = s[:end]
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        value = ast.literal_eval(body)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
+        raise LiteralError(
+            f"{body[:60]!r} is neither JSON nor a Python literal ({type(e).__name__})"
+        ) from None
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise LiteralError(f"{body[:60]!r} holds values that are not JSON data ({e})") from None

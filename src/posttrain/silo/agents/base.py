@@ -22,6 +22,17 @@ class AgentReply:
     usage: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class Seat:
+    """Which seat of which case an agent plays (`Agent.for_seat`). `task_id` comes from the case's
+    ``case_id`` (``"II-12"``, ``"III-25_n5"`` -> ``"III-25"``), never from the prompt's wording."""
+
+    case_id: str
+    task_id: str
+    agent_id: int
+    num_agents: int
+
+
 class AgentError(RuntimeError):
     """An agent backend failed for good (e.g. an LLM endpoint after the retry cap)."""
 
@@ -33,6 +44,15 @@ class Agent(ABC):
 
     @abstractmethod
     async def reply(self, messages: list[dict[str, str]]) -> AgentReply: ...
+
+    def for_seat(self, seat: Seat) -> Agent:
+        """The agent object that plays `seat` (called once per seat when an engine is built).
+
+        Default: this same object, so an LLM client serves every seat and sees only its chat context.
+        The scripted reference agent returns a copy that knows the task id (`Seat.task_id`), so it
+        never has to recognise a task by its title; its data still come only from the chat.
+        """
+        return self
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook for clients holding connections
         """Release resources (HTTP connections, models). Optional."""

@@ -28,6 +28,8 @@ from functools import reduce
 from itertools import accumulate, pairwise
 from typing import Any
 
+from posttrain.silo.parsing import LiteralError, parse_data_literal
+
 SolverFn = Callable[[list[Any], str], Any]
 _SOLVERS: dict[str, SolverFn] = {}
 
@@ -357,8 +359,12 @@ def _iii24(shards, prompt):
 
 @_solver("III-25")
 def _iii25(shards, prompt):
-    m = _parse(prompt, r"Initial centroids: (\[[^\n]*\]\])", "the initial centroids", "III-25")
-    centroids = json.loads(m.group(1))
+    # ours print the centroids as JSON ([[x, y], ...]), the authors' with str() ([(x, y), ...])
+    m = _parse(prompt, r"Initial centroids: (\[[^\n]*[\])]\])", "the initial centroids", "III-25")
+    try:
+        centroids = parse_data_literal(m.group(1))
+    except LiteralError as e:
+        raise ValueError(f"solve(III-25): the initial centroids are not a list of [x, y] ({e})") from None
     k = len(centroids)
     sums = [[0.0, 0.0, 0] for _ in range(k)]  # per-cluster (Σx, Σy, count) partial sums, agent by agent
     for s in shards:
