@@ -66,6 +66,31 @@ def _ints(values: list[str] | None, what: str) -> list[int]:
     return out
 
 
+def _agent_counts(values: list[str] | None, option: str = "--agents") -> list[int]:
+    """N values of a sweep: integers >= 2 (the input is split over N >= 2 agents; the N = 1 baseline is
+    ``--oracle``). A bad value is a usage error naming the option and the accepted range."""
+    counts = _ints(values, option)
+    bad = [n for n in counts if n < 2]
+    if bad:
+        raise typer.BadParameter(
+            f"{option}: agent counts must be integers >= 2 (SILO-BENCH splits each input over N >= 2 "
+            f"agents; use --oracle for the N = 1 baseline), got {', '.join(map(str, bad))}"
+        )
+    if not counts:
+        raise typer.BadParameter(f"{option}: give at least one agent count (integers >= 2)")
+    return counts
+
+
+def _scoring(name: str, option: str = "--scoring") -> str:
+    from posttrain.silo.scoring import SCORINGS
+    from posttrain.utils.registry import UnknownNameError
+
+    try:
+        return SCORINGS.canonical(name.strip().lower())
+    except UnknownNameError as e:
+        raise typer.BadParameter(f"{option}: {e}") from None
+
+
 def _tasks(values: list[str] | None) -> list[str]:
     from posttrain.silo import TASK_IDS, task_level
 
@@ -109,7 +134,7 @@ def generate_cmd(
     if len(seeds) != 1:
         raise typer.BadParameter("--seed: generate takes exactly one seed")
     try:
-        paths = write_cases(out, _ints(agents, "--agents"), seeds[0], _tasks(tasks), parity=parity)
+        paths = write_cases(out, _agent_counts(agents), seeds[0], _tasks(tasks), parity=parity)
     except ValueError as e:  # e.g. N < 2
         raise typer.BadParameter(str(e)) from None
     typer.echo(f"wrote {len(paths)} case files to {out}")
@@ -131,11 +156,13 @@ def run_cmd(
     temperature: float | None = typer.Option(None, "--temperature", help="sampling temperature"),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="openai: max_tokens per reply"),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="hf: generation cap per reply"),
-    request_concurrency: int = typer.Option(8, "--request-concurrency", help="openai: requests in flight"),
-    timeout_s: float = typer.Option(600.0, "--timeout", help="openai: request timeout (s)"),
-    max_retries: int = typer.Option(5, "--max-retries", help="openai: retries on 429/5xx/timeouts"),
-    max_rounds: int = typer.Option(100, "--max-rounds", help="R_max"),
-    concurrency: int = typer.Option(1, "--concurrency", help="cases run at once"),
+    request_concurrency: int = typer.Option(
+        8, "--request-concurrency", min=1, help="openai: requests in flight (>= 1)"
+    ),
+    timeout_s: float = typer.Option(600.0, "--timeout", min=0.001, help="openai: request timeout (s, > 0)"),
+    max_retries: int = typer.Option(5, "--max-retries", min=0, help="openai: retries on 429/5xx/timeouts"),
+    max_rounds: int = typer.Option(100, "--max-rounds", min=1, help="R_max (>= 1)"),
+    concurrency: int = typer.Option(1, "--concurrency", min=1, help="cases run at once (>= 1)"),
     cases: Path | None = typer.Option(None, "--cases", help="run published {TASK}_n{N}.json files from DIR"),
     prompt_set: str = typer.Option("code", "--prompt-set", help="code | paper"),
     save_cases: bool = typer.Option(
@@ -146,6 +173,11 @@ def run_cmd(
     ),
     oracle: bool = typer.Option(
         False, "--oracle", help="also run the N = 1 oracle (whole input, one agent) of each case, for RCC"
+    ),
+    scoring: str = typer.Option(
+        "default",
+        "--scoring",
+        help="default | paper (the authors' metric semantics, comparable with the paper)",
     ),
 ) -> None:
     """Run a sweep (resumable: cases already in DIR/results.jsonl are skipped)."""
@@ -194,7 +226,7 @@ def run_cmd(
         scaffolds=scaffolds,
         out_dir=out,
         tasks=_tasks(tasks),
-        agent_counts=_ints(agents, "--agents"),
+        agent_counts=_agent_counts(agents),
         protocols=_protocols(protocols),
         seeds=_ints(seed, "--seed"),
         max_rounds=max_rounds,
@@ -203,6 +235,7 @@ def run_cmd(
         cases_dir=cases,
         save_cases=save_cases,
         oracle=oracle,
+        scoring=_scoring(scoring),
     )
     try:
         s = run_sweep(cfg, specs)
@@ -227,15 +260,39 @@ def run_cmd(
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="a run directory with results.jsonl"),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots"),
+    scoring: str | None = typer.Option(
+        None,
+        "--scoring",
+        help="default | paper | both; default: the mode the sweep was run with. Another mode rescores the "
+        "saved cases (no agent is run) into report.<mode>.md/json; both also writes scoring_comparison.md",
+    ),
 ) -> None:
     """Table 1 layout (terminal + report.md), failure modes, Table 2 (oracle RCC), plots, report.json."""
-    from posttrain.silo.report import write_report
+    from posttrain.silo.report import compare_scorings, write_report
+    from posttrain.utils.io import atomic_write_text
+    from posttrain.utils.tables import markdown_table, print_table
 
+    both = scoring is not None and scoring.strip().lower() == "both"
+    modes = ["default", "paper"] if both else [None if scoring is None else _scoring(scoring)]
+    written = []
     try:
-        write_report(run_dir, plots=plots)
+        for mode in modes:
+            summary = write_report(run_dir, plots=plots, scoring=mode)
+            name = "report" if not summary["rescored"] else f"report.{summary['scoring']}"
+            written += [run_dir / f"{name}.md", run_dir / f"{name}.json"]
+        if both:
+            columns, body = compare_scorings(run_dir, modes)
+            print_table("SR and PCS by scoring mode (same transcripts)", columns, body)
+            path = run_dir / "scoring_comparison.md"
+            atomic_write_text(
+                path,
+                "# SR and PCS of one sweep in each scoring mode\n\nThe same transcripts scored by "
+                "`default` and by `paper` (posttrain.silo.scoring).\n\n" + markdown_table(columns, body),
+            )
+            written.append(path)
     except (FileNotFoundError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
-    typer.echo(f"wrote {run_dir / 'report.md'} and {run_dir / 'report.json'}")
+    typer.echo("wrote " + ", ".join(str(p) for p in written))
 
 
 @bench_app.command("silo", cls=MultiValueCommand)
@@ -253,7 +310,7 @@ def bench_silo_cmd(
     from posttrain.utils.progress import progress_bar
     from posttrain.utils.tables import print_table
 
-    task_ids, counts, protos = _tasks(tasks), _ints(agents, "--agents"), _protocols(protocols)
+    task_ids, counts, protos = _tasks(tasks), _agent_counts(agents), _protocols(protocols)
     total = len(task_ids) * len(counts) * len(protos)
     ok = [0, 0]
     with progress_bar("bench silo", total=total) as bar:

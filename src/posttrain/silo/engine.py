@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from posttrain.silo.agents.base import Agent, AgentReply, Seat
+from posttrain.silo.agents.base import Agent, AgentReply, Seat, reply_as
 from posttrain.silo.parsing import ToolCall, format_tool_results, parse_tool_calls
 from posttrain.silo.prompts import (
     CORRECTIVE_MESSAGE,
@@ -118,6 +118,7 @@ class EngineConfig:
     token_counter: str | TokenCounter = "regex"
     max_calls_per_turn: int | None = None  # None: no cap (authors); a cap answers the rest with an error
     scaffolds: tuple[str, ...] = ()  # spec §6.4: any of "planning", "reminder", "scratchpad"
+    scoring: str = "default"  # posttrain.silo.scoring.SCORINGS: "default" | "paper"
 
     def __post_init__(self) -> None:
         if self.prompt_set not in PROMPT_SETS:
@@ -125,6 +126,9 @@ class EngineConfig:
         bad = [s for s in self.scaffolds if s not in SCAFFOLDS]
         if bad:
             raise ValueError(f"unknown scaffold(s) {bad}; known: {', '.join(SCAFFOLDS)}")
+        from posttrain.silo.scoring import SCORINGS
+
+        self.scoring = SCORINGS.canonical(self.scoring.strip().lower())
         if self.max_rounds < 1:
             raise ValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
         if self.max_calls_per_turn is not None and self.max_calls_per_turn < 1:
@@ -172,6 +176,10 @@ class CaseResult:
     agent_s: float
     agent_rounds: int
     transcript: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    scoring: str = "default"  # the scoring mode of `metrics`, `correct`, `success` (posttrain.silo.scoring)
+    message_counts: dict[str, int] = field(
+        default_factory=dict
+    )  # m of D per variant: code, paper, bp_weighted
 
     @property
     def engine_s(self) -> float:
@@ -193,12 +201,18 @@ class CaseResult:
                     zip(self.answers, self.correct, self.submit_rounds, strict=True)
                 )
             ],
+            "scoring": self.scoring,
             "metrics": self.metrics,
             "success": self.success,
             "rounds_executed": self.rounds_executed,
             "max_rounds": self.max_rounds,
             "tokens": {"input": self.input_tokens, "output": self.output_tokens},
-            "communication": {"sent": self.sent, "received": self.received, "emergent_leaders": self.leaders},
+            "communication": {
+                "sent": self.sent,
+                "received": self.received,
+                "emergent_leaders": self.leaders,
+                "messages": self.message_counts,
+            },
             "failure_modes": self.failure_modes,
             "timing": {
                 "wall_s": self.wall_s,
@@ -225,6 +239,7 @@ class CaseResult:
             "D_code": m["D_code"],
             "D_paper": m["D_paper"],
             "success": self.success,
+            "scoring": self.scoring,
             "rounds": self.rounds_executed,
             "submitted": sum(r is not None for r in self.submit_rounds),
             "input_tokens": self.input_tokens,
@@ -293,7 +308,8 @@ class SiloEngine:
                 raise ValueError(f"got {len(seats)} agents for a case with {self.n} agents")
         self.agent_name = agent_name or getattr(seats[0], "name", "agent")
         case_id = str(case.get("case_id", self.task_id))
-        self.agents = [a.for_seat(Seat(case_id, self.task_id, i, self.n)) for i, a in enumerate(seats)]
+        self.agents = seats
+        self.seats = [Seat(case_id, self.task_id, i, self.n) for i in range(self.n)]
         tc = self.cfg.token_counter
         self.count = token_counters.get(tc) if isinstance(tc, str) else tc
 
@@ -302,6 +318,7 @@ class SiloEngine:
         from posttrain.silo import metrics
         from posttrain.silo import task_level as _task_level
         from posttrain.silo.failures import analyze_failures
+        from posttrain.silo.scoring import CaseScoreInput, get_scoring
 
         t_start = time.perf_counter()
         n, cfg = self.n, self.cfg
@@ -345,7 +362,9 @@ class SiloEngine:
                         contexts[i][-1] = {**last, "content": last["content"] + note}
                         ctx_tokens[i] += note_tokens
                 t0 = time.perf_counter()
-                replies = await asyncio.gather(*(self.agents[i].reply(list(contexts[i])) for i in active))
+                replies = await asyncio.gather(
+                    *(reply_as(self.agents[i], self.seats[i], list(contexts[i])) for i in active)
+                )
                 agent_s += time.perf_counter() - t0
                 agent_rounds += len(active)
                 for i, rep in zip(active, replies, strict=True):
@@ -390,28 +409,27 @@ class SiloEngine:
                 tfile.close()
 
         level = _task_level(self.task_id)
-        correct = [
-            metrics.is_correct(a, e) if s else False
-            for a, e, s in zip(answers, self.expected, submitted, strict=True)
-        ]
-        d_code = metrics.communication_density(proto.message_count(), n)
-        met = {
-            "S_success_rate": metrics.success_rate(answers, self.expected),
-            "P_partial_correctness": metrics.partial_correctness(answers, self.expected, level),
-            "C_code": metrics.token_consumption_code(in_total, out_total, rounds),
-            "C_paper": metrics.token_consumption_paper(out_total, cfg.max_rounds),
-            "D_code": d_code,
-            "D_paper": metrics.communication_density(proto.paper_message_count(), n),
-        }
+        scoring = get_scoring(cfg.scoring)
+        counts = {"code": proto.message_count(), "paper": proto.paper_message_count()}
         if isinstance(proto, Broadcast):
-            met["D_bp_recipient_weighted"] = metrics.communication_density(
-                proto.recipient_weighted_count(), n
-            )
-        # legacy names (authors' results.json)
-        met["C_token_consumption"] = met["C_code"]
-        met["D_communication_density"] = met["D_code"]
-        met["success_rate"] = met["S_success_rate"]
-        met["partial_correctness"] = met["P_partial_correctness"]
+            counts["bp_weighted"] = proto.recipient_weighted_count()
+        score_in = CaseScoreInput(
+            task_id=self.task_id,
+            level=level,
+            num_agents=n,
+            expected=self.expected,
+            answers=answers,
+            submitted=submitted,
+            input_tokens=in_total,
+            output_tokens=out_total,
+            rounds_executed=rounds,
+            max_rounds=cfg.max_rounds,
+            messages_code=counts["code"],
+            messages_paper=counts["paper"],
+            messages_bp_weighted=counts.get("bp_weighted"),
+        )
+        correct = scoring.correct_list(score_in)
+        met = scoring.score(score_in)
         success = met["S_success_rate"] == 1.0
         fm = analyze_failures(
             transcript,
@@ -437,6 +455,8 @@ class SiloEngine:
             correct=correct,
             metrics=met,
             success=success,
+            scoring=scoring.name,
+            message_counts=counts,
             input_tokens=in_total,
             output_tokens=out_total,
             sent=list(proto.sent),

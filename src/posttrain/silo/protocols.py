@@ -249,8 +249,10 @@ class SharedFS(Protocol):
 
 
 def make_protocol(name: str, num_agents: int) -> Protocol:
-    return protocols.get(name)(num_agents)
+    return protocols.get(canonical_protocol(name))(num_agents)
 
 
 def canonical_protocol(name: str) -> str:
-    return protocols.canonical(name)
+    """The registered name of a protocol, case-insensitive (``P2P``, as reports print it, is ``p2p``;
+    ``msg`` and ``broadcast`` are the authors' names of p2p and bp)."""
+    return protocols.canonical(name.strip().lower() if isinstance(name, str) else name)

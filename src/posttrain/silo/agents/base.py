@@ -9,6 +9,7 @@ engine can be given one agent per seat (mixed populations).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +25,33 @@ class AgentReply:
 
 @dataclass(frozen=True)
 class Seat:
-    """Which seat of which case an agent plays (`Agent.for_seat`). `task_id` comes from the case's
+    """Which seat of which case an agent plays (`current_seat`). `task_id` comes from the case's
     ``case_id`` (``"II-12"``, ``"III-25_n5"`` -> ``"III-25"``), never from the prompt's wording."""
 
     case_id: str
     task_id: str
     agent_id: int
     num_agents: int
+
+
+_CURRENT_SEAT: ContextVar[Seat | None] = ContextVar("silo_current_seat", default=None)
+
+
+def current_seat() -> Seat | None:
+    """The seat whose reply is being computed, inside ``Agent.reply`` called by the engine (None
+    elsewhere). LLM agents ignore it and see only their chat; the scripted reference agent uses it to
+    know the task from the case's ``case_id`` instead of recognising the prompt's title."""
+    return _CURRENT_SEAT.get()
+
+
+async def reply_as(agent: Agent, seat: Seat, messages: list[dict[str, str]]) -> AgentReply:
+    """``await agent.reply(messages)`` with `current_seat()` = `seat` (the engine's call; each
+    concurrent call runs in its own asyncio task, so seats never leak into each other)."""
+    token = _CURRENT_SEAT.set(seat)
+    try:
+        return await agent.reply(messages)
+    finally:
+        _CURRENT_SEAT.reset(token)
 
 
 class AgentError(RuntimeError):
@@ -44,15 +65,6 @@ class Agent(ABC):
 
     @abstractmethod
     async def reply(self, messages: list[dict[str, str]]) -> AgentReply: ...
-
-    def for_seat(self, seat: Seat) -> Agent:
-        """The agent object that plays `seat` (called once per seat when an engine is built).
-
-        Default: this same object, so an LLM client serves every seat and sees only its chat context.
-        The scripted reference agent returns a copy that knows the task id (`Seat.task_id`), so it
-        never has to recognise a task by its title; its data still come only from the chat.
-        """
-        return self
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook for clients holding connections
         """Release resources (HTTP connections, models). Optional."""

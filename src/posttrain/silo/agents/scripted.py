@@ -3,7 +3,7 @@
 They are ordinary `Agent`s: each reply is real XML tool-call text that goes through the engine's parser,
 and all the data they use comes from their chat context (the system prompt: own ID, N, the protocol's
 tools; the case's user prompt: the agent's shard; the ``<tool_result>`` messages: what the tools
-returned). Which task they play is told by the engine from the case's ``case_id`` (`Agent.for_seat`);
+returned). Which task they play is told by the engine from the case's ``case_id`` (`current_seat`);
 a bare `ScriptedAgent()` used outside an engine recognises the task from the ``**Task: ...**`` title. They never see ``expected_output``: once an agent holds all N shards it calls
 `posttrain.silo.solve(task_id, shards, prompt)`, the library's independent ground truth.
 
@@ -30,7 +30,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from posttrain.silo.agents.base import Agent, AgentReply, Seat
+from posttrain.silo.agents.base import Agent, AgentReply, current_seat
 from posttrain.silo.parsing import LiteralError, format_tool_call, parse_data_literal, parse_tool_results
 
 _ID_RE = re.compile(r"agent ID is:\s*(\d+)")
@@ -63,7 +63,7 @@ def task_titles() -> dict[str, str]:
 
 def read_task(prompt: str, task_id: str | None = None) -> tuple[str, Any]:
     """(task_id, own shard) from the user prompt. The task is `task_id` when given (the engine passes
-    the case's id, `Agent.for_seat`), else it is recognised from the ``**Task: ...**`` title."""
+    the case's id, `current_seat`), else it is recognised from the ``**Task: ...**`` title."""
     if task_id is None:
         m = _TITLE_RE.search(prompt)
         if m is None:
@@ -118,15 +118,6 @@ class ScriptedAgent(Agent):
 
     name = "scripted"
 
-    def __init__(self, task_id: str | None = None) -> None:
-        self.task_id = task_id
-
-    def for_seat(self, seat: Seat) -> ScriptedAgent:
-        """A copy that knows the case's task id (from ``case_id``), so authors' files whose titles
-        differ from ours (II-12 "Moving Average (Window=3)", II-18 "List Ranking (Compute Rank from
-        Head)") are played all the same."""
-        return ScriptedAgent(seat.task_id)
-
     async def reply(self, messages: list[dict[str, str]]) -> AgentReply:
         return AgentReply(self.decide(messages))
 
@@ -145,7 +136,8 @@ class ScriptedAgent(Agent):
             proto = "sfs"
         else:
             raise ScriptError("cannot tell the protocol from the system prompt's tool list")
-        task_id, shard = read_task(user, self.task_id)
+        seat = current_seat()  # set by the engine: the task from the case's case_id
+        task_id, shard = read_task(user, seat.task_id if seat is not None else None)
         if n == 1:  # N = 1 oracle baseline (posttrain.silo.oracle): the whole input is here; answer at once
             from posttrain.silo import solve
             from posttrain.silo.oracle import read_oracle_input
