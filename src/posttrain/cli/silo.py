@@ -179,9 +179,14 @@ def run_cmd(
         "--scoring",
         help="default | paper (the authors' metric semantics, comparable with the paper)",
     ),
+    token_counter: str = typer.Option(
+        "regex",
+        "--token-counter",
+        help="tokens of agents that report no usage: regex | chars | hf:<preset or local tokenizer dir>",
+    ),
 ) -> None:
     """Run a sweep (resumable: cases already in DIR/results.jsonl are skipped)."""
-    from posttrain.silo.agents import build_agent
+    from posttrain.silo.agents import make_agent
     from posttrain.silo.prompts import PROMPT_SETS, SCAFFOLDS
     from posttrain.silo.runner import AgentSpec, SweepConfig, run_sweep
 
@@ -206,19 +211,19 @@ def run_cmd(
         for m in models:
             opts = dict(base_url=base_url, model=m, api_key=key, temperature=temperature, max_tokens=max_tokens,
                         concurrency=request_concurrency, timeout_s=timeout_s, max_retries=max_retries)  # fmt: skip
-            specs.append(AgentSpec(m, lambda o=opts: build_agent("openai", **o)))
+            specs.append(AgentSpec(m, lambda o=opts: make_agent("openai", **o)))
     elif agent == "hf":
         if not models:
             raise typer.BadParameter("--agent hf needs --model (a local model directory or a preset)")
         for m in models:
             opts = dict(model=m, max_new_tokens=max_new_tokens, temperature=temperature or 0.0)
-            specs.append(AgentSpec(f"hf:{m}", lambda o=opts: build_agent("hf", **o)))
+            specs.append(AgentSpec(f"hf:{m}", lambda o=opts: make_agent("hf", **o)))
     else:
         try:
-            build_agent(agent)  # validates the name
+            make_agent(agent)  # validates the name
         except ValueError as e:
             raise typer.BadParameter(f"--agent: {e}") from None
-        specs.append(AgentSpec(agent, lambda: build_agent(agent)))
+        specs.append(AgentSpec(agent, lambda: make_agent(agent)))
     if scaffolds:  # scaffolded runs are a different population: keep them apart in results and resume keys
         for sp in specs:
             sp.label += "+" + "+".join(scaffolds)
@@ -236,6 +241,7 @@ def run_cmd(
         save_cases=save_cases,
         oracle=oracle,
         scoring=_scoring(scoring),
+        token_counter=token_counter,
     )
     try:
         s = run_sweep(cfg, specs)

@@ -17,7 +17,8 @@ Token accounting: the agent's reported usage when it returns one, else the engin
 the text: input = all messages in the agent's context (kept as a running sum, so nothing is
 re-tokenised), output = the reply. The default counter ``"regex"`` counts words, numbers and single
 punctuation marks (``\\w+|[^\\w\\s]``): exact, deterministic, fast, and close in scale to a BPE
-tokenizer on this kind of text; ``"chars"`` and any ``str -> int`` callable (e.g. `hf_token_counter`) can
+tokenizer on this kind of text; ``"chars"``, ``"hf:<preset or tokenizer dir>"`` (a real tokenizer's
+counts, `hf_token_counter`; ``posttrain silo run --token-counter``) and any ``str -> int`` callable can
 be used instead.
 
 Deviation from the authors' workspace layout (spec §4.1): state lives in memory; the per-round
@@ -109,13 +110,48 @@ def hf_token_counter(tokenizer: Any) -> TokenCounter:
     return count
 
 
+def load_tokenizer(spec: str) -> Any:
+    """The tokenizer of a model preset (`posttrain.models.list_presets`: the character tokenizer) or
+    of a local model / tokenizer directory (`transformers.AutoTokenizer`, local files only)."""
+    from posttrain.models.presets import list_presets
+    from posttrain.models.tokenizer import build_char_tokenizer
+
+    if spec in list_presets():
+        return build_char_tokenizer()
+    path = Path(spec)
+    if not path.is_dir():
+        raise ValueError(
+            f"token counter 'hf:{spec}': {spec!r} is neither a model preset ({', '.join(list_presets())}) "
+            "nor a local tokenizer directory"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"token counter 'hf:{spec}': cannot load a tokenizer from {path} ({e})") from None
+
+
+def resolve_token_counter(spec: str | TokenCounter) -> TokenCounter:
+    """A token counter from its name in `token_counters` (``regex``, ``chars``), ``hf:<preset or
+    tokenizer dir>`` (`hf_token_counter` over `load_tokenizer`), or a ``str -> int`` callable."""
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise ValueError(f"token_counter must be a name or a str -> int callable, got {spec!r}")
+    kind, sep, arg = spec.partition(":")
+    if sep and kind == "hf":
+        return hf_token_counter(load_tokenizer(arg))
+    return token_counters.get(spec)
+
+
 @dataclass
 class EngineConfig:
     """Engine options. `max_rounds` is R_max (spec §1: 100)."""
 
     max_rounds: int = 100
     prompt_set: str = "code"
-    token_counter: str | TokenCounter = "regex"
+    token_counter: str | TokenCounter = "regex"  # regex | chars | hf:<preset or tokenizer dir> | callable
     max_calls_per_turn: int | None = None  # None: no cap (authors); a cap answers the rest with an error
     scaffolds: tuple[str, ...] = ()  # spec §6.4: any of "planning", "reminder", "scratchpad"
     scoring: str = "default"  # posttrain.silo.scoring.SCORINGS: "default" | "paper"
@@ -129,6 +165,9 @@ class EngineConfig:
         from posttrain.silo.scoring import SCORINGS
 
         self.scoring = SCORINGS.canonical(self.scoring.strip().lower())
+        counter = resolve_token_counter(self.token_counter)  # unknown names fail here, not per case
+        if isinstance(self.token_counter, str) and self.token_counter.startswith("hf:"):
+            self.token_counter = counter  # a tokenizer is loaded once per config, not once per case
         if self.max_rounds < 1:
             raise ValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
         if self.max_calls_per_turn is not None and self.max_calls_per_turn < 1:
@@ -310,8 +349,7 @@ class SiloEngine:
         case_id = str(case.get("case_id", self.task_id))
         self.agents = seats
         self.seats = [Seat(case_id, self.task_id, i, self.n) for i in range(self.n)]
-        tc = self.cfg.token_counter
-        self.count = token_counters.get(tc) if isinstance(tc, str) else tc
+        self.count = resolve_token_counter(self.cfg.token_counter)
 
     async def run(self, transcript_path: str | Path | None = None) -> CaseResult:
         """Run the case to completion; optionally stream the transcript to `transcript_path` (JSONL)."""

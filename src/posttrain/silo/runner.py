@@ -187,6 +187,7 @@ class SweepConfig:
     scaffolds: tuple[str, ...] = ()
     oracle: bool = False  # also run the N = 1 oracle of every (task, N = k, seed), paired with each protocol
     scoring: str = "default"  # posttrain.silo.scoring: "default" | "paper"
+    token_counter: str = "regex"  # engine counter for agents without usage: regex | chars | hf:<tokenizer>
 
 
 @dataclass
@@ -263,19 +264,20 @@ def plan(cfg: SweepConfig, agents: Sequence[AgentSpec], source: CaseSource) -> l
 
 
 async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> SweepSummary:
+    ecfg = EngineConfig(  # bad options fail before anything is written
+        max_rounds=cfg.max_rounds,
+        prompt_set=cfg.prompt_set,
+        max_calls_per_turn=cfg.max_calls_per_turn,
+        scaffolds=tuple(cfg.scaffolds),
+        scoring=cfg.scoring,
+        token_counter=cfg.token_counter,
+    )
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
     repair_jsonl(results_path)
     repair_jsonl(out / "errors.jsonl")
     rows = load_rows(results_path)
-    ecfg = EngineConfig(
-        max_rounds=cfg.max_rounds,
-        prompt_set=cfg.prompt_set,
-        max_calls_per_turn=cfg.max_calls_per_turn,
-        scaffolds=tuple(cfg.scaffolds),
-        scoring=cfg.scoring,
-    )
     scored = sorted({row_scoring(r) for r in rows})
     if scored and scored != [ecfg.scoring]:
         raise ValueError(

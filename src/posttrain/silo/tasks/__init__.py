@@ -27,12 +27,12 @@ from posttrain.silo.tasks.cases import (
 from posttrain.silo.tasks.dependencies import dependency_peers, min_peers_needed
 from posttrain.silo.tasks.solvers import solve
 
-TASK_IDS: list[str] = sorted(TASKS, key=lambda t: (len(t.split("-")[0]), int(t.split("-")[1])))
+TASK_IDS: list[str] = sorted(TASKS.names(), key=lambda t: (len(t.split("-")[0]), int(t.split("-")[1])))
 
 
 def _spec(task_id: str):
     try:
-        return TASKS[task_id]
+        return TASKS.get(task_id)
     except (KeyError, TypeError):
         raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {', '.join(TASK_IDS)}") from None
 

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.utils.registry import Registry
+
 PARADIGMS = {1: "Paradigm I", 2: "Paradigm II", 3: "Paradigm III"}
 
 #: Theoretical message complexity class per paradigm (spec §3; the authors' `_get_complexity_class`).
@@ -85,14 +87,14 @@ class TaskSpec:
     generate: GeneratorFn
 
 
-TASKS: dict[str, TaskSpec] = {}
+TASKS: Registry[TaskSpec] = Registry("SILO-BENCH task")
 
 
 def register(info: TaskInfo) -> Callable[[GeneratorFn], GeneratorFn]:
+    """Decorator: register a generator under ``info.task_id`` (a second registration raises)."""
+
     def deco(fn: GeneratorFn) -> GeneratorFn:
-        if info.task_id in TASKS:
-            raise ValueError(f"task {info.task_id} registered twice")
-        TASKS[info.task_id] = TaskSpec(info=info, generate=fn)
+        TASKS.register(info.task_id)(TaskSpec(info=info, generate=fn))
         return fn
 
     return deco

@@ -45,9 +45,9 @@ SYSTEM_PROMPT_PLACEHOLDER = (
 
 def _lookup(task_id: str) -> TaskSpec:
     try:
-        return TASKS[task_id]
+        return TASKS.get(task_id)
     except (KeyError, TypeError):
-        known = ", ".join(sorted(TASKS))
+        known = ", ".join(TASKS.names())
         raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {known}") from None
 
 
@@ -177,7 +177,7 @@ def _select_tasks(tasks: str | Iterable[str]) -> list[str]:
     out: list[str] = []
     for name in names:
         if name in levels:
-            out += [t for t in TASK_IDS if TASKS[t].info.level == levels[name]]
+            out += [t for t in TASK_IDS if TASKS.get(t).info.level == levels[name]]
         else:
             _lookup(name)
             out.append(name)

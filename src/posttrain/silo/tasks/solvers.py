@@ -29,17 +29,14 @@ from itertools import accumulate, pairwise
 from typing import Any
 
 from posttrain.silo.parsing import LiteralError, parse_data_literal
+from posttrain.utils.registry import Registry
 
 SolverFn = Callable[[list[Any], str], Any]
-_SOLVERS: dict[str, SolverFn] = {}
+SOLVERS: Registry[SolverFn] = Registry("SILO-BENCH solver")
 
 
 def _solver(task_id: str) -> Callable[[SolverFn], SolverFn]:
-    def deco(fn: SolverFn) -> SolverFn:
-        _SOLVERS[task_id] = fn
-        return fn
-
-    return deco
+    return SOLVERS.register(task_id)
 
 
 def solve(task_id: str, shards: list[Any], prompt: str) -> list[Any]:
@@ -50,13 +47,13 @@ def solve(task_id: str, shards: list[Any], prompt: str) -> list[Any]:
     """
     from posttrain.silo.tasks import TASK_IDS, task_info
 
-    if task_id not in _SOLVERS:
+    if task_id not in SOLVERS:
         raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {', '.join(TASK_IDS)}")
     if not isinstance(shards, list) or not shards:
         raise ValueError(f"solve({task_id}): shards must be a non-empty list (one shard per agent)")
     if not isinstance(prompt, str):
         raise ValueError(f"solve({task_id}): prompt must be the task text (str), got {type(prompt).__name__}")
-    result = _SOLVERS[task_id](shards, prompt)
+    result = SOLVERS.get(task_id)(shards, prompt)
     if task_info(task_id).is_segmented:
         return result
     return [_fresh(result) for _ in shards]
