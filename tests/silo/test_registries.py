@@ -76,3 +76,19 @@ def test_cli_token_counter(tmp_path):
     bad = tmp_path / "bad"
     r = CliRunner().invoke(app, [*args, "--out", str(bad), "--token-counter", "hf:/no/such/dir"])
     assert r.exit_code == 2 and "neither a model preset" in r.output and not bad.exists()
+
+
+def test_scripted_answer_styles():
+    """``scripted:python`` writes answers with str() (a dict / list of strings is then no JSON and
+    scores 0 in both modes); ``scripted:int-bools`` answers I-04 with 1 / 0 (paper mode only)."""
+    assert make_agent("scripted:python").name == "scripted:python"
+    with pytest.raises(ValueError, match="answer style"):
+        make_agent("scripted:yaml")
+    i04, ii18 = generate_case("I-04", 2), generate_case("II-18", 2)
+    py = make_agent("scripted:python")
+    assert run_case(i04, "bp", py).success  # str(True) == "True", read as a bool by the parser
+    assert not run_case(ii18, "bp", py).success
+    assert not run_case(ii18, "bp", py, EngineConfig(scoring="paper")).success
+    ib = make_agent("scripted:int-bools")
+    assert not run_case(i04, "bp", ib).success
+    assert run_case(i04, "bp", ib, EngineConfig(scoring="paper")).success

@@ -17,7 +17,7 @@ from typing import Any
 from posttrain.silo.agents.adversarial import ADVERSARIAL_KINDS, AdversarialAgent
 from posttrain.silo.agents.base import Agent, AgentError, AgentReply, Seat, current_seat
 from posttrain.silo.agents.openai_client import OpenAIChatAgent
-from posttrain.silo.agents.scripted import ScriptedAgent
+from posttrain.silo.agents.scripted import ANSWER_STYLES, ScriptedAgent
 from posttrain.utils.registry import Registry
 
 AgentFactory = Callable[..., Agent]
@@ -25,8 +25,9 @@ AGENTS: Registry[AgentFactory] = Registry("SILO agent")
 
 
 @AGENTS.register("scripted")
-def _scripted() -> Agent:
-    return ScriptedAgent()
+def _scripted(answer_style: str = "json") -> Agent:
+    """answer_style: json (default) | python | int-bools (``scripted:<style>`` on the command line)."""
+    return ScriptedAgent(answer_style or "json")
 
 
 @AGENTS.register("openai")
@@ -53,15 +54,23 @@ def _adversarial(kind: str = "random", **options: Any) -> Agent:
     return AdversarialAgent(kind or "random", **options)
 
 
-#: every name ``--agent`` takes (the adversarial kinds spelled out)
-AGENT_KINDS = ("scripted", "openai", "hf", *(f"adversarial:{k}" for k in ADVERSARIAL_KINDS))
+#: every name ``--agent`` takes (the variants spelled out)
+AGENT_KINDS = (
+    "scripted",
+    *(f"scripted:{s}" for s in ANSWER_STYLES.names() if s != "json"),
+    "openai",
+    "hf",
+    *(f"adversarial:{k}" for k in ADVERSARIAL_KINDS),
+)
+_VARIANT_OPTION = {"adversarial": "kind", "scripted": "answer_style"}
 
 
 def make_agent(name: str, **options: Any) -> Agent:
-    """The agent `name` from `AGENTS`, built with `options`; ``adversarial:<kind>`` passes ``kind``."""
+    """The agent `name` from `AGENTS`, built with `options`; ``adversarial:<kind>`` passes ``kind``,
+    ``scripted:<style>`` passes ``answer_style``."""
     base, sep, sub = name.partition(":")
-    if sep and base == "adversarial":
-        return AGENTS.get(base)(kind=sub, **options)
+    if sep and base in _VARIANT_OPTION:  # adversarial:<kind>, scripted:<answer style>
+        return AGENTS.get(base)(**{_VARIANT_OPTION[base]: sub}, **options)
     try:
         factory = AGENTS.get(name)
     except KeyError:

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 from posttrain.silo.agents.base import Agent, AgentReply, current_seat
 from posttrain.silo.parsing import LiteralError, format_tool_call, parse_data_literal, parse_tool_results
+from posttrain.utils.registry import Registry
 
 _ID_RE = re.compile(r"agent ID is:\s*(\d+)")
 _MAXID_RE = re.compile(r"IDs 0 to (\d+)")
@@ -100,6 +102,38 @@ def extract_shard(prompt: str) -> Any:
     return text
 
 
+ANSWER_STYLES: Registry[Callable[[Any], str]] = Registry("scripted answer style")
+
+
+@ANSWER_STYLES.register("json")
+def _json_answer(value: Any) -> str:
+    """The answer as JSON (the default: what both scoring modes read)."""
+    return json.dumps(value)
+
+
+@ANSWER_STYLES.register("python")
+def _python_answer(value: Any) -> str:
+    """The answer in Python notation, ``str(value)``, as the authors' task texts print data (single
+    quotes, ``True``): a container holding strings is then no JSON and stays a string."""
+    return str(value)
+
+
+@ANSWER_STYLES.register("int-bools")
+def _int_bools_answer(value: Any) -> str:
+    """JSON with booleans written as 1 / 0 (I-04): right under Python ``==``, not under the default."""
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, bool):
+            return int(v)
+        if isinstance(v, list):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        return v
+
+    return json.dumps(conv(value))
+
+
 def _payload(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c")
 
@@ -117,6 +151,17 @@ class ScriptedAgent(Agent):
     """Reference policy; one instance serves every seat (it is stateless, like an LLM endpoint)."""
 
     name = "scripted"
+
+    answer_style = "json"
+
+    def __init__(self, answer_style: str = "json") -> None:
+        self.answer_style = ANSWER_STYLES.canonical(answer_style)
+        if self.answer_style != "json":
+            self.name = f"scripted:{self.answer_style}"
+
+    def write_answer(self, value: Any) -> str:
+        """The ``answer`` parameter text of submit_result in this agent's `ANSWER_STYLES` style."""
+        return ANSWER_STYLES.get(self.answer_style)(value)
 
     async def reply(self, messages: list[dict[str, str]]) -> AgentReply:
         return AgentReply(self.decide(messages))
@@ -143,7 +188,7 @@ class ScriptedAgent(Agent):
             from posttrain.silo.oracle import read_oracle_input
 
             held = read_oracle_input(user) or [shard]
-            return format_tool_call("submit_result", answer=json.dumps(solve(task_id, held, user)[0]))
+            return format_tool_call("submit_result", answer=self.write_answer(solve(task_id, held, user)[0]))
         round_ = 1 + sum(1 for m in messages if m["role"] == "assistant")
         results = [
             res for m in messages[2:] if m["role"] == "user" for res in parse_tool_results(m["content"])
@@ -171,7 +216,7 @@ class ScriptedAgent(Agent):
 
             return solve(task_id, [shards[j] for j in range(n)], user)
 
-        submit = lambda v: format_tool_call("submit_result", answer=json.dumps(v))  # noqa: E731
+        submit = lambda v: format_tool_call("submit_result", answer=self.write_answer(v))  # noqa: E731
         wait = format_tool_call("wait")
         if proto == "p2p":
             if me != 0:
