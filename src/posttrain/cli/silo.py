@@ -125,7 +125,9 @@ def generate_cmd(
     seed: list[str] = typer.Option(["42"], "--seed", help="data seed (one)"),
     out: Path = typer.Option(..., "--out", help="output directory"),
     tasks: list[str] = typer.Option(["all"], "--tasks", help="all | I | II | III | task ids"),
-    parity: bool = typer.Option(False, "--parity", help="replay the authors' single RNG stream (spec §2.4)"),
+    parity: bool = typer.Option(
+        False, "--parity", help="replay the authors' single RNG stream (their random.seed(42))"
+    ),
 ) -> None:
     """Write one {TASK}_n{N}.json case file per task and N."""
     from posttrain.silo import write_cases
@@ -169,7 +171,7 @@ def run_cmd(
         True, "--save-cases/--no-save-cases", help="per-case results.json + transcript"
     ),
     scaffold: list[str] = typer.Option(
-        [], "--scaffold", help="spec §6.4 add-ons: planning reminder scratchpad"
+        [], "--scaffold", help="arXiv 2603.01045 App. H add-ons (our texts): planning reminder scratchpad"
     ),
     oracle: bool = typer.Option(
         False, "--oracle", help="also run the N = 1 oracle (whole input, one agent) of each case, for RCC"

@@ -1,17 +1,18 @@
-"""SILO-BENCH execution engine: synchronous rounds, lagged visibility, XML tool calls (spec §4, §11.2).
+"""SILO-BENCH execution engine: synchronous rounds, lagged visibility, XML tool calls (the authors'
+`src/engine.py`, jwyjohn/acl26-silo-bench; arXiv 2603.01045 App. A).
 
 Round r (1-based) of a case with N agents:
 
 1. ``protocol.begin_round(r)`` (SFS snapshots the store: reads in round r see the state of round r-1).
 2. Every agent that has not submitted gets ONE call with its full chat history. The calls of a round may
-   run concurrently (asyncio); their tool calls are then applied **in agent order**. Because nothing
-   sent or written in round r is visible before r+1 (spec §5.5), this is equivalent to the authors'
-   sequential loop; for SFS same-key writes the higher agent index wins (spec §9.6).
+   run concurrently (asyncio); their tool calls are then applied **in agent order**. Because nothing sent or
+   written in round r is visible before r+1 (arXiv 2603.01045 App. A.5), this is equivalent to the authors'
+   sequential loop; for SFS same-key writes the higher agent index wins (as in their loop).
 3. The reply's tool calls are executed in order, stopping after the first turn-ending tool (``wait`` /
    ``submit_result``). Results go back as ONE user message of ``<tool_result>`` blocks. A reply with no
    parseable tool call gets a corrective message (tool name ``system``).
 4. Stop when every agent has submitted or r = ``max_rounds`` (default 100). Non-submitters answer None;
-   submitted agents are never called again and cost no further tokens (spec §9.7).
+   submitted agents are never called again and cost no further tokens (as in their `run_round`).
 
 Token accounting: the agent's reported usage when it returns one, else the engine's token counter on
 the text: input = all messages in the agent's context (kept as a running sum, so nothing is
@@ -21,10 +22,10 @@ tokenizer on this kind of text; ``"chars"``, ``"hf:<preset or tokenizer dir>"`` 
 counts, `hf_token_counter`; ``posttrain silo run --token-counter``) and any ``str -> int`` callable can
 be used instead.
 
-Deviation from the authors' workspace layout (spec §4.1): state lives in memory; the per-round
-transcript is one JSONL file (one row per active agent per round: reply, parsed calls, tool results,
-tokens) and the per-case ``results.json`` follows spec §7.7. A per-round directory tree of JSON files is
-too slow at N = 100.
+Deviation from the authors' workspace layout (`rounds/round-NNNNNN/agent-NNN/...` directories): state lives
+in memory; the per-round transcript is one JSONL file (one row per active agent per round: reply, parsed
+calls, tool results, tokens) and the per-case ``results.json`` follows their `evaluate`. A per-round
+directory tree of JSON files is too slow at N = 100.
 """
 
 from __future__ import annotations
@@ -147,13 +148,14 @@ def resolve_token_counter(spec: str | TokenCounter) -> TokenCounter:
 
 @dataclass
 class EngineConfig:
-    """Engine options. `max_rounds` is R_max (spec §1: 100)."""
+    """Engine options. `max_rounds` is R_max (arXiv 2603.01045 §3: 100)."""
 
     max_rounds: int = 100
     prompt_set: str = "code"
     token_counter: str | TokenCounter = "regex"  # regex | chars | hf:<preset or tokenizer dir> | callable
     max_calls_per_turn: int | None = None  # None: no cap (authors); a cap answers the rest with an error
-    scaffolds: tuple[str, ...] = ()  # spec §6.4: any of "planning", "reminder", "scratchpad"
+    # arXiv 2603.01045 App. H ablation (our texts, proposed): any of "planning", "reminder", "scratchpad"
+    scaffolds: tuple[str, ...] = ()
     scoring: str = "default"  # posttrain.silo.scoring.SCORINGS: "default" | "paper"
 
     def __post_init__(self) -> None:
@@ -189,7 +191,8 @@ def case_task_id(case: dict[str, Any]) -> str:
 
 @dataclass
 class CaseResult:
-    """Everything measured on one case; `results_json()` is the spec §7.7 document."""
+    """Everything measured on one case; `results_json()` is the authors' results.json layout (their
+    `evaluate`) plus our fields."""
 
     case_id: str
     task_id: str
@@ -510,9 +513,10 @@ class SiloEngine:
     def _execute_turn(
         self, proto: Protocol, i: int, r: int, calls: Sequence[ToolCall]
     ) -> tuple[list[tuple[str, Any]], tuple[Any] | None]:
-        """Execute agent i's tool calls of round r in order, stopping after the first turn-ending one
-        (spec §4.3). Returns the ``(tool, result)`` pairs and ``(answer,)`` when it submitted, else None.
-        The agent has not submitted before (submitted agents are not called), so a submit always counts.
+        """Execute agent i's tool calls of round r in order, stopping after the first turn-ending one (the
+        authors' `run_round`). Returns the ``(tool, result)`` pairs and ``(answer,)`` when it submitted,
+        else None. The agent has not submitted before (submitted agents are not called), so a submit always
+        counts.
         """
         cap = self.cfg.max_calls_per_turn
         if not calls:

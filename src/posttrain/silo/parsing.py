@@ -1,4 +1,5 @@
-"""XML tool-call parsing for SILO-BENCH agents (spec §4.4, §4.5).
+"""XML tool-call parsing for SILO-BENCH agents (the authors' `src/utils/prompts.py` format and
+`src/utils/parsing.py`, jwyjohn/acl26-silo-bench).
 
 Wire format (all protocols)::
 
@@ -10,9 +11,9 @@ Wire format (all protocols)::
     </tool_call>
 
 Parameter values are converted like the authors' parser: try ``int`` -> ``float`` -> ``bool`` -> JSON ->
-``str`` (spec §4.5). The raw (stripped) text of every parameter is kept as well, so tools whose
-parameter is declared ``str`` (message content, file paths) can use the text exactly as written
-(``"007"`` stays ``"007"``); see `ToolCall.raw`.
+``str``. The raw (stripped) text of every parameter is kept as well, so tools whose parameter is declared
+``str`` (message content, file paths) can use the text exactly as written (``"007"`` stays ``"007"``); see
+`ToolCall.raw`.
 
 Robustness: the parser never raises on model output. Unclosed blocks, missing ``<tool>`` tags and
 junk between tags are skipped; ``<think>...</think>`` reasoning blocks are removed first so tool-call
@@ -49,7 +50,7 @@ class ToolCall:
 
 
 def convert_value(text: str) -> Any:
-    """int -> float -> bool -> JSON -> str, on the stripped text (spec §4.5).
+    """int -> float -> bool -> JSON -> str, on the stripped text (the authors' conversion order).
 
     Non-finite floats (``nan``, ``inf``) stay strings so results remain valid JSON.
     """
@@ -107,7 +108,7 @@ def format_tool_call(name: str, **params: Any) -> str:
 
 
 def format_tool_results(results: list[tuple[str, Any]]) -> str:
-    """ONE user message of ``<tool_result>`` blocks separated by blank lines (spec §4.3)."""
+    """ONE user message of ``<tool_result>`` blocks separated by blank lines (the authors' `run_round`)."""
     blocks = [
         f"<tool_result>\n  <tool>{name}</tool>\n  <result>{json.dumps(result, default=str)}</result>\n</tool_result>"
         for name, result in results

@@ -1,22 +1,28 @@
 """Reports over a sweep's results.jsonl: the paper's Table 1 layout, failure modes, plots, JSON.
 
-Table 1 (paper §4, spec §10.1): rows are slices — each protocol, each level, each N, and the average
+Table 1 (arXiv 2603.01045 §4, Table 1): rows are slices — each protocol, each level, each N, and the average
 over all cases — and each agent/model gets one cell ``SR / PCS / tokens-per-round / density`` where
 
 * SR  = 100 x mean over cases of 1[S = 1]  (instance success rate),
 * PCS = 100 x mean of P (partial correctness score),
-* tokens/round = mean of ``C_paper`` (output tokens / R_max, the paper's definition, spec §7.3),
-* density = mean of ``D_paper`` (messages sent; SFS: successful reads of others' files, spec §7.4).
+* tokens/round = mean of ``C_paper`` (output tokens / R_max, the paper's definition, arXiv 2603.01045 §3.3),
+* density = mean of ``D_paper`` (messages sent; SFS: successful reads of others' files, arXiv 2603.01045
+  §3.3).
 
-The code variants (``C_code``, ``D_code``) are in the JSON next to them. Averages are recomputed from the
-raw rows (spec §10.1 notes the printed Average row is inconsistent).
+That is the ``default`` scoring mode's cell; in the ``paper`` mode (`posttrain.silo.scoring`) a cell is
+``SR / PCS / C_code / C_paper / D_code`` (C as the authors' code computes it beside the paper's formula, D
+with m counted as their code does). Every table states the mode it was scored in; ``write_report(dir,
+scoring=...)`` in a mode other than the sweep's rescores the saved cases (`rescore_rows`) without running
+any agent, and `compare_scorings` puts SR and PCS of both modes side by side. The code variants are in the
+JSON next to them. Averages are recomputed from the raw rows (the paper's printed Average row matches
+neither the mean over levels nor over protocols).
 
-Table 2 (paper §4.1, spec §10.2), when the run has N = 1 oracle rows (``posttrain silo run --oracle``):
-for each agent/model, level and k, ``SR(N=1) / SR(N=k) / RCC`` with RCC = 1 − SR(N=k) / SR(N=1)
-(`metrics.relative_coordination_cost`), over PAIRED cases only: an oracle row (task, protocol, agent,
-seed, oracle_of = k) and its N = k row must both be present, so both rates are over the same global
-inputs. RCC is undefined (reported as such, never divided) when SR(N=1) = 0. Oracle rows are kept out of
-Table 1, the failure modes, the per-task table and the plots, which describe the multi-agent runs.
+Table 2 (arXiv 2603.01045 §4.1, Table 2), when the run has N = 1 oracle rows (``posttrain silo run
+--oracle``): for each agent/model, level and k, ``SR(N=1) / SR(N=k) / RCC`` with RCC = 1 − SR(N=k) / SR(N=1)
+(`metrics.relative_coordination_cost`), over PAIRED cases only: an oracle row (task, protocol, agent, seed,
+oracle_of = k) and its N = k row must both be present, so both rates are over the same global inputs. RCC is
+undefined (reported as such, never divided) when SR(N=1) = 0. Oracle rows are kept out of Table 1, the
+failure modes, the per-task table and the plots, which describe the multi-agent runs.
 
 Outputs of `write_report(dir)`: ``report.md``, ``report.json``, ``success_vs_n.png`` (SR vs N, one panel
 per level, one line per agent x protocol) and ``heatmap_task_protocol.png`` (SR per task x protocol, one

@@ -1,9 +1,9 @@
 """The agent interface the SILO-BENCH engine talks to.
 
-An agent is *stateless* from the engine's point of view: the engine owns every agent's chat context
-(spec §4.2 step 3) and calls ``await agent.reply(messages)`` once per active round with the full
-history (spec §4.3). One agent object may therefore serve all N seats of a case (an LLM client), or the
-engine can be given one agent per seat (mixed populations).
+An agent is *stateless* from the engine's point of view: the engine owns every agent's chat context (the
+authors' `src/engine.py` `init_case`, jwyjohn/acl26-silo-bench) and calls ``await agent.reply(messages)``
+once per active round with the full history (their `run_round`). One agent object may therefore serve all N
+seats of a case (an LLM client), or the engine can be given one agent per seat (mixed populations).
 """
 
 from __future__ import annotations

@@ -5,13 +5,13 @@ shards (in agent order) and the task text one agent sees (its `user_prompt`): ta
 stated in the text (target word, range bounds, K, number of steps, number of graph nodes, the K-Means
 initial centroids) are parsed from it. It never looks at a case's `expected_output`.
 
-Where practical each solver takes a different route from the generator's computation (spec §3), so a
-shared bug would have to be made twice: e.g. union-find (generator) vs BFS (solver) for components,
-expand-around-centre vs Manacher for palindromes, a list simulation vs bit-parallel integer arithmetic for
-the 1D automaton, left/right-max arrays vs two pointers for rain water, traversal vs pointer jumping
-(Wyllie list ranking) for II-18. Where the task's definition *is* a float formula whose last-bit value can
-matter after rounding (III-28 PageRank sums, III-29 variance), the solver evaluates the same formula in
-the same order after reconstructing its inputs independently.
+Where practical each solver takes a different route from the generator's computation (the authors'
+generators), so a shared bug would have to be made twice: e.g. union-find (generator) vs BFS (solver) for
+components, expand-around-centre vs Manacher for palindromes, a list simulation vs bit-parallel integer
+arithmetic for the 1D automaton, left/right-max arrays vs two pointers for rain water, traversal vs pointer
+jumping (Wyllie list ranking) for II-18. Where the task's definition *is* a float formula whose last-bit
+value can matter after rounding (III-28 PageRank sums, III-29 variance), the solver evaluates the same
+formula in the same order after reconstructing its inputs independently.
 """
 
 from __future__ import annotations
