@@ -152,3 +152,19 @@ def test_parse_data_literal(text, value):
 def test_parse_data_literal_rejects_non_literals(text):
     with pytest.raises(LiteralError):
         parse_data_literal(text)
+
+
+@needs_authors
+def test_parity_mode_reproduces_the_authors_files():
+    """`generate_parity_suite` replays the authors' single random.seed(42) stream: the shards and the
+    ground truth of all 60 files are reproduced exactly (prompt wording is ours)."""
+    from posttrain.silo.tasks import generate_parity_suite
+
+    suite = generate_parity_suite([2, 5])
+    assert len(suite) == len(AUTHORS_FILES) == 60
+    for (task_id, n), ours in suite.items():
+        theirs = load_case(AUTHORS_DIR / f"{task_id}_n{n}.json")
+        assert [a["input_shard"] for a in ours["agent_configs"]] == [
+            _native(a["input_shard"]) for a in theirs["agent_configs"]
+        ], (task_id, n)
+        assert ours["expected_output"]["per_agent_values"] == theirs["expected_output"]["per_agent_values"]
