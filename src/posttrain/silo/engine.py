@@ -166,6 +166,10 @@ class EngineConfig:
             raise ValueError(f"unknown scaffold(s) {bad}; known: {', '.join(SCAFFOLDS)}")
         from posttrain.silo.scoring import SCORINGS
 
+        if not isinstance(self.scoring, str):
+            raise ValueError(
+                f"scoring must be a scoring mode name ({', '.join(SCORINGS.names())}), got {self.scoring!r}"
+            )
         self.scoring = SCORINGS.canonical(self.scoring.strip().lower())
         counter = resolve_token_counter(self.token_counter)  # unknown names fail here, not per case
         if isinstance(self.token_counter, str) and self.token_counter.startswith("hf:"):
