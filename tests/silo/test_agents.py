@@ -24,7 +24,7 @@ from posttrain.silo.agents import (
     AgentReply,
     OpenAIChatAgent,
     ScriptedAgent,
-    build_agent,
+    make_agent,
 )
 from posttrain.silo.agents.scripted import read_task
 from posttrain.silo.engine import EngineConfig, run_case
@@ -148,13 +148,13 @@ def test_hypothesis_junk_replies_never_crash(texts, proto):
     _well_formed(res, 2)
 
 
-def test_build_agent_names():
-    assert isinstance(build_agent("scripted"), ScriptedAgent)
-    assert build_agent("adversarial:flood").kind == "flood"
+def test_make_agent_names():
+    assert isinstance(make_agent("scripted"), ScriptedAgent)
+    assert make_agent("adversarial:flood").kind == "flood"
     with pytest.raises(ValueError, match="known"):
-        build_agent("telepathy")
+        make_agent("telepathy")
     with pytest.raises(ValueError, match="base_url"):
-        build_agent("openai")
+        make_agent("openai")
 
 
 # ------------------------------------------------------------------------------------ local HF model
@@ -168,7 +168,7 @@ def test_tiny_hf_agent_end_to_end(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a 1M-parameter model: intra-op threads only contend on a busy CPU
     try:
-        agent = build_agent("hf", model="tiny", max_new_tokens=8, max_context=768)
+        agent = make_agent("hf", model="tiny", max_new_tokens=8, max_context=768)
         case = generate_case("I-01", 2)
         res = run_case(case, "p2p", agent, EngineConfig(max_rounds=2), transcript_path=tmp_path / "t.jsonl")
     finally:

@@ -1,4 +1,5 @@
-"""Engine and protocol semantics on hand cases (spec §4, §5, §7.4, §9.6-9.7)."""
+"""Engine and protocol semantics on hand cases (the authors' engine and protocol tools; D counts; SFS last
+writer; submitted agents)."""
 
 from __future__ import annotations
 

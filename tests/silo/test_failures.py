@@ -1,4 +1,4 @@
-"""Failure-mode detectors (spec §7.6) on hand-written transcripts, and emergent leaders."""
+"""Failure-mode detectors (arXiv 2603.01045 §5.2) on hand-written transcripts, and emergent leaders."""
 
 from __future__ import annotations
 

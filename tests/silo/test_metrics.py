@@ -1,4 +1,5 @@
-"""SILO-BENCH metrics (spec §7): hand cases, both C and D variants, the Level-III fix, properties."""
+"""SILO-BENCH metrics (arXiv 2603.01045 §3.3): hand cases, both C and D variants, the Level-III fix,
+properties."""
 
 from __future__ import annotations
 
@@ -61,11 +62,11 @@ def test_normalize_value(raw, norm):
 
 def test_is_correct_exact_no_tolerance():
     assert is_correct("620", 620) and is_correct(620.0, 620) and is_correct("52.30", 52.3)
-    assert not is_correct(619, 620)  # S has no tolerance (spec §9.3)
+    assert not is_correct(619, 620)  # S has no tolerance (the authors' compute_success_rate)
     assert not is_correct(52.31, 52.3)
     assert not is_correct(1, True) and not is_correct(True, 1) and not is_correct(0, False)
     assert is_correct("True", True) and is_correct("false", False)
-    assert is_correct({0: 1, 1: 2}, {"0": 1, "1": 2})  # spec §9.4: dict keys as strings on both sides
+    assert is_correct({0: 1, 1: 2}, {"0": 1, "1": 2})  # dict keys as strings on both sides (JSON round trip)
     assert not is_correct({"0": 1}, {"0": 1, "1": 2})
     assert is_correct([(1.0, 2.5)], [[1, 2.5]]) and is_correct("[[1, 2], [3, 4]]", [[1, 2], [3, 4]])
     assert not is_correct([1, 2], [1, 2, 3])
@@ -92,7 +93,7 @@ def test_success_rate_hand_cases():
 
 
 def test_partial_correctness_spec_examples():
-    # spec §7.2 worked examples
+    # worked examples of the P rules
     assert partial_credit([1, 2, 0, 4, 5], [1, 2, 3, 4], 2) == 0.75
     assert partial_credit([5, 3, 7, 9], [3, 5, 7, 9], 3) == 0.75
     assert partial_credit(619, 620, 1) == 1.0
@@ -122,7 +123,8 @@ def test_partial_level_two():
 
 
 def test_partial_level_three_list_of_lists_no_crash():
-    # spec §9.1: the authors' position map crashed on list elements (III-25, III-27, III-30)
+    # the authors' position map (compute_partial_correctness) crashed on list elements (III-25, III-27,
+    # III-30)
     centroids = [[12.5, 40.0], [70.1, 20.2], [55.0, 90.3]]
     assert partial_credit(centroids, centroids, 3) == 1.0
     assert partial_credit(centroids[::-1], centroids, 3) == pytest.approx(1 / 3)
@@ -137,7 +139,7 @@ def test_partial_level_three_list_of_lists_no_crash():
 
 
 def test_partial_level_three_duplicates_matched_in_order():
-    # spec §9.2 decision: the k-th submitted copy maps to the k-th occurrence
+    # our decision: the k-th submitted copy maps to the k-th occurrence
     assert partial_credit([1, 1, 2], [1, 1, 2], 3) == 1.0  # the authors' last-index map gives 2/3
     assert partial_credit([1, 2], [1, 1, 2], 3) == pytest.approx(2 / 3)
     assert partial_credit([1, 1, 1, 2], [1, 1, 2], 3) == 1.0  # a surplus copy has no slot and is ignored

@@ -298,7 +298,7 @@ def test_cli_run_oracle_then_report_shows_table2(tmp_path):
     assert r.exit_code == 0, r.output
     assert "paper Table 2" in r.output and "100.0 / 100.0 / 0.0%" in r.output
     md = (out / "report.md").read_text()
-    assert "## N = 1 oracle vs N = k (paper Table 2)" in md
+    assert "## N = 1 oracle vs N = k (paper Table 2; scoring: default)" in md
     assert "| scripted | 2 | 100.0 / 100.0 / 0.0% | 100.0 / 100.0 / 0.0% | 100.0 / 100.0 / 0.0% | 2 |" in md
     rep = json.loads((out / "report.json").read_text())
     assert rep["table2"]["scripted"]["Level II"]["2"]["pairs"] == 1

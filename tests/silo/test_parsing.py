@@ -1,4 +1,5 @@
-"""XML tool-call parser (spec §4.4, §4.5): value conversion, multiple calls, junk never raises."""
+"""XML tool-call parser (the authors' tool-call format): value conversion, multiple calls, junk never
+raises."""
 
 from __future__ import annotations
 

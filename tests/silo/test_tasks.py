@@ -123,7 +123,7 @@ def test_solver_parses_parameters_from_prompt():
         solve("I-01", [], "")
 
 
-# ------------------------------------------------------------------- spec §3.4 reference values
+# ------------------------------------- reference values derived by hand from the task definitions
 
 
 def test_reference_values_generator_functions():

@@ -66,6 +66,31 @@ def _ints(values: list[str] | None, what: str) -> list[int]:
     return out
 
 
+def _agent_counts(values: list[str] | None, option: str = "--agents") -> list[int]:
+    """N values of a sweep: integers >= 2 (the input is split over N >= 2 agents; the N = 1 baseline is
+    ``--oracle``). A bad value is a usage error naming the option and the accepted range."""
+    counts = _ints(values, option)
+    bad = [n for n in counts if n < 2]
+    if bad:
+        raise typer.BadParameter(
+            f"{option}: agent counts must be integers >= 2 (SILO-BENCH splits each input over N >= 2 "
+            f"agents; use --oracle for the N = 1 baseline), got {', '.join(map(str, bad))}"
+        )
+    if not counts:
+        raise typer.BadParameter(f"{option}: give at least one agent count (integers >= 2)")
+    return counts
+
+
+def _scoring(name: str, option: str = "--scoring") -> str:
+    from posttrain.silo.scoring import SCORINGS
+    from posttrain.utils.registry import UnknownNameError
+
+    try:
+        return SCORINGS.canonical(name.strip().lower())
+    except UnknownNameError as e:
+        raise typer.BadParameter(f"{option}: {e}") from None
+
+
 def _tasks(values: list[str] | None) -> list[str]:
     from posttrain.silo import TASK_IDS, task_level
 
@@ -100,7 +125,9 @@ def generate_cmd(
     seed: list[str] = typer.Option(["42"], "--seed", help="data seed (one)"),
     out: Path = typer.Option(..., "--out", help="output directory"),
     tasks: list[str] = typer.Option(["all"], "--tasks", help="all | I | II | III | task ids"),
-    parity: bool = typer.Option(False, "--parity", help="replay the authors' single RNG stream (spec §2.4)"),
+    parity: bool = typer.Option(
+        False, "--parity", help="replay the authors' single RNG stream (their random.seed(42))"
+    ),
 ) -> None:
     """Write one {TASK}_n{N}.json case file per task and N."""
     from posttrain.silo import write_cases
@@ -109,7 +136,7 @@ def generate_cmd(
     if len(seeds) != 1:
         raise typer.BadParameter("--seed: generate takes exactly one seed")
     try:
-        paths = write_cases(out, _ints(agents, "--agents"), seeds[0], _tasks(tasks), parity=parity)
+        paths = write_cases(out, _agent_counts(agents), seeds[0], _tasks(tasks), parity=parity)
     except ValueError as e:  # e.g. N < 2
         raise typer.BadParameter(str(e)) from None
     typer.echo(f"wrote {len(paths)} case files to {out}")
@@ -131,25 +158,37 @@ def run_cmd(
     temperature: float | None = typer.Option(None, "--temperature", help="sampling temperature"),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="openai: max_tokens per reply"),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="hf: generation cap per reply"),
-    request_concurrency: int = typer.Option(8, "--request-concurrency", help="openai: requests in flight"),
-    timeout_s: float = typer.Option(600.0, "--timeout", help="openai: request timeout (s)"),
-    max_retries: int = typer.Option(5, "--max-retries", help="openai: retries on 429/5xx/timeouts"),
-    max_rounds: int = typer.Option(100, "--max-rounds", help="R_max"),
-    concurrency: int = typer.Option(1, "--concurrency", help="cases run at once"),
+    request_concurrency: int = typer.Option(
+        8, "--request-concurrency", min=1, help="openai: requests in flight (>= 1)"
+    ),
+    timeout_s: float = typer.Option(600.0, "--timeout", min=0.001, help="openai: request timeout (s, > 0)"),
+    max_retries: int = typer.Option(5, "--max-retries", min=0, help="openai: retries on 429/5xx/timeouts"),
+    max_rounds: int = typer.Option(100, "--max-rounds", min=1, help="R_max (>= 1)"),
+    concurrency: int = typer.Option(1, "--concurrency", min=1, help="cases run at once (>= 1)"),
     cases: Path | None = typer.Option(None, "--cases", help="run published {TASK}_n{N}.json files from DIR"),
     prompt_set: str = typer.Option("code", "--prompt-set", help="code | paper"),
     save_cases: bool = typer.Option(
         True, "--save-cases/--no-save-cases", help="per-case results.json + transcript"
     ),
     scaffold: list[str] = typer.Option(
-        [], "--scaffold", help="spec §6.4 add-ons: planning reminder scratchpad"
+        [], "--scaffold", help="arXiv 2603.01045 App. H add-ons (our texts): planning reminder scratchpad"
     ),
     oracle: bool = typer.Option(
         False, "--oracle", help="also run the N = 1 oracle (whole input, one agent) of each case, for RCC"
     ),
+    scoring: str = typer.Option(
+        "default",
+        "--scoring",
+        help="default | paper (the authors' metric semantics, comparable with the paper)",
+    ),
+    token_counter: str = typer.Option(
+        "regex",
+        "--token-counter",
+        help="tokens of agents that report no usage: regex | chars | hf:<preset or local tokenizer dir>",
+    ),
 ) -> None:
     """Run a sweep (resumable: cases already in DIR/results.jsonl are skipped)."""
-    from posttrain.silo.agents import build_agent
+    from posttrain.silo.agents import make_agent
     from posttrain.silo.prompts import PROMPT_SETS, SCAFFOLDS
     from posttrain.silo.runner import AgentSpec, SweepConfig, run_sweep
 
@@ -174,19 +213,19 @@ def run_cmd(
         for m in models:
             opts = dict(base_url=base_url, model=m, api_key=key, temperature=temperature, max_tokens=max_tokens,
                         concurrency=request_concurrency, timeout_s=timeout_s, max_retries=max_retries)  # fmt: skip
-            specs.append(AgentSpec(m, lambda o=opts: build_agent("openai", **o)))
+            specs.append(AgentSpec(m, lambda o=opts: make_agent("openai", **o)))
     elif agent == "hf":
         if not models:
             raise typer.BadParameter("--agent hf needs --model (a local model directory or a preset)")
         for m in models:
             opts = dict(model=m, max_new_tokens=max_new_tokens, temperature=temperature or 0.0)
-            specs.append(AgentSpec(f"hf:{m}", lambda o=opts: build_agent("hf", **o)))
+            specs.append(AgentSpec(f"hf:{m}", lambda o=opts: make_agent("hf", **o)))
     else:
         try:
-            build_agent(agent)  # validates the name
+            make_agent(agent)  # validates the name
         except ValueError as e:
             raise typer.BadParameter(f"--agent: {e}") from None
-        specs.append(AgentSpec(agent, lambda: build_agent(agent)))
+        specs.append(AgentSpec(agent, lambda: make_agent(agent)))
     if scaffolds:  # scaffolded runs are a different population: keep them apart in results and resume keys
         for sp in specs:
             sp.label += "+" + "+".join(scaffolds)
@@ -194,7 +233,7 @@ def run_cmd(
         scaffolds=scaffolds,
         out_dir=out,
         tasks=_tasks(tasks),
-        agent_counts=_ints(agents, "--agents"),
+        agent_counts=_agent_counts(agents),
         protocols=_protocols(protocols),
         seeds=_ints(seed, "--seed"),
         max_rounds=max_rounds,
@@ -203,6 +242,8 @@ def run_cmd(
         cases_dir=cases,
         save_cases=save_cases,
         oracle=oracle,
+        scoring=_scoring(scoring),
+        token_counter=token_counter,
     )
     try:
         s = run_sweep(cfg, specs)
@@ -227,15 +268,39 @@ def run_cmd(
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="a run directory with results.jsonl"),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots"),
+    scoring: str | None = typer.Option(
+        None,
+        "--scoring",
+        help="default | paper | both; default: the mode the sweep was run with. Another mode rescores the "
+        "saved cases (no agent is run) into report.<mode>.md/json; both also writes scoring_comparison.md",
+    ),
 ) -> None:
     """Table 1 layout (terminal + report.md), failure modes, Table 2 (oracle RCC), plots, report.json."""
-    from posttrain.silo.report import write_report
+    from posttrain.silo.report import compare_scorings, write_report
+    from posttrain.utils.io import atomic_write_text
+    from posttrain.utils.tables import markdown_table, print_table
 
+    both = scoring is not None and scoring.strip().lower() == "both"
+    modes = ["default", "paper"] if both else [None if scoring is None else _scoring(scoring)]
+    written = []
     try:
-        write_report(run_dir, plots=plots)
+        for mode in modes:
+            summary = write_report(run_dir, plots=plots, scoring=mode)
+            name = "report" if not summary["rescored"] else f"report.{summary['scoring']}"
+            written += [run_dir / f"{name}.md", run_dir / f"{name}.json"]
+        if both:
+            columns, body = compare_scorings(run_dir, modes)
+            print_table("SR and PCS by scoring mode (same transcripts)", columns, body)
+            path = run_dir / "scoring_comparison.md"
+            atomic_write_text(
+                path,
+                "# SR and PCS of one sweep in each scoring mode\n\nThe same transcripts scored by "
+                "`default` and by `paper` (posttrain.silo.scoring).\n\n" + markdown_table(columns, body),
+            )
+            written.append(path)
     except (FileNotFoundError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
-    typer.echo(f"wrote {run_dir / 'report.md'} and {run_dir / 'report.json'}")
+    typer.echo("wrote " + ", ".join(str(p) for p in written))
 
 
 @bench_app.command("silo", cls=MultiValueCommand)
@@ -253,7 +318,7 @@ def bench_silo_cmd(
     from posttrain.utils.progress import progress_bar
     from posttrain.utils.tables import print_table
 
-    task_ids, counts, protos = _tasks(tasks), _ints(agents, "--agents"), _protocols(protocols)
+    task_ids, counts, protos = _tasks(tasks), _agent_counts(agents), _protocols(protocols)
     total = len(task_ids) * len(counts) * len(protos)
     ok = [0, 0]
     with progress_bar("bench silo", total=total) as bar:

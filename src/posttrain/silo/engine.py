@@ -1,29 +1,31 @@
-"""SILO-BENCH execution engine: synchronous rounds, lagged visibility, XML tool calls (spec §4, §11.2).
+"""SILO-BENCH execution engine: synchronous rounds, lagged visibility, XML tool calls (the authors'
+`src/engine.py`, jwyjohn/acl26-silo-bench; arXiv 2603.01045 App. A).
 
 Round r (1-based) of a case with N agents:
 
 1. ``protocol.begin_round(r)`` (SFS snapshots the store: reads in round r see the state of round r-1).
 2. Every agent that has not submitted gets ONE call with its full chat history. The calls of a round may
-   run concurrently (asyncio); their tool calls are then applied **in agent order**. Because nothing
-   sent or written in round r is visible before r+1 (spec §5.5), this is equivalent to the authors'
-   sequential loop; for SFS same-key writes the higher agent index wins (spec §9.6).
+   run concurrently (asyncio); their tool calls are then applied **in agent order**. Because nothing sent or
+   written in round r is visible before r+1 (arXiv 2603.01045 App. A.5), this is equivalent to the authors'
+   sequential loop; for SFS same-key writes the higher agent index wins (as in their loop).
 3. The reply's tool calls are executed in order, stopping after the first turn-ending tool (``wait`` /
    ``submit_result``). Results go back as ONE user message of ``<tool_result>`` blocks. A reply with no
    parseable tool call gets a corrective message (tool name ``system``).
 4. Stop when every agent has submitted or r = ``max_rounds`` (default 100). Non-submitters answer None;
-   submitted agents are never called again and cost no further tokens (spec §9.7).
+   submitted agents are never called again and cost no further tokens (as in their `run_round`).
 
 Token accounting: the agent's reported usage when it returns one, else the engine's token counter on
 the text: input = all messages in the agent's context (kept as a running sum, so nothing is
 re-tokenised), output = the reply. The default counter ``"regex"`` counts words, numbers and single
 punctuation marks (``\\w+|[^\\w\\s]``): exact, deterministic, fast, and close in scale to a BPE
-tokenizer on this kind of text; ``"chars"`` and any ``str -> int`` callable (e.g. `hf_token_counter`) can
+tokenizer on this kind of text; ``"chars"``, ``"hf:<preset or tokenizer dir>"`` (a real tokenizer's
+counts, `hf_token_counter`; ``posttrain silo run --token-counter``) and any ``str -> int`` callable can
 be used instead.
 
-Deviation from the authors' workspace layout (spec §4.1): state lives in memory; the per-round
-transcript is one JSONL file (one row per active agent per round: reply, parsed calls, tool results,
-tokens) and the per-case ``results.json`` follows spec §7.7. A per-round directory tree of JSON files is
-too slow at N = 100.
+Deviation from the authors' workspace layout (`rounds/round-NNNNNN/agent-NNN/...` directories): state lives
+in memory; the per-round transcript is one JSONL file (one row per active agent per round: reply, parsed
+calls, tool results, tokens) and the per-case ``results.json`` follows their `evaluate`. A per-round
+directory tree of JSON files is too slow at N = 100.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from posttrain.silo.agents.base import Agent, AgentReply
+from posttrain.silo.agents.base import Agent, AgentReply, Seat, reply_as
 from posttrain.silo.parsing import ToolCall, format_tool_results, parse_tool_calls
 from posttrain.silo.prompts import (
     CORRECTIVE_MESSAGE,
@@ -109,15 +111,52 @@ def hf_token_counter(tokenizer: Any) -> TokenCounter:
     return count
 
 
+def load_tokenizer(spec: str) -> Any:
+    """The tokenizer of a model preset (`posttrain.models.list_presets`: the character tokenizer) or
+    of a local model / tokenizer directory (`transformers.AutoTokenizer`, local files only)."""
+    from posttrain.models.presets import list_presets
+    from posttrain.models.tokenizer import build_char_tokenizer
+
+    if spec in list_presets():
+        return build_char_tokenizer()
+    path = Path(spec)
+    if not path.is_dir():
+        raise ValueError(
+            f"token counter 'hf:{spec}': {spec!r} is neither a model preset ({', '.join(list_presets())}) "
+            "nor a local tokenizer directory"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"token counter 'hf:{spec}': cannot load a tokenizer from {path} ({e})") from None
+
+
+def resolve_token_counter(spec: str | TokenCounter) -> TokenCounter:
+    """A token counter from its name in `token_counters` (``regex``, ``chars``), ``hf:<preset or
+    tokenizer dir>`` (`hf_token_counter` over `load_tokenizer`), or a ``str -> int`` callable."""
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise ValueError(f"token_counter must be a name or a str -> int callable, got {spec!r}")
+    kind, sep, arg = spec.partition(":")
+    if sep and kind == "hf":
+        return hf_token_counter(load_tokenizer(arg))
+    return token_counters.get(spec)
+
+
 @dataclass
 class EngineConfig:
-    """Engine options. `max_rounds` is R_max (spec §1: 100)."""
+    """Engine options. `max_rounds` is R_max (arXiv 2603.01045 §3: 100)."""
 
     max_rounds: int = 100
     prompt_set: str = "code"
-    token_counter: str | TokenCounter = "regex"
+    token_counter: str | TokenCounter = "regex"  # regex | chars | hf:<preset or tokenizer dir> | callable
     max_calls_per_turn: int | None = None  # None: no cap (authors); a cap answers the rest with an error
-    scaffolds: tuple[str, ...] = ()  # spec §6.4: any of "planning", "reminder", "scratchpad"
+    # arXiv 2603.01045 App. H ablation (our texts, proposed): any of "planning", "reminder", "scratchpad"
+    scaffolds: tuple[str, ...] = ()
+    scoring: str = "default"  # posttrain.silo.scoring.SCORINGS: "default" | "paper"
 
     def __post_init__(self) -> None:
         if self.prompt_set not in PROMPT_SETS:
@@ -125,6 +164,16 @@ class EngineConfig:
         bad = [s for s in self.scaffolds if s not in SCAFFOLDS]
         if bad:
             raise ValueError(f"unknown scaffold(s) {bad}; known: {', '.join(SCAFFOLDS)}")
+        from posttrain.silo.scoring import SCORINGS
+
+        if not isinstance(self.scoring, str):
+            raise ValueError(
+                f"scoring must be a scoring mode name ({', '.join(SCORINGS.names())}), got {self.scoring!r}"
+            )
+        self.scoring = SCORINGS.canonical(self.scoring.strip().lower())
+        counter = resolve_token_counter(self.token_counter)  # unknown names fail here, not per case
+        if isinstance(self.token_counter, str) and self.token_counter.startswith("hf:"):
+            self.token_counter = counter  # a tokenizer is loaded once per config, not once per case
         if self.max_rounds < 1:
             raise ValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
         if self.max_calls_per_turn is not None and self.max_calls_per_turn < 1:
@@ -146,7 +195,8 @@ def case_task_id(case: dict[str, Any]) -> str:
 
 @dataclass
 class CaseResult:
-    """Everything measured on one case; `results_json()` is the spec §7.7 document."""
+    """Everything measured on one case; `results_json()` is the authors' results.json layout (their
+    `evaluate`) plus our fields."""
 
     case_id: str
     task_id: str
@@ -172,6 +222,10 @@ class CaseResult:
     agent_s: float
     agent_rounds: int
     transcript: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    scoring: str = "default"  # the scoring mode of `metrics`, `correct`, `success` (posttrain.silo.scoring)
+    message_counts: dict[str, int] = field(
+        default_factory=dict
+    )  # m of D per variant: code, paper, bp_weighted
 
     @property
     def engine_s(self) -> float:
@@ -193,12 +247,18 @@ class CaseResult:
                     zip(self.answers, self.correct, self.submit_rounds, strict=True)
                 )
             ],
+            "scoring": self.scoring,
             "metrics": self.metrics,
             "success": self.success,
             "rounds_executed": self.rounds_executed,
             "max_rounds": self.max_rounds,
             "tokens": {"input": self.input_tokens, "output": self.output_tokens},
-            "communication": {"sent": self.sent, "received": self.received, "emergent_leaders": self.leaders},
+            "communication": {
+                "sent": self.sent,
+                "received": self.received,
+                "emergent_leaders": self.leaders,
+                "messages": self.message_counts,
+            },
             "failure_modes": self.failure_modes,
             "timing": {
                 "wall_s": self.wall_s,
@@ -225,6 +285,7 @@ class CaseResult:
             "D_code": m["D_code"],
             "D_paper": m["D_paper"],
             "success": self.success,
+            "scoring": self.scoring,
             "rounds": self.rounds_executed,
             "submitted": sum(r is not None for r in self.submit_rounds),
             "input_tokens": self.input_tokens,
@@ -286,20 +347,23 @@ class SiloEngine:
             )
         self.expected = expected
         if isinstance(agents, Agent):
-            self.agents = [agents] * self.n
+            seats = [agents] * self.n
         else:
-            self.agents = list(agents)
-            if len(self.agents) != self.n:
-                raise ValueError(f"got {len(self.agents)} agents for a case with {self.n} agents")
-        self.agent_name = agent_name or getattr(self.agents[0], "name", "agent")
-        tc = self.cfg.token_counter
-        self.count = token_counters.get(tc) if isinstance(tc, str) else tc
+            seats = list(agents)
+            if len(seats) != self.n:
+                raise ValueError(f"got {len(seats)} agents for a case with {self.n} agents")
+        self.agent_name = agent_name or getattr(seats[0], "name", "agent")
+        case_id = str(case.get("case_id", self.task_id))
+        self.agents = seats
+        self.seats = [Seat(case_id, self.task_id, i, self.n) for i in range(self.n)]
+        self.count = resolve_token_counter(self.cfg.token_counter)
 
     async def run(self, transcript_path: str | Path | None = None) -> CaseResult:
         """Run the case to completion; optionally stream the transcript to `transcript_path` (JSONL)."""
         from posttrain.silo import metrics
         from posttrain.silo import task_level as _task_level
         from posttrain.silo.failures import analyze_failures
+        from posttrain.silo.scoring import CaseScoreInput, get_scoring
 
         t_start = time.perf_counter()
         n, cfg = self.n, self.cfg
@@ -343,7 +407,9 @@ class SiloEngine:
                         contexts[i][-1] = {**last, "content": last["content"] + note}
                         ctx_tokens[i] += note_tokens
                 t0 = time.perf_counter()
-                replies = await asyncio.gather(*(self.agents[i].reply(list(contexts[i])) for i in active))
+                replies = await asyncio.gather(
+                    *(reply_as(self.agents[i], self.seats[i], list(contexts[i])) for i in active)
+                )
                 agent_s += time.perf_counter() - t0
                 agent_rounds += len(active)
                 for i, rep in zip(active, replies, strict=True):
@@ -388,28 +454,27 @@ class SiloEngine:
                 tfile.close()
 
         level = _task_level(self.task_id)
-        correct = [
-            metrics.is_correct(a, e) if s else False
-            for a, e, s in zip(answers, self.expected, submitted, strict=True)
-        ]
-        d_code = metrics.communication_density(proto.message_count(), n)
-        met = {
-            "S_success_rate": metrics.success_rate(answers, self.expected),
-            "P_partial_correctness": metrics.partial_correctness(answers, self.expected, level),
-            "C_code": metrics.token_consumption_code(in_total, out_total, rounds),
-            "C_paper": metrics.token_consumption_paper(out_total, cfg.max_rounds),
-            "D_code": d_code,
-            "D_paper": metrics.communication_density(proto.paper_message_count(), n),
-        }
+        scoring = get_scoring(cfg.scoring)
+        counts = {"code": proto.message_count(), "paper": proto.paper_message_count()}
         if isinstance(proto, Broadcast):
-            met["D_bp_recipient_weighted"] = metrics.communication_density(
-                proto.recipient_weighted_count(), n
-            )
-        # legacy names (authors' results.json)
-        met["C_token_consumption"] = met["C_code"]
-        met["D_communication_density"] = met["D_code"]
-        met["success_rate"] = met["S_success_rate"]
-        met["partial_correctness"] = met["P_partial_correctness"]
+            counts["bp_weighted"] = proto.recipient_weighted_count()
+        score_in = CaseScoreInput(
+            task_id=self.task_id,
+            level=level,
+            num_agents=n,
+            expected=self.expected,
+            answers=answers,
+            submitted=submitted,
+            input_tokens=in_total,
+            output_tokens=out_total,
+            rounds_executed=rounds,
+            max_rounds=cfg.max_rounds,
+            messages_code=counts["code"],
+            messages_paper=counts["paper"],
+            messages_bp_weighted=counts.get("bp_weighted"),
+        )
+        correct = scoring.correct_list(score_in)
+        met = scoring.score(score_in)
         success = met["S_success_rate"] == 1.0
         fm = analyze_failures(
             transcript,
@@ -435,6 +500,8 @@ class SiloEngine:
             correct=correct,
             metrics=met,
             success=success,
+            scoring=scoring.name,
+            message_counts=counts,
             input_tokens=in_total,
             output_tokens=out_total,
             sent=list(proto.sent),
@@ -450,9 +517,10 @@ class SiloEngine:
     def _execute_turn(
         self, proto: Protocol, i: int, r: int, calls: Sequence[ToolCall]
     ) -> tuple[list[tuple[str, Any]], tuple[Any] | None]:
-        """Execute agent i's tool calls of round r in order, stopping after the first turn-ending one
-        (spec §4.3). Returns the ``(tool, result)`` pairs and ``(answer,)`` when it submitted, else None.
-        The agent has not submitted before (submitted agents are not called), so a submit always counts.
+        """Execute agent i's tool calls of round r in order, stopping after the first turn-ending one (the
+        authors' `run_round`). Returns the ``(tool, result)`` pairs and ``(answer,)`` when it submitted,
+        else None. The agent has not submitted before (submitted agents are not called), so a submit always
+        counts.
         """
         cap = self.cfg.max_calls_per_turn
         if not calls:

@@ -1,4 +1,4 @@
-"""Rule-based failure-mode detection from a case transcript (spec §7.6, paper §5.2 / App. G.2).
+"""Rule-based failure-mode detection from a case transcript (arXiv 2603.01045 §5.2, App. G.2).
 
 The detectors read only the transcript rows the engine writes (tool results as the agents saw them):
 
@@ -85,7 +85,7 @@ def analyze_failures(
     submit_rounds: list[int | None],
     correct: list[bool],
 ) -> dict[str, Any]:
-    """The three failure modes of spec §7.6 plus per-agent evidence."""
+    """The three failure modes of arXiv 2603.01045 §5.2 plus per-agent evidence."""
     from posttrain.silo import dependency_peers, task_info
     from posttrain.silo.metrics import answer_key
 

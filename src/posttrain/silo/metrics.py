@@ -1,9 +1,10 @@
-"""SILO-BENCH metrics (spec §7; paper §3.3; the authors' `src/utils/metrics.py`, re-implemented).
+"""SILO-BENCH metrics (arXiv 2603.01045 §3.3; the authors' `src/utils/metrics.py` in
+jwyjohn/acl26-silo-bench, re-implemented).
 
 Pure functions on plain Python values: no I/O, no engine state.
 
 - S (success rate)            S = (1/N) Σ_i 1[norm(ŷ_i) = norm(y*_i)]         exact, no float tolerance
-- P (partial correctness)     P = (1/N) Σ_i q_i                                q_i level-specific (§7.2)
+- P (partial correctness)     P = (1/N) Σ_i q_i                                q_i level-specific
 - C (token consumption)       paper: Σ output tokens / R_max;  code: (input + output) / rounds executed
 - D (communication density)   D = m / (N (N − 1)), uncapped
 - RCC                         1 − SR(N = k) / SR(N = 1)                        (paper §4.1)
@@ -24,7 +25,8 @@ LEADER_FACTOR = 1.5
 
 
 def normalize_value(value: Any) -> Any:
-    """Canonical form for comparing an answer with the ground truth (spec §7.1, §9.4).
+    """Canonical form for comparing an answer with the ground truth (the default scoring mode; the authors'
+    rules are `posttrain.silo.scoring.paper_normalize`).
 
     - strings: parsed as int, then float, then JSON (lists / objects / true / false / null / a quoted
       string literal, which is unwrapped and parsed again); otherwise kept (surrounding whitespace
@@ -114,8 +116,8 @@ def is_correct(answer: Any, expected: Any) -> bool:
 
 
 def success_rate(answers: Sequence[Any], expected: Sequence[Any]) -> float:
-    """S = (1/N) Σ_i 1[ŷ_i = y*_i] over the N agents (spec §7.1); `None` = no submission = wrong.
-    An instance succeeds iff S == 1."""
+    """S = (1/N) Σ_i 1[ŷ_i = y*_i] over the N agents (arXiv 2603.01045 §3.3); `None` = no submission =
+    wrong. An instance succeeds iff S == 1."""
     _check_lengths(answers, expected)
     if not expected:
         raise ValueError("success_rate needs at least one agent")
@@ -130,17 +132,17 @@ def _check_lengths(answers: Sequence[Any], expected: Sequence[Any]) -> None:
 
 
 def partial_credit(answer: Any, expected: Any, level: int) -> float:
-    """q_i of one agent (spec §7.2).
+    """q_i of one agent (arXiv 2603.01045 §3.3; the authors' `compute_partial_correctness`).
 
     - Level I: numeric y: 1 if |ŷ − y| ≤ 0.01·|y| (integers too; y = 0 needs an exact 0); non-numeric:
       exact match.
     - Level II: lists: (# positions p < min(len) with ŷ[p] = y[p]) / len(y); non-lists: exact.
-    - Level III: lists: LIS length of the positions in y of the submitted elements that occur in y,
-      divided by len(y). Elements are compared in normalised, hashable form (nested lists → nested
-      tuples, dicts → sorted item tuples), which fixes the authors' crash on list-of-list answers (III-25,
-      III-27, III-30; spec §9.1). Duplicates (spec §9.2) are matched in order: the k-th submitted copy of
-      a value maps to the k-th occurrence of that value in y, and surplus copies are ignored (the authors'
-      map keeps only the last occurrence, so a correct answer with duplicates scores below 1).
+    - Level III: lists: LIS length of the positions in y of the submitted elements that occur in y, divided
+      by len(y). Elements are compared in normalised, hashable form (nested lists → nested tuples, dicts →
+      sorted item tuples), which fixes the authors' crash on list-of-list answers (III-25, III-27, III-30).
+      Duplicates are matched in order: the k-th submitted copy of a value maps to the k-th occurrence of
+      that value in y, and surplus copies are ignored (the authors' map keeps only the last occurrence, so a
+      correct answer with duplicates scores below 1).
     """
     if level not in (1, 2, 3):
         raise ValueError(f"level must be 1, 2 or 3, got {level!r}")
@@ -202,7 +204,7 @@ def _lis_length(seq: Sequence[int]) -> int:
 
 
 def partial_correctness(answers: Sequence[Any], expected: Sequence[Any], level: int) -> float:
-    """P = (1/N) Σ_i q_i with q_i from `partial_credit` (spec §7.2); `None` answers score 0."""
+    """P = (1/N) Σ_i q_i with q_i from `partial_credit`; `None` answers score 0."""
     _check_lengths(answers, expected)
     if not expected:
         raise ValueError("partial_correctness needs at least one agent")
@@ -216,8 +218,8 @@ def _nonneg(name: str, value: Any) -> float:
 
 
 def token_consumption_code(input_tokens: int, output_tokens: int, rounds_executed: int) -> float:
-    """C (authors' code, spec §7.3): (total input + total output tokens) / rounds actually executed.
-    0.0 when no round ran."""
+    """C (authors' code, `src/engine.py` `evaluate`): (total input + total output tokens) / rounds actually
+    executed. 0.0 when no round ran."""
     total = _nonneg("input_tokens", input_tokens) + _nonneg("output_tokens", output_tokens)
     rounds = _nonneg("rounds_executed", rounds_executed)
     return total / rounds if rounds else 0.0
@@ -235,7 +237,8 @@ def token_consumption_paper(output_tokens: int | Sequence[int], max_rounds: int 
 
 
 def communication_density(message_count: int, num_agents: int) -> float:
-    """D = m / (N (N − 1)) (spec §7.4), uncapped (can exceed 1). N = 1 (oracle baseline) gives 0.0.
+    """D = m / (N (N − 1)) (arXiv 2603.01045 §3.3), uncapped (can exceed 1). N = 1 (oracle baseline) gives
+    0.0.
 
     What m counts depends on the protocol variant (P2P message files; BP broadcasts, not × (N − 1); SFS
     keys written per round in the code variant or successful reads by others in the paper variant):

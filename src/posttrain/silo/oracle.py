@@ -1,9 +1,9 @@
 """SILO-BENCH N = 1 oracle baseline: one agent holds the whole input of an N = k case and answers directly.
 
-Source: spec `silo-bench.md` §1 ("Baseline N = 1 oracle: one agent receives the full input and answers
-directly"), §4.2 steps 1-2 (single-agent baseline files: N = 1, the expected output is a raw value that
-the loader wraps), §7.5 / paper §4.1 (relative coordination cost RCC = 1 − SR(N = k) / SR(N = 1), which
-needs SR(N = 1) measured on the SAME global input as SR(N = k)).
+Source: arXiv 2603.01045 §3 ("Baseline N = 1 oracle: one agent receives the full input and answers
+directly"), the authors' `src/engine.py` `init_case` (single-agent baseline files: N = 1, the expected
+output is a raw value that the loader wraps), arXiv 2603.01045 §4.1 (relative coordination cost RCC = 1 −
+SR(N = k) / SR(N = 1), which needs SR(N = 1) measured on the SAME global input as SR(N = k)).
 
 `oracle_case(case)` turns an N = k case into its baseline:
 
@@ -14,10 +14,10 @@ needs SR(N = 1) measured on the SAME global input as SR(N = k)).
   the tasks (LPT over k agents, variance over k loads), so the k-way split is part of the task and a
   merged list would hide it. For every merged task, `solve(task, [merged], prompt)` equals the ground
   truth over the k shards (tested for all of them), i.e. merging does not change the task.
-* **Expected output** (a raw value, the baseline format of §4.2): the global value for global tasks;
+* **Expected output** (a raw value, the baseline format of `init_case`): the global value for global tasks;
   for the segmented tasks (II-11, II-14, II-20, III-21) the full answer, i.e. the concatenation of the k
-  per-agent slices in agent order (the whole prefix-sum array, the whole final automaton row, every
-  block's hash, the whole sorted list).
+  per-agent slices in agent order (the whole prefix-sum array, the whole final automaton row, every block's
+  hash, the whole sorted list).
 * **Prompt.** The k-agent task text with (1) a single-agent preamble after the title, (2) the per-agent
   data section replaced by the whole input (format notes on the shard line and after it are kept),
   (3) ``{num_agents}`` / ``{max_id}`` filled with k and k − 1 (the text still describes the k-agent
@@ -225,12 +225,12 @@ def _data_block(task_id: str, block: str, shards: list[Any], k: int) -> str:
 def oracle_case(case: dict[str, Any]) -> dict[str, Any]:
     """The single-agent (N = 1) oracle baseline of an N = k case over the same global input.
 
-    Returns a JSON-native case in the baseline format of spec §4.2: one agent config whose
+    Returns a JSON-native case in the baseline format of the authors' `init_case`: one agent config whose
     `user_prompt` is `oracle_prompt(case)` and whose `input_shard` is `oracle_input(...)` (a list of one
-    merged shard, or the k shards for `LISTED_TASKS`), and a raw `expected_output` (`oracle_expected`)
-    that `load_case` / `normalise_oracle` wrap as ``{"per_agent_values": [value]}``. The metadata keeps
-    the source case's fields plus ``num_agents = 1``, ``oracle_of = k``, ``oracle_input`` ("merged" or
-    "listed") and ``source_case_id``.
+    merged shard, or the k shards for `LISTED_TASKS`), and a raw `expected_output` (`oracle_expected`) that
+    `load_case` / `normalise_oracle` wrap as ``{"per_agent_values": [value]}``. The metadata keeps the
+    source case's fields plus ``num_agents = 1``, ``oracle_of = k``, ``oracle_input`` ("merged" or "listed")
+    and ``source_case_id``.
     """
     if not isinstance(case, dict):
         raise OracleError(f"oracle_case needs a case dict, got {type(case).__name__}")
@@ -282,8 +282,9 @@ def oracle_case(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def normalise_oracle(case: dict[str, Any]) -> dict[str, Any]:
-    """Wrap the raw expected value the way `load_case` does for baseline files (spec §4.2 step 2), so a
-    freshly built oracle case can go straight to `SiloEngine` without a file round trip."""
+    """Wrap the raw expected value the way `load_case` does for baseline files (as the authors'
+    `init_case`), so a freshly built oracle case can go straight to `SiloEngine` without a file round
+    trip."""
     out = dict(case)
     out["expected_output"] = {"type": "baseline", "per_agent_values": [case["expected_output"]],
                               "is_segmented": False}  # fmt: skip

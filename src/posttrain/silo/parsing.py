@@ -1,4 +1,5 @@
-"""XML tool-call parsing for SILO-BENCH agents (spec §4.4, §4.5).
+"""XML tool-call parsing for SILO-BENCH agents (the authors' `src/utils/prompts.py` format and
+`src/utils/parsing.py`, jwyjohn/acl26-silo-bench).
 
 Wire format (all protocols)::
 
@@ -10,9 +11,9 @@ Wire format (all protocols)::
     </tool_call>
 
 Parameter values are converted like the authors' parser: try ``int`` -> ``float`` -> ``bool`` -> JSON ->
-``str`` (spec §4.5). The raw (stripped) text of every parameter is kept as well, so tools whose
-parameter is declared ``str`` (message content, file paths) can use the text exactly as written
-(``"007"`` stays ``"007"``); see `ToolCall.raw`.
+``str``. The raw (stripped) text of every parameter is kept as well, so tools whose parameter is declared
+``str`` (message content, file paths) can use the text exactly as written (``"007"`` stays ``"007"``); see
+`ToolCall.raw`.
 
 Robustness: the parser never raises on model output. Unclosed blocks, missing ``<tool>`` tags and
 junk between tags are skipped; ``<think>...</think>`` reasoning blocks are removed first so tool-call
@@ -49,7 +50,7 @@ class ToolCall:
 
 
 def convert_value(text: str) -> Any:
-    """int -> float -> bool -> JSON -> str, on the stripped text (spec §4.5).
+    """int -> float -> bool -> JSON -> str, on the stripped text (the authors' conversion order).
 
     Non-finite floats (``nan``, ``inf``) stay strings so results remain valid JSON.
     """
@@ -107,7 +108,7 @@ def format_tool_call(name: str, **params: Any) -> str:
 
 
 def format_tool_results(results: list[tuple[str, Any]]) -> str:
-    """ONE user message of ``<tool_result>`` blocks separated by blank lines (spec §4.3)."""
+    """ONE user message of ``<tool_result>`` blocks separated by blank lines (the authors' `run_round`)."""
     blocks = [
         f"<tool_result>\n  <tool>{name}</tool>\n  <result>{json.dumps(result, default=str)}</result>\n</tool_result>"
         for name, result in results
@@ -129,3 +130,78 @@ def parse_tool_results(text: str) -> list[tuple[str, Any]]:
         except ValueError:
             out.append((name.strip(), body))
     return out
+
+
+# ------------------------------------------------------------------------- data literals in prompts
+
+_OPEN = {"[": "]", "(": ")", "{": "}"}
+_CLOSE = set(_OPEN.values())
+
+
+class LiteralError(ValueError):
+    """Text that does not start with a JSON or Python literal (the message shows its start)."""
+
+
+def literal_prefix_end(text: str) -> int:
+    """End index of the bracketed literal at the start of `text` (``[...]``, ``(...)``, ``{...}``),
+    matching brackets outside single- or double-quoted strings (backslash escapes honoured).
+    Raises `LiteralError` when `text` does not start with a bracket or the brackets never close."""
+    if text[:1] not in _OPEN:
+        raise LiteralError(f"{text[:60]!r} does not start with '[', '(' or '{{'")
+    stack: list[str] = []
+    quote: str | None = None
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if quote is not None:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == quote:
+                quote = None
+        elif ch in ("'", '"'):
+            quote = ch
+        elif ch in _OPEN:
+            stack.append(_OPEN[ch])
+        elif ch in _CLOSE:
+            if not stack or stack.pop() != ch:
+                raise LiteralError(f"{text[:60]!r}: unbalanced {ch!r} at offset {i}")
+            if not stack:
+                return i + 1
+        i += 1
+    raise LiteralError(f"{text[:60]!r}: the literal never closes")
+
+
+def parse_data_literal(text: str) -> Any:
+    """The data value at the start of `text`, as JSON-native values; any text after it is ignored.
+
+    Accepts JSON (our case files) and Python literals as the authors' generator prints shards with
+    ``str()`` (single quotes, tuples, integer dict keys, ``True``/``None``); the Python form is read
+    with `ast.literal_eval` (a literal parser: it evaluates no names, calls or operators). The result is
+    JSON-native: tuples become lists and dict keys strings, as a JSON round trip of the authors'
+    ``input_shard`` gives. A JSON string literal is returned unquoted. Raises `LiteralError`.
+    """
+    import ast
+
+    s = text.strip()
+    if s[:1] == '"':
+        try:
+            return json.JSONDecoder().raw_decode(s)[0]
+        except ValueError as e:
+            raise LiteralError(f"{s[:60]!r} is not a JSON string ({e})") from None
+    end = literal_prefix_end(s)
+    body = s[:end]
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        value = ast.literal_eval(body)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
+        raise LiteralError(
+            f"{body[:60]!r} is neither JSON nor a Python literal ({type(e).__name__})"
+        ) from None
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise LiteralError(f"{body[:60]!r} holds values that are not JSON data ({e})") from None

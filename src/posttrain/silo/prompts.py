@@ -1,18 +1,19 @@
-"""System prompts for SILO-BENCH agents (spec §6).
+"""System prompts for SILO-BENCH agents.
 
 Two prompt sets:
 
-* ``"code"`` (default): the content of the authors' ``generate_system_prompt(protocol, agent_id, N)``
-  (spec §6.1), re-expressed: identity (agent i of N, IDs 0..N-1), collaborative mode, goals, the rule
-  that *every* agent must submit, then the protocol's tool document (each tool with parameters, return
-  shape and one example call) and the six rules.
-* ``"paper"``: the layout of the paper's App. B.1 template (spec §6.3): the agent addressed by ID as one
-  member of an N-agent system, then sections *Task Description*, *Your Local Data*, *Communication
-  Protocol*, *Available Actions*, and the statement that no agent can finish alone. The task text and
-  shard come from the case's user prompt, so here the system message carries the protocol/actions part
-  and the user prompt is wrapped under the Task Description / Your Local Data headings.
+* ``"code"`` (default): the content of the authors' ``generate_system_prompt(protocol, agent_id, N)`` (the
+  authors' `src/utils/prompts.py` `generate_system_prompt`, jwyjohn/acl26-silo-bench), re-expressed:
+  identity (agent i of N, IDs 0..N-1), collaborative mode, goals, the rule that *every* agent must submit,
+  then the protocol's tool document (each tool with parameters, return shape and one example call) and the
+  six rules.
+* ``"paper"``: the layout of the paper's App. B.1 template (arXiv 2603.01045): the agent addressed by ID as
+  one member of an N-agent system, then sections *Task Description*, *Your Local Data*, *Communication
+  Protocol*, *Available Actions*, and the statement that no agent can finish alone. The task text and shard
+  come from the case's user prompt, so here the system message carries the protocol/actions part and the
+  user prompt is wrapped under the Task Description / Your Local Data headings.
 
-The case's user prompt (spec §6.2) is always used verbatim as the agent's task text.
+The case's user prompt is always used verbatim as the agent's task text.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ prompt_sets: Registry = Registry("SILO prompt set")
 
 @prompt_sets.register("code")
 def code_system_prompt(protocol: str, agent_id: int, num_agents: int) -> str:
-    """Spec §6.1 (authors' `generate_system_prompt`, re-expressed)."""
+    """The authors' `generate_system_prompt` (`src/utils/prompts.py`), re-expressed."""
     return (
         f"You are one member of a multi-agent system of {num_agents} agents.\n\n"
         f"**Your identity:**\n- Your agent ID is: {agent_id}\n"
@@ -191,7 +192,7 @@ def code_system_prompt(protocol: str, agent_id: int, num_agents: int) -> str:
 
 @prompt_sets.register("paper")
 def paper_system_prompt(protocol: str, agent_id: int, num_agents: int) -> str:
-    """Spec §6.3 (paper App. B.1 layout): identity, Communication Protocol, Available Actions."""
+    """arXiv 2603.01045 App. B.1 layout: identity, Communication Protocol, Available Actions."""
     return (
         f"You are Agent {agent_id}, one of {num_agents} agents (your agent ID is: {agent_id}; IDs 0 to "
         f"{num_agents - 1}) working together on one task. Each agent holds only part of the input: no "
@@ -223,9 +224,9 @@ CORRECTIVE_MESSAGE = (
 )
 
 
-# ----------------------------------------------------------------------------- scaffolds (spec §6.4)
-# The paper's App. H ablation (DeepSeek-V3.1 + P2P) gives no exact texts; these are the spec's
-# `[proposed]` implementations.
+# ------------------------------------------------------------------- scaffolds (arXiv 2603.01045 App. H)
+# The paper's App. H ablation (DeepSeek-V3.1 + P2P) gives no exact texts; these are our `[proposed]`
+# implementations.
 SCAFFOLDS = ("planning", "reminder", "scratchpad")
 
 PLANNING_NOTE = (
@@ -239,7 +240,7 @@ SCRATCHPAD_NOTE = (
 
 
 def reminder_note(protocol: str) -> str:
-    """A condensed copy of the §6.1 rules, injected at the start of every round (scaffold b)."""
+    """A condensed copy of the system prompt's rules, injected at the start of every round (scaffold b)."""
     return (
         f"[Reminder] {_VISIBILITY[protocol]} wait and submit_result end your turn, so place other tool "
         "calls before them. Nothing can be done after submitting. Every agent must submit. Never invent "

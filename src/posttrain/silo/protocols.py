@@ -1,21 +1,23 @@
-"""The three SILO-BENCH communication protocols behind one interface (spec §5).
+"""The three SILO-BENCH communication protocols behind one interface (arXiv 2603.01045 App. A; the authors'
+`src/msg/tools.py`, `src/broadcast/tools.py`, `src/sfs/tools.py`, jwyjohn/acl26-silo-bench).
 
-Every protocol keeps its state in memory (no per-round files) and obeys the round-boundary rule of
-spec §5.5 / paper App. A.5: everything sent or written in round r becomes visible at round r+1.
+Every protocol keeps its state in memory (no per-round files) and obeys the round-boundary rule of arXiv
+2603.01045 App. A.5: everything sent or written in round r becomes visible at round r+1.
 
-| Protocol | tools | visibility | D numerator (code, §7.4) |
+| Protocol | tools | visibility | D numerator (code, their `_count_messages`) |
 |---|---|---|---|
 | P2P (`p2p`, alias `msg`) | send_message(target_id, content), receive_messages() | unread, rounds < r | messages sent |
 | BP (`bp`, alias `broadcast`) | broadcast_message(content), receive_messages(), list_agents() | since last receive, rounds < r | broadcasts (optionally x (N-1)) |
 | SFS (`sfs`) | list_files(prefix), read_file(path), write_file(path, content), delete_file(path) | state as of r-1 | keys with modified_at_round == r, per round |
 
 Tool calls of one round are applied in agent order (then call order). P2P delivery is a deterministic
-per-recipient FIFO ordered by (round, send sequence) — spec §8 #2 `[proposed]`, replacing the authors'
-uuid-filename order. Parameters declared ``str`` (content, path, prefix) use the call's raw text.
+per-recipient FIFO ordered by (round, send sequence) — `[proposed]` (the paper, App. A.2, promises per-pair
+order), replacing the authors' uuid-filename order. Parameters declared ``str`` (content, path, prefix) use
+the call's raw text.
 
-Each protocol also counts what every agent *received* (messages delivered / other agents' files
-successfully read) for the emergent-leader analysis (spec §7.6) and, for SFS, the paper's density
-numerator: successful reads of agent i's files by other agents (spec §7.4).
+Each protocol also counts what every agent *received* (messages delivered / other agents' files successfully
+read) for the emergent-leader analysis (arXiv 2603.01045 App. G.3) and, for SFS, the paper's density
+numerator: successful reads of agent i's files by other agents (arXiv 2603.01045 §3.3).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 from posttrain.silo.parsing import ToolCall
 from posttrain.utils.registry import Registry
 
-COMMON_TOOLS = ("wait", "submit_result")  # both end the turn (spec §4.3); the engine runs them
+COMMON_TOOLS = ("wait", "submit_result")  # both end the turn (the authors' `run_round`); the engine runs them
 
 protocols: Registry[type[Protocol]] = Registry("SILO protocol")
 
@@ -85,17 +87,17 @@ class Protocol:
 
     # metrics ---------------------------------------------------------------------------------------
     def message_count(self) -> int:
-        """Code's D numerator (spec §7.4)."""
+        """Code's D numerator (the authors' `_count_messages`)."""
         raise NotImplementedError
 
     def paper_message_count(self) -> int:
-        """Paper's D numerator (spec §7.4): messages sent; SFS: successful reads by others."""
+        """Paper's D numerator (arXiv 2603.01045 §3.3): messages sent; SFS: successful reads by others."""
         return self.message_count()
 
 
 @protocols.register("p2p", aliases=("msg",))
 class P2P(Protocol):
-    """Point-to-point mailboxes (spec §5.2)."""
+    """Point-to-point mailboxes (the authors' `src/msg/tools.py`; paper App. A.2)."""
 
     name = "p2p"
     tools = ("send_message", "receive_messages")
@@ -138,7 +140,7 @@ class P2P(Protocol):
 
 @protocols.register("bp", aliases=("broadcast",))
 class Broadcast(Protocol):
-    """Broadcast to all (spec §5.3)."""
+    """Broadcast to all (the authors' `src/broadcast/tools.py`)."""
 
     name = "bp"
     tools = ("broadcast_message", "receive_messages", "list_agents")
@@ -176,13 +178,15 @@ class Broadcast(Protocol):
         return len(self.log)
 
     def recipient_weighted_count(self) -> int:
-        """Optional variant (spec §8 #5): each broadcast counts once per recipient, x (N-1)."""
+        """Optional variant (ours; the authors count each broadcast once): each broadcast counts once per
+        recipient, x (N-1)."""
         return len(self.log) * (self.n - 1)
 
 
 @protocols.register("sfs")
 class SharedFS(Protocol):
-    """Shared key-value file system (spec §5.4). Reads see the store as of round r-1."""
+    """Shared key-value file system (the authors' `src/sfs/tools.py`). Reads see the store as of round
+    r-1."""
 
     name = "sfs"
     tools = ("list_files", "read_file", "write_file", "delete_file")
@@ -249,8 +253,10 @@ class SharedFS(Protocol):
 
 
 def make_protocol(name: str, num_agents: int) -> Protocol:
-    return protocols.get(name)(num_agents)
+    return protocols.get(canonical_protocol(name))(num_agents)
 
 
 def canonical_protocol(name: str) -> str:
-    return protocols.canonical(name)
+    """The registered name of a protocol, case-insensitive (``P2P``, as reports print it, is ``p2p``;
+    ``msg`` and ``broadcast`` are the authors' names of p2p and bp)."""
+    return protocols.canonical(name.strip().lower() if isinstance(name, str) else name)

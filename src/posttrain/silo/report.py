@@ -1,22 +1,28 @@
 """Reports over a sweep's results.jsonl: the paper's Table 1 layout, failure modes, plots, JSON.
 
-Table 1 (paper §4, spec §10.1): rows are slices — each protocol, each level, each N, and the average
+Table 1 (arXiv 2603.01045 §4, Table 1): rows are slices — each protocol, each level, each N, and the average
 over all cases — and each agent/model gets one cell ``SR / PCS / tokens-per-round / density`` where
 
 * SR  = 100 x mean over cases of 1[S = 1]  (instance success rate),
 * PCS = 100 x mean of P (partial correctness score),
-* tokens/round = mean of ``C_paper`` (output tokens / R_max, the paper's definition, spec §7.3),
-* density = mean of ``D_paper`` (messages sent; SFS: successful reads of others' files, spec §7.4).
+* tokens/round = mean of ``C_paper`` (output tokens / R_max, the paper's definition, arXiv 2603.01045 §3.3),
+* density = mean of ``D_paper`` (messages sent; SFS: successful reads of others' files, arXiv 2603.01045
+  §3.3).
 
-The code variants (``C_code``, ``D_code``) are in the JSON next to them. Averages are recomputed from the
-raw rows (spec §10.1 notes the printed Average row is inconsistent).
+That is the ``default`` scoring mode's cell; in the ``paper`` mode (`posttrain.silo.scoring`) a cell is
+``SR / PCS / C_code / C_paper / D_code`` (C as the authors' code computes it beside the paper's formula, D
+with m counted as their code does). Every table states the mode it was scored in; ``write_report(dir,
+scoring=...)`` in a mode other than the sweep's rescores the saved cases (`rescore_rows`) without running
+any agent, and `compare_scorings` puts SR and PCS of both modes side by side. The code variants are in the
+JSON next to them. Averages are recomputed from the raw rows (the paper's printed Average row matches
+neither the mean over levels nor over protocols).
 
-Table 2 (paper §4.1, spec §10.2), when the run has N = 1 oracle rows (``posttrain silo run --oracle``):
-for each agent/model, level and k, ``SR(N=1) / SR(N=k) / RCC`` with RCC = 1 − SR(N=k) / SR(N=1)
-(`metrics.relative_coordination_cost`), over PAIRED cases only: an oracle row (task, protocol, agent,
-seed, oracle_of = k) and its N = k row must both be present, so both rates are over the same global
-inputs. RCC is undefined (reported as such, never divided) when SR(N=1) = 0. Oracle rows are kept out of
-Table 1, the failure modes, the per-task table and the plots, which describe the multi-agent runs.
+Table 2 (arXiv 2603.01045 §4.1, Table 2), when the run has N = 1 oracle rows (``posttrain silo run
+--oracle``): for each agent/model, level and k, ``SR(N=1) / SR(N=k) / RCC`` with RCC = 1 − SR(N=k) / SR(N=1)
+(`metrics.relative_coordination_cost`), over PAIRED cases only: an oracle row (task, protocol, agent, seed,
+oracle_of = k) and its N = k row must both be present, so both rates are over the same global inputs. RCC is
+undefined (reported as such, never divided) when SR(N=1) = 0. Oracle rows are kept out of Table 1, the
+failure modes, the per-task table and the plots, which describe the multi-agent runs.
 
 Outputs of `write_report(dir)`: ``report.md``, ``report.json``, ``success_vs_n.png`` (SR vs N, one panel
 per level, one line per agent x protocol) and ``heatmap_task_protocol.png`` (SR per task x protocol, one
@@ -26,6 +32,7 @@ panel per agent).
 from __future__ import annotations
 
 import io
+import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -33,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.silo.metrics import relative_coordination_cost
+from posttrain.silo.scoring import DEFAULT_SCORING, Scoring, get_scoring, inputs_from_results
 from posttrain.utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from posttrain.utils.tables import markdown_table, print_table
 
@@ -128,20 +136,29 @@ def _task_sort(item: tuple[str, Any]) -> tuple[int, int]:
     return (len(roman), int(num) if num.isdigit() else 0)
 
 
-def _cell(agg: dict[str, float]) -> str:
+def _cell(agg: dict[str, float], scoring: Scoring) -> str:
     if not agg.get("cases"):
         return "-"
-    return f"{agg['SR']:.1f} / {agg['PCS']:.1f} / {agg['C_paper']:.1f} / {agg['D_paper']:.2f}"
+    c = " / ".join(f"{agg[k]:.1f}" for k in scoring.c_columns)
+    return f"{agg['SR']:.1f} / {agg['PCS']:.1f} / {c} / {agg[scoring.d_column]:.2f}"
+
+
+def cell_legend(scoring: Scoring) -> str:
+    """What a Table 1 cell holds in this scoring mode, e.g. ``SR / PCS / C_paper / D_paper``."""
+    return " / ".join(("SR", "PCS", *scoring.c_columns, scoring.d_column))
 
 
 def table1_rows(
-    t1: dict[str, dict[str, dict[str, float]]], rows: Sequence[dict[str, Any]]
+    t1: dict[str, dict[str, dict[str, float]]],
+    rows: Sequence[dict[str, Any]],
+    scoring: Scoring | None = None,
 ) -> tuple[list[str], list[list[str]]]:
+    scoring = scoring or get_scoring(DEFAULT_SCORING)
     agents = list(t1)
-    columns = ["Slice", *[f"{a} (SR / PCS / tok/round / D)" for a in agents], "cases"]
+    columns = ["Slice", *[f"{a} ({cell_legend(scoring)})" for a in agents], "cases"]
     body = []
     for label, sel in slices(rows):
-        body.append([label, *[_cell(t1[a][label]) for a in agents], str(len(sel))])
+        body.append([label, *[_cell(t1[a][label], scoring) for a in agents], str(len(sel))])
     return columns, body
 
 
@@ -277,24 +294,113 @@ def plot_heatmap(rows: Sequence[dict[str, Any]], path: Path) -> None:
     _save_png(fig, path)
 
 
-def write_report(run_dir: str | Path, *, show: bool = True, plots: bool = True) -> dict[str, Any]:
-    """Build every report artefact from ``run_dir/results.jsonl``; returns the JSON summary."""
+def rows_scoring(rows: Sequence[dict[str, Any]], where: Path) -> str:
+    """The one scoring mode the rows were written with (rows from before scoring modes: default)."""
+    from posttrain.silo.runner import row_scoring
+
+    modes = sorted({row_scoring(r) for r in rows})
+    if len(modes) != 1:
+        raise ValueError(f"{where} mixes scoring modes {modes}; rescore it with --scoring NAME")
+    return modes[0]
+
+
+def rescore_rows(run_dir: Path, rows: Sequence[dict[str, Any]], scoring: Scoring) -> list[dict[str, Any]]:
+    """The rows scored again in mode `scoring` from each case's saved ``results.json`` and
+    ``transcript.jsonl`` (no agent is run): S, P, success, C, D and the failure modes, which depend on
+    which answers count as correct. Needs the per-case files (`posttrain silo run` without
+    ``--no-save-cases``)."""
+    from posttrain.silo.failures import analyze_failures
+    from posttrain.silo.runner import case_dir_name
+    from posttrain.utils.io import read_jsonl
+
+    out = []
+    for row in rows:
+        d = run_dir / case_dir_name(row)
+        res_path = d / "results.json"
+        if not res_path.exists():
+            raise FileNotFoundError(
+                f"{res_path} does not exist: rescoring needs every case's results.json and transcript.jsonl "
+                f"(the sweep was run with --no-save-cases, or the folder was moved)"
+            )
+        try:
+            doc = json.loads(res_path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ValueError(f"{res_path}: invalid JSON ({e})") from None
+        inp = inputs_from_results(doc, str(res_path))
+        met = scoring.score(inp)
+        correct = scoring.correct_list(inp)
+        tpath = d / "transcript.jsonl"
+        if not tpath.exists():
+            raise FileNotFoundError(f"{tpath} does not exist (needed to recompute the failure modes)")
+        fm = analyze_failures(
+            read_jsonl(tpath),
+            protocol=str(doc["protocol"]),
+            task_id=inp.task_id,
+            num_agents=inp.num_agents,
+            answers=list(inp.answers),
+            submit_rounds=[s.get("round") for s in doc["submissions"]],
+            correct=correct,
+        )
+        new = dict(row)
+        new.update(
+            S=met["S_success_rate"],
+            P=met["P_partial_correctness"],
+            C_code=met["C_code"],
+            C_paper=met["C_paper"],
+            D_code=met["D_code"],
+            D_paper=met["D_paper"],
+            success=met["S_success_rate"] == 1.0,
+            scoring=scoring.name,
+            premature_submission=fm["premature_submission"],
+            consensus_failure=fm["consensus_failure"],
+            computation_error=fm["computation_error"],
+        )
+        out.append(new)
+    return out
+
+
+def load_scored_rows(
+    run_dir: str | Path, scoring: str | None = None
+) -> tuple[list[dict[str, Any]], str, bool]:
+    """``(rows, mode, rescored)``: the run's rows in mode `scoring` (default: the mode they were run
+    with), rescored from the saved cases when that mode differs from the stored one."""
     from posttrain.silo.runner import load_rows
 
     run_dir = Path(run_dir)
     path = run_dir / "results.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (run `posttrain silo run --out {run_dir}` first)")
-    all_rows = load_rows(path)
-    if not all_rows:
+    rows = load_rows(path)
+    if not rows:
         raise ValueError(f"{path} has no finished cases")
+    stored = rows_scoring(rows, path)
+    mode = get_scoring(scoring).name if scoring is not None else stored
+    if mode == stored:
+        return rows, mode, False
+    return rescore_rows(run_dir, rows, get_scoring(mode)), mode, True
+
+
+def write_report(
+    run_dir: str | Path, *, show: bool = True, plots: bool = True, scoring: str | None = None
+) -> dict[str, Any]:
+    """Build every report artefact from ``run_dir/results.jsonl``; returns the JSON summary.
+
+    `scoring`: the mode to report in (`posttrain.silo.scoring.SCORINGS`); default the mode the sweep
+    was run with. In another mode the sweep is rescored from its saved cases, and the artefacts get the
+    mode in their names (``report.paper.md``, ``report.paper.json``, ``success_vs_n.paper.png``, ...)
+    so the sweep's own report is kept."""
+    run_dir = Path(run_dir)
+    path = run_dir / "results.jsonl"
+    all_rows, mode, rescored = load_scored_rows(run_dir, scoring)
+    sc = get_scoring(mode)
+    suffix = f".{mode}" if rescored else ""
     rows = [r for r in all_rows if not is_oracle(r)]
     if not rows:
         raise ValueError(f"{path} holds only N = 1 oracle rows; Table 1 and Table 2 need the N = k runs too")
     t2 = table2(all_rows)
     t1 = table1(rows)
     fails = failure_summary(rows)
-    columns, body = table1_rows(t1, rows)
+    columns, body = table1_rows(t1, rows, sc)
     fcols = ["agent", "cases", "success", "premature", "consensus", "computation", "with leader"]
     frows = [
         [
@@ -310,12 +416,18 @@ def write_report(run_dir: str | Path, *, show: bool = True, plots: bool = True) 
     ]
     t2cols, t2body = table2_rows(t2)
     n_oracle = len(all_rows) - len(rows)
+    how = f"scoring: {mode}" + (" (rescored from the saved cases)" if rescored else "")
     if show:
-        print_table("SILO-BENCH (paper Table 1 layout)", columns, body)
-        print_table("Failure modes (paper Table 4)", fcols, frows)
+        print_table(f"SILO-BENCH (paper Table 1 layout; {how})", columns, body)
+        print_table(f"Failure modes (paper Table 4; {how})", fcols, frows)
         if t2body:
-            print_table("N = 1 oracle vs N = k (paper Table 2): SR(N=1) / SR(N=k) / RCC", t2cols, t2body)
+            print_table(
+                f"N = 1 oracle vs N = k (paper Table 2; {how}): SR(N=1) / SR(N=k) / RCC", t2cols, t2body
+            )
     summary = {
+        "scoring": mode,
+        "scoring_description": sc.description,
+        "rescored": rescored,
         "table1": t1,
         "failure_modes": fails,
         "per_task": per_task(rows),
@@ -324,26 +436,56 @@ def write_report(run_dir: str | Path, *, show: bool = True, plots: bool = True) 
         "table2": t2,
     }
     md = [
-        "# SILO-BENCH report\n",
-        f"{len(rows)} cases from `{path}`. Cells: SR / PCS / tokens per round (C_paper) / density (D_paper).\n",
+        f"# SILO-BENCH report ({how})\n",
+        f"Scoring mode `{mode}`: {sc.description}.\n",
+        f"{len(rows)} cases from `{path}`. Cells: {cell_legend(sc)}.\n",
+        f"## Table 1 layout (scoring: {mode})\n",
         markdown_table(columns, body),
-        "\n## Failure modes\n",
+        f"\n## Failure modes (scoring: {mode})\n",
         markdown_table(fcols, frows),
     ]
     if t2body:
         md += [
-            "\n## N = 1 oracle vs N = k (paper Table 2)\n",
-            "Cells: SR(N=1) / SR(N=k) / RCC, RCC = 1 − SR(N=k) / SR(N=1) (paper §4.1), over paired cases "
-            "(the oracle of an N = k case and that case: same task, protocol, agent, seed). RCC is "
+            f"\n## N = 1 oracle vs N = k (paper Table 2; scoring: {mode})\n",
+            "Cells: SR(N=1) / SR(N=k) / RCC, RCC = 1 − SR(N=k) / SR(N=1) (arXiv 2603.01045 §4.1), over paired "
+            "cases (the oracle of an N = k case and that case: same task, protocol, agent, seed). RCC is "
             f"{RCC_UNDEFINED.split(' (')[0]} where SR(N=1) = 0.\n",
             markdown_table(t2cols, t2body),
         ]
     elif n_oracle:
         md.append(f"\n{n_oracle} oracle rows have no paired N = k row; no Table 2.\n")
     if plots:
-        plot_success_vs_n(rows, run_dir / "success_vs_n.png")
-        plot_heatmap(rows, run_dir / "heatmap_task_protocol.png")
-        md.append("\n![success vs N](success_vs_n.png)\n\n![task x protocol](heatmap_task_protocol.png)\n")
-    atomic_write_text(run_dir / "report.md", "\n".join(md))
-    atomic_write_json(run_dir / "report.json", summary)
+        sv, hm = f"success_vs_n{suffix}.png", f"heatmap_task_protocol{suffix}.png"
+        plot_success_vs_n(rows, run_dir / sv)
+        plot_heatmap(rows, run_dir / hm)
+        md.append(f"\n![success vs N]({sv})\n\n![task x protocol]({hm})\n")
+    atomic_write_text(run_dir / f"report{suffix}.md", "\n".join(md))
+    atomic_write_json(run_dir / f"report{suffix}.json", summary)
     return summary
+
+
+def compare_scorings(
+    run_dir: str | Path, modes: Sequence[str] = ("default", "paper")
+) -> tuple[list[str], list[list[str]]]:
+    """Side-by-side Table 1 slices of one sweep scored in each of `modes` (rescored from the saved cases
+    where needed): per agent and slice, ``SR`` and ``PCS`` in every mode, then the cases."""
+    scored = {m: load_scored_rows(run_dir, m)[0] for m in modes}
+    tables = {m: table1([r for r in rows if not is_oracle(r)]) for m, rows in scored.items()}
+    base = [r for r in scored[modes[0]] if not is_oracle(r)]
+    columns = ["agent", "slice", *[f"SR ({m})" for m in modes], *[f"PCS ({m})" for m in modes], "cases"]
+    body = []
+    for a in sorted({r["agent"] for r in base}):
+        for label, _sel in slices(base):
+            cells = [tables[m][a][label] for m in modes]
+            if not cells[0].get("cases"):
+                continue
+            body.append(
+                [
+                    a,
+                    label,
+                    *[f"{c['SR']:.1f}" for c in cells],
+                    *[f"{c['PCS']:.1f}" for c in cells],
+                    str(cells[0]["cases"]),
+                ]
+            )
+    return columns, body

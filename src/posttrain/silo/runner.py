@@ -53,6 +53,7 @@ CSV_COLUMNS = (
     "D_code",
     "D_paper",
     "success",
+    "scoring",
     "rounds",
     "submitted",
     "input_tokens",
@@ -75,6 +76,22 @@ def case_key(
     so the oracles of N = 2 and N = 5 (different global inputs) are different cases."""
     key = f"{task_id}|{int(num_agents)}|{protocol}|{agent}|{int(seed)}"
     return key if oracle_of is None else f"{key}|oracle{int(oracle_of)}"
+
+
+def row_scoring(row: dict[str, Any]) -> str:
+    """The scoring mode of a results.jsonl row (rows written before scoring modes existed: default)."""
+    return str(row.get("scoring") or "default")
+
+
+def case_dir_name(row: dict[str, Any]) -> Path:
+    """Where `run_sweep` saved a row's ``results.json`` and ``transcript.jsonl``, relative to the run
+    directory: ``cases/<agent>/<protocol>/<TASK>_n<N>_s<seed>`` (oracles ``<TASK>_n1_oracle<k>_s<seed>``)."""
+    task, seed = row["task_id"], int(row["seed"])
+    k = row.get("oracle_of")
+    name = (
+        f"{task}_n1_oracle{int(k)}_s{seed}" if k is not None else f"{task}_n{int(row['num_agents'])}_s{seed}"
+    )
+    return Path("cases") / _slug(str(row["agent"])) / str(row["protocol"]) / name
 
 
 def row_key(row: dict[str, Any]) -> str:
@@ -169,6 +186,8 @@ class SweepConfig:
     max_calls_per_turn: int | None = None
     scaffolds: tuple[str, ...] = ()
     oracle: bool = False  # also run the N = 1 oracle of every (task, N = k, seed), paired with each protocol
+    scoring: str = "default"  # posttrain.silo.scoring: "default" | "paper"
+    token_counter: str = "regex"  # engine counter for agents without usage: regex | chars | hf:<tokenizer>
 
 
 @dataclass
@@ -245,12 +264,27 @@ def plan(cfg: SweepConfig, agents: Sequence[AgentSpec], source: CaseSource) -> l
 
 
 async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> SweepSummary:
+    ecfg = EngineConfig(  # bad options fail before anything is written
+        max_rounds=cfg.max_rounds,
+        prompt_set=cfg.prompt_set,
+        max_calls_per_turn=cfg.max_calls_per_turn,
+        scaffolds=tuple(cfg.scaffolds),
+        scoring=cfg.scoring,
+        token_counter=cfg.token_counter,
+    )
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
     repair_jsonl(results_path)
     repair_jsonl(out / "errors.jsonl")
     rows = load_rows(results_path)
+    scored = sorted({row_scoring(r) for r in rows})
+    if scored and scored != [ecfg.scoring]:
+        raise ValueError(
+            f"{results_path} holds cases scored with --scoring {', '.join(scored)}; resume with "
+            f"--scoring {scored[0]} (a report in the other mode: posttrain silo report {out} "
+            f"--scoring {ecfg.scoring})"
+        )
     done = {row_key(r) for r in rows}
     labels = [a.label for a in agents]
     if len(set(labels)) != len(labels):
@@ -259,12 +293,6 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
     jobs = plan(cfg, agents, source)
     todo = [j for j in jobs if job_key(j) not in done]
     skipped = len(jobs) - len(todo)
-    ecfg = EngineConfig(
-        max_rounds=cfg.max_rounds,
-        prompt_set=cfg.prompt_set,
-        max_calls_per_turn=cfg.max_calls_per_turn,
-        scaffolds=tuple(cfg.scaffolds),
-    )
     sem = asyncio.Semaphore(max(1, cfg.concurrency))
     oracle_cases = _OracleCache()
     stats = {"ran": 0, "ok": 0, "errors": 0}
@@ -298,9 +326,7 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
                 row["seed"] = seed
                 row["oracle_of"] = n if oracle else None
                 if cfg.save_cases:
-                    name = f"{task_id}_n1_oracle{n}_s{seed}" if oracle else f"{task_id}_n{n}_s{seed}"
-                    d = out / "cases" / _slug(spec.label) / proto / name
-                    res.save(d)
+                    res.save(out / case_dir_name(row))
                 append_jsonl(results_path, row)
                 rows.append(row)
                 stats["ran"] += 1

@@ -1,9 +1,9 @@
 """Async OpenAI-compatible chat client for SILO-BENCH agents (any ``/v1/chat/completions`` server:
 vLLM, SGLang, llama.cpp, OpenAI, ...).
 
-Spec §4.5 / §9.9: the authors' client retries forever (tenacity, fixed 2 s wait, 3600 s timeout), which
-can hang a run. Here retries are **capped** with exponential backoff, and a clear `AgentError` is raised
-after the cap:
+The authors' client (jwyjohn/acl26-silo-bench, `src/utils/llm.py`) retries forever (tenacity, fixed 2 s
+wait, 3600 s timeout), which can hang a run. Here retries are **capped** with exponential backoff, and a
+clear `AgentError` is raised after the cap:
 
 * retried: HTTP 429 and 5xx, timeouts, connection errors, a 200 response without a usable message;
 * not retried: other 4xx (bad request, auth, unknown model) -> `AgentError` at once;

@@ -1,9 +1,10 @@
 """Scripted reference agents: solve every SILO-BENCH task through each protocol with the tools alone.
 
 They are ordinary `Agent`s: each reply is real XML tool-call text that goes through the engine's parser,
-and all they know comes from their chat context (the system prompt: own ID, N, the protocol's tools;
-the case's user prompt: the task title and the agent's shard; the ``<tool_result>`` messages: what the
-tools returned). They never see ``expected_output``: once an agent holds all N shards it calls
+and all the data they use comes from their chat context (the system prompt: own ID, N, the protocol's
+tools; the case's user prompt: the agent's shard; the ``<tool_result>`` messages: what the tools
+returned). Which task they play is told by the engine from the case's ``case_id`` (`current_seat`);
+a bare `ScriptedAgent()` used outside an engine recognises the task from the ``**Task: ...**`` title. They never see ``expected_output``: once an agent holds all N shards it calls
 `posttrain.silo.solve(task_id, shards, prompt)`, the library's independent ground truth.
 
 Strategies (round numbers are the earliest possible under the one-round visibility lag):
@@ -26,11 +27,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from posttrain.silo.agents.base import Agent, AgentReply
-from posttrain.silo.parsing import format_tool_call, parse_tool_results
+from posttrain.silo.agents.base import Agent, AgentReply, current_seat
+from posttrain.silo.parsing import LiteralError, format_tool_call, parse_data_literal, parse_tool_results
+from posttrain.utils.registry import Registry
 
 _ID_RE = re.compile(r"agent ID is:\s*(\d+)")
 _MAXID_RE = re.compile(r"IDs 0 to (\d+)")
@@ -60,26 +63,29 @@ def task_titles() -> dict[str, str]:
     return out
 
 
-def read_task(prompt: str) -> tuple[str, Any]:
-    """(task_id, own shard) from the user prompt."""
-    m = _TITLE_RE.search(prompt)
-    if m is None:
-        raise ScriptError("no '**Task: ...**' title in the user prompt")
-    title = m.group(1).strip()
-    tid = task_titles().get(title)
-    if tid is None:
-        raise ScriptError(f"unknown task title {title!r}")
-    return tid, extract_shard(prompt)
+def read_task(prompt: str, task_id: str | None = None) -> tuple[str, Any]:
+    """(task_id, own shard) from the user prompt. The task is `task_id` when given (the engine passes
+    the case's id, `current_seat`), else it is recognised from the ``**Task: ...**`` title."""
+    if task_id is None:
+        m = _TITLE_RE.search(prompt)
+        if m is None:
+            raise ScriptError("no '**Task: ...**' title in the user prompt")
+        title = m.group(1).strip()
+        task_id = task_titles().get(title)
+        if task_id is None:
+            raise ScriptError(f"unknown task title {title!r}")
+    return task_id, extract_shard(prompt)
 
 
 def extract_shard(prompt: str) -> Any:
     """The agent's shard from the ``**Your Data...**`` section of its prompt.
 
-    The first non-empty line after the heading holds the shard, rendered as compact JSON or (string
-    shards) verbatim, either alone or after a label (``You (Agent 1) hold: [...]``, ``String segment:
-    abc``): a line starting with ``[``/``{`` is read from its start, else from after the first ``": "``;
-    a JSON value is decoded from there (text after it, like ``(each edge is a pair [u, v])``, is
-    ignored), anything else is the verbatim string shard.
+    The first non-empty line after the heading holds the shard, either alone or after a label
+    (``You (Agent 1) hold: [...]``, ``String segment: abc``): a line starting with ``[``/``{``/``(`` is
+    read from its start, else from after the first ``": "``. A bracketed value is read as JSON (our
+    case files) or as a Python literal (the authors' files print shards with ``str()``: single quotes,
+    tuples, integer dict keys) by `parse_data_literal`, which evaluates nothing; text after it, like
+    ``(each edge is tuple (u, v))``, is ignored. Anything else is the verbatim string shard.
     """
     m = _DATA_HEAD_RE.search(prompt)
     if m is None:
@@ -87,13 +93,45 @@ def extract_shard(prompt: str) -> Any:
     line = next((ln.strip() for ln in prompt[m.end() :].splitlines() if ln.strip()), "")
     if not line or line.startswith("**"):
         raise ScriptError("the '**Your Data...**' section of the user prompt is empty")
-    text = line if line[:1] in ("[", "{") else line.partition(": ")[2].strip()
-    if text[:1] in ("[", "{", '"'):
+    text = line if line[:1] in ("[", "{", "(") else line.partition(": ")[2].strip()
+    if text[:1] in ("[", "{", "(", '"'):
         try:
-            return json.JSONDecoder().raw_decode(text)[0]  # a trailing note may follow the data
-        except ValueError as e:
-            raise ScriptError(f"shard {text[:60]!r} is not valid JSON ({e})") from e
+            return parse_data_literal(text)
+        except LiteralError as e:
+            raise ScriptError(f"shard {text[:60]!r} is neither JSON nor a Python literal ({e})") from e
     return text
+
+
+ANSWER_STYLES: Registry[Callable[[Any], str]] = Registry("scripted answer style")
+
+
+@ANSWER_STYLES.register("json")
+def _json_answer(value: Any) -> str:
+    """The answer as JSON (the default: what both scoring modes read)."""
+    return json.dumps(value)
+
+
+@ANSWER_STYLES.register("python")
+def _python_answer(value: Any) -> str:
+    """The answer in Python notation, ``str(value)``, as the authors' task texts print data (single
+    quotes, ``True``): a container holding strings is then no JSON and stays a string."""
+    return str(value)
+
+
+@ANSWER_STYLES.register("int-bools")
+def _int_bools_answer(value: Any) -> str:
+    """JSON with booleans written as 1 / 0 (I-04): right under Python ``==``, not under the default."""
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, bool):
+            return int(v)
+        if isinstance(v, list):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        return v
+
+    return json.dumps(conv(value))
 
 
 def _payload(obj: Any) -> str:
@@ -114,6 +152,17 @@ class ScriptedAgent(Agent):
 
     name = "scripted"
 
+    answer_style = "json"
+
+    def __init__(self, answer_style: str = "json") -> None:
+        self.answer_style = ANSWER_STYLES.canonical(answer_style)
+        if self.answer_style != "json":
+            self.name = f"scripted:{self.answer_style}"
+
+    def write_answer(self, value: Any) -> str:
+        """The ``answer`` parameter text of submit_result in this agent's `ANSWER_STYLES` style."""
+        return ANSWER_STYLES.get(self.answer_style)(value)
+
     async def reply(self, messages: list[dict[str, str]]) -> AgentReply:
         return AgentReply(self.decide(messages))
 
@@ -132,13 +181,14 @@ class ScriptedAgent(Agent):
             proto = "sfs"
         else:
             raise ScriptError("cannot tell the protocol from the system prompt's tool list")
-        task_id, shard = read_task(user)
+        seat = current_seat()  # set by the engine: the task from the case's case_id
+        task_id, shard = read_task(user, seat.task_id if seat is not None else None)
         if n == 1:  # N = 1 oracle baseline (posttrain.silo.oracle): the whole input is here; answer at once
             from posttrain.silo import solve
             from posttrain.silo.oracle import read_oracle_input
 
             held = read_oracle_input(user) or [shard]
-            return format_tool_call("submit_result", answer=json.dumps(solve(task_id, held, user)[0]))
+            return format_tool_call("submit_result", answer=self.write_answer(solve(task_id, held, user)[0]))
         round_ = 1 + sum(1 for m in messages if m["role"] == "assistant")
         results = [
             res for m in messages[2:] if m["role"] == "user" for res in parse_tool_results(m["content"])
@@ -166,7 +216,7 @@ class ScriptedAgent(Agent):
 
             return solve(task_id, [shards[j] for j in range(n)], user)
 
-        submit = lambda v: format_tool_call("submit_result", answer=json.dumps(v))  # noqa: E731
+        submit = lambda v: format_tool_call("submit_result", answer=self.write_answer(v))  # noqa: E731
         wait = format_tool_call("wait")
         if proto == "p2p":
             if me != 0:

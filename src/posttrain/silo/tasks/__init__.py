@@ -3,12 +3,13 @@
 Public API (re-exported by `posttrain.silo`):
 
 - `TASK_IDS`, `task_level(task_id)`, `task_info(task_id)`
-- `generate_case(task_id, num_agents, seed=42)`: one instance in the paper's JSON schema (spec §2.2)
+- `generate_case(task_id, num_agents, seed=42)`: one instance in the authors' JSON schema
+  (jwyjohn/acl26-silo-bench `benchmark_generator/main.py` `_create_case_structure`)
 - `solve(task_id, shards, prompt)`: per-agent ground truth recomputed from the shards and the task text only
 - `load_case(path)`: read our files and the authors' published files, validate, normalise expected output
 - `write_cases(out_dir, agent_counts, seed, tasks)`: one `{TASK_ID}_n{N}.json` per task and N (atomic)
-- `min_peers_needed(task_id, num_agents, agent_id=None)` / `dependency_peers(...)`: data dependencies
-  used by the premature-submission detector (spec §7.6)
+- `min_peers_needed(task_id, num_agents, agent_id=None)` / `dependency_peers(...)`: data dependencies used
+  by the premature-submission detector (arXiv 2603.01045 §5.2, App. G.2)
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from posttrain.silo.tasks.cases import (
 from posttrain.silo.tasks.dependencies import dependency_peers, min_peers_needed
 from posttrain.silo.tasks.solvers import solve
 
-TASK_IDS: list[str] = sorted(TASKS, key=lambda t: (len(t.split("-")[0]), int(t.split("-")[1])))
+TASK_IDS: list[str] = sorted(TASKS.names(), key=lambda t: (len(t.split("-")[0]), int(t.split("-")[1])))
 
 
 def _spec(task_id: str):
     try:
-        return TASKS[task_id]
+        return TASKS.get(task_id)
     except (KeyError, TypeError):
         raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {', '.join(TASK_IDS)}") from None
 

@@ -1,8 +1,9 @@
 """Shared machinery of the SILO-BENCH task generators: task metadata, the sharding rule, prompt
 filling and the case-file schema.
 
-Source: SILO-BENCH (arXiv 2603.01045, ACL 2026), spec `silo-bench.md` §2; the JSON layout follows the
-authors' `BenchmarkGenerator._create_case_structure` (re-implemented, not copied).
+Source: SILO-BENCH (arXiv 2603.01045, ACL 2026), the authors' generator jwyjohn/acl26-silo-bench
+`benchmark_generator/`; the JSON layout follows the authors' `BenchmarkGenerator._create_case_structure`
+(re-implemented, not copied).
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.utils.registry import Registry
+
 PARADIGMS = {1: "Paradigm I", 2: "Paradigm II", 3: "Paradigm III"}
 
-#: Theoretical message complexity class per paradigm (spec §3; the authors' `_get_complexity_class`).
+#: Theoretical message complexity class per paradigm (the authors' `_get_complexity_class`).
 COMPLEXITY = {
     1: "O(N) - MapReduce/Aggregation",
     2: "O(N) - Structured Mesh with Locality",
     3: "O(N log N) or O(N²) - Global/Shuffle",
 }
 
-#: Placeholders filled per agent by plain string replacement (spec §6.2).
+#: Placeholders filled per agent by plain string replacement (the authors' `_safe_prompt_format`).
 PLACEHOLDERS = ("agent_id", "num_agents", "max_id", "input_shard")
 
 LEETCODE_BLURB = (
@@ -41,7 +44,7 @@ EVALUATION_METRICS_DOC = {
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """Static description of one SILO-BENCH task (spec §3 tables)."""
+    """Static description of one SILO-BENCH task (arXiv 2603.01045 Table 9; the authors' generators)."""
 
     task_id: str
     name: str
@@ -66,7 +69,7 @@ class Generated:
     """What a task generator returns for one instance.
 
     `answer` is the single global answer (`is_segmented = False`) or the list of N per-agent answers.
-    `description` is the task text with only the per-agent placeholders of spec §6.2 left unfilled.
+    `description` is the task text with only the per-agent placeholders (`PLACEHOLDERS`) left unfilled.
     """
 
     shards: list[Any]
@@ -85,22 +88,22 @@ class TaskSpec:
     generate: GeneratorFn
 
 
-TASKS: dict[str, TaskSpec] = {}
+TASKS: Registry[TaskSpec] = Registry("SILO-BENCH task")
 
 
 def register(info: TaskInfo) -> Callable[[GeneratorFn], GeneratorFn]:
+    """Decorator: register a generator under ``info.task_id`` (a second registration raises)."""
+
     def deco(fn: GeneratorFn) -> GeneratorFn:
-        if info.task_id in TASKS:
-            raise ValueError(f"task {info.task_id} registered twice")
-        TASKS[info.task_id] = TaskSpec(info=info, generate=fn)
+        TASKS.register(info.task_id)(TaskSpec(info=info, generate=fn))
         return fn
 
     return deco
 
 
 def contiguous_shards(data: list[Any] | str, num_agents: int) -> list[Any]:
-    """The default sharding rule (spec §2.3): `chunk = len(data) // N`; shard i = data[i·chunk:(i+1)·chunk];
-    the last shard also takes the remainder."""
+    """The authors' default sharding rule (`benchmark_generator/paradigm_*.py`): `chunk = len(data) // N`;
+    shard i = data[i·chunk:(i+1)·chunk]; the last shard also takes the remainder."""
     chunk = len(data) // num_agents
     return [data[i * chunk : (i + 1) * chunk if i < num_agents - 1 else len(data)] for i in range(num_agents)]
 
@@ -118,8 +121,9 @@ def render_shard(shard: Any) -> str:
 
 
 def fill_prompt(template: str, *, agent_id: int, num_agents: int, input_shard: Any) -> str:
-    """Fill `{agent_id}`, `{num_agents}`, `{max_id}`, `{input_shard}` by plain string replacement (spec §6.2),
-    so any other literal braces (JSON examples in the text) survive untouched.
+    """Fill `{agent_id}`, `{num_agents}`, `{max_id}`, `{input_shard}` by plain string replacement (the
+    authors' `_safe_prompt_format`), so any other literal braces (JSON examples in the text) survive
+    untouched.
 
     `{input_shard}` is replaced last, so braces inside the data are never re-interpreted.
     """

@@ -1,6 +1,6 @@
 """Case files: build one instance in the SILO-BENCH JSON schema, write them, load and validate them.
 
-Schema (spec §2.2, the authors' `_create_case_structure`)::
+Schema (the authors' `benchmark_generator/main.py` `_create_case_structure`, jwyjohn/acl26-silo-bench)::
 
     { case_id, case_name, paradigm, leetcode: {url, description, reference},
       metadata: {num_agents, optimal_topology, optimal_message_count, theoretical_complexity,
@@ -45,9 +45,9 @@ SYSTEM_PROMPT_PLACEHOLDER = (
 
 def _lookup(task_id: str) -> TaskSpec:
     try:
-        return TASKS[task_id]
+        return TASKS.get(task_id)
     except (KeyError, TypeError):
-        known = ", ".join(sorted(TASKS))
+        known = ", ".join(TASKS.names())
         raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {known}") from None
 
 
@@ -63,7 +63,8 @@ def _check_num_agents(num_agents: Any) -> int:
 
 
 def case_rng(task_id: str, num_agents: int, seed: int) -> random.Random:
-    """The dedicated RNG of one (task, N, seed) instance (spec §2.4, library default).
+    """The dedicated RNG of one (task, N, seed) instance (library default; the authors share one global
+    stream, see parity mode).
 
     Seeded from a string, which CPython hashes with SHA-512 (independent of PYTHONHASHSEED), so the
     stream is identical across processes and platforms and never touches the global `random` state.
@@ -78,8 +79,8 @@ def generate_case(
 ) -> dict[str, Any]:
     """Generate one SILO-BENCH instance as a JSON-native dict in the schema above.
 
-    Deterministic per (task_id, num_agents, seed): it draws only from its own `random.Random`
-    (`case_rng`). Passing `rng` overrides that stream (used by the parity mode, spec §2.4).
+    Deterministic per (task_id, num_agents, seed): it draws only from its own `random.Random` (`case_rng`).
+    Passing `rng` overrides that stream (used by the parity mode).
     """
     spec = _lookup(task_id)
     n = _check_num_agents(num_agents)
@@ -177,7 +178,7 @@ def _select_tasks(tasks: str | Iterable[str]) -> list[str]:
     out: list[str] = []
     for name in names:
         if name in levels:
-            out += [t for t in TASK_IDS if TASKS[t].info.level == levels[name]]
+            out += [t for t in TASK_IDS if TASKS.get(t).info.level == levels[name]]
         else:
             _lookup(name)
             out.append(name)
@@ -213,10 +214,10 @@ def write_cases(
 def generate_parity_suite(
     agent_counts: Sequence[int] = DEFAULT_AGENT_COUNTS, seed: int = 42
 ) -> dict[tuple[str, int], dict[str, Any]]:
-    """Parity mode (spec §2.4): replay the authors' generation order through ONE `random.Random(seed)`:
-    for each N in `agent_counts`, Level I → II → III, tasks in id order. Each generator draws in the same
-    order as the authors' code, so the data should equal their published files; this is unverified here
-    (their files are not available offline). Prompt wording and shard rendering are ours either way.
+    """Parity mode: replay the authors' generation order through ONE `random.Random(seed)`: for each N in
+    `agent_counts`, Level I → II → III, tasks in id order. Each generator draws in the same order as the
+    authors' code, so the data should equal their published files; this is unverified here (their files are
+    not available offline). Prompt wording and shard rendering are ours either way.
     """
     from posttrain.silo.tasks import TASK_IDS
 
@@ -241,12 +242,12 @@ class CaseFileError(ValueError):
 def load_case(path: str | os.PathLike) -> dict[str, Any]:
     """Load and validate a case file (ours or the authors' published ones).
 
-    Checks: valid JSON object; `case_id` a string; `agent_configs` a list of objects with `agent_id`
-    0..N-1 in order and string `user_prompt`; `expected_output` present. N = len(agent_configs), falling
-    back to `metadata.num_agents`, else 1 (single-agent baseline files; spec §4.2 step 1).
-    The expected output is normalised (spec §4.2 step 2) to a dict with `per_agent_values` of length N:
-    a dict that already has `per_agent_values` is kept; any other value (the baseline format) is wrapped as
-    one global answer repeated N times. Nothing in the file is executed.
+    Checks: valid JSON object; `case_id` a string; `agent_configs` a list of objects with `agent_id` 0..N-1
+    in order and string `user_prompt`; `expected_output` present. N = len(agent_configs), falling back to
+    `metadata.num_agents`, else 1 (single-agent baseline files, as the authors' `src/engine.py`
+    `init_case`). The expected output is normalised (as their `init_case` does) to a dict with
+    `per_agent_values` of length N: a dict that already has `per_agent_values` is kept; any other value (the
+    baseline format) is wrapped as one global answer repeated N times. Nothing in the file is executed.
     """
     path = Path(path)
     try:

@@ -1,5 +1,5 @@
-"""Which peers' data each agent's answer depends on: the basis of the premature-submission detector
-(spec §7.6: "submitted before receiving data from the minimum number of peers the task needs").
+"""Which peers' data each agent's answer depends on: the basis of the premature-submission detector (arXiv
+2603.01045 §5.2: "submitted before receiving data from the minimum number of peers the task needs").
 
 Rule (derived from each task's definition and optimal topology; docs/silo-tasks.md §"Minimum peers"):
 

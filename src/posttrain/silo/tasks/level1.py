@@ -1,11 +1,14 @@
 """Level I (Paradigm I, aggregation) generators: I-01 … I-10.
 
-Every agent holds a contiguous slice of one generated list (spec §2.3); the answer is one global value
-that every agent must submit (`is_segmented = False`). The optimal topology is a star or tree that
-aggregates towards one agent and broadcasts the result back: 2(N − 1) messages.
+Every agent holds a contiguous slice of one generated list (the authors' sharding rule,
+jwyjohn/acl26-silo-bench `benchmark_generator/paradigm_i.py`); the answer is one global value that every
+agent must submit (`is_segmented = False`). The optimal topology is a star or tree that aggregates towards
+one agent and broadcasts the result back: 2(N − 1) messages.
 
-Inputs, answers and the order of random draws follow spec §3.1 (and the authors' `paradigm_i.py`), so that
-one shared `random.Random(42)` replays the authors' stream in parity mode (spec §2.4).
+Inputs, answers and the order of random draws follow the authors' `benchmark_generator/paradigm_i.py`
+(jwyjohn/acl26-silo-bench; task list: arXiv 2603.01045 Table 9), so that one shared `random.Random(42)`
+replays the authors' stream in parity mode (their modules call `random.seed(42)` at import and share one
+stream).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Level II (Paradigm II, structured mesh) generators: II-11 … II-20.
 
-Agents hold consecutive segments in agent order (spec §2.3), except II-18 whose linked-list records are
-scattered by a second shuffle. The optimal topology is a chain: each agent talks to its neighbours only,
-O(N) messages. Segmented answers: II-11, II-14, II-20 (each agent submits its own slice).
-Random draws follow spec §3.2 in the authors' order (parity mode, spec §2.4).
+Agents hold consecutive segments in agent order (the authors' sharding rule, jwyjohn/acl26-silo-bench
+`benchmark_generator/paradigm_ii.py`), except II-18 whose linked-list records are scattered by a second
+shuffle. The optimal topology is a chain: each agent talks to its neighbours only, O(N) messages. Segmented
+answers: II-11, II-14, II-20 (each agent submits its own slice). Random draws follow the authors'
+`benchmark_generator/paradigm_ii.py` (jwyjohn/acl26-silo-bench) in their order (parity mode).
 """
 
 from __future__ import annotations
@@ -22,18 +23,21 @@ PATTERN_ALPHABET = ("A", "B", "C", "D", "X", "Y", "Z")
 
 
 def block_hash(prev_hash: int, block: str) -> int:
-    """II-20 hash step: h_i = ((Σ ord(c) over block i) mod 10000 XOR h_{i−1}) mod 10000 (spec §3.2)."""
+    """II-20 hash step: h_i = ((Σ ord(c) over block i) mod 10000 XOR h_{i−1}) mod 10000 (the authors'
+    `_generate_ii20_pipeline_hash`)."""
     return ((sum(ord(c) for c in block) % 10000) ^ prev_hash) % 10000
 
 
 def life_step(cells: list[int]) -> list[int]:
-    """II-14 rule (spec §3.2): new cell = 1 iff left + self + right == 1; out-of-range neighbours are 0."""
+    """II-14 rule (the authors' `_generate_ii14_life_game`): new cell = 1 iff left + self + right == 1;
+    out-of-range neighbours are 0."""
     padded = [0, *cells, 0]
     return [1 if padded[i - 1] + padded[i] + padded[i + 1] == 1 else 0 for i in range(1, len(padded) - 1)]
 
 
 def pattern_count(text: str) -> int:
-    """II-15 greedy state machine (spec §3.2): 0 →A→ 1 →B→ 2 →C→ count += 1, back to 0."""
+    """II-15 greedy state machine (the authors' `_generate_ii15_pattern_search`): 0 →A→ 1 →B→ 2 →C→ count +=
+    1, back to 0."""
     state = count = 0
     for ch in text:
         if state == 0 and ch == "A":

@@ -1,9 +1,10 @@
 """Level III (Paradigm III, global shuffle) generators: III-21 … III-30.
 
-The data is shuffled before the default contiguous sharding (spec §2.3), except III-27 (tagged
-user/item records, shuffled then grouped per agent), III-29 (agent 0 holds all heavy tasks) and III-30
-(one row of A plus the full B per agent). Optimal topologies are all-to-all / shuffle: O(N log N)–O(N²)
-messages. Segmented answer: III-21 only. Random draws follow spec §3.3 in the authors' order (parity mode).
+The data is shuffled before the default contiguous sharding (jwyjohn/acl26-silo-bench
+`benchmark_generator/paradigm_iii.py`), except III-27 (tagged user/item records, shuffled then grouped per
+agent), III-29 (agent 0 holds all heavy tasks) and III-30 (one row of A plus the full B per agent). Optimal
+topologies are all-to-all / shuffle: O(N log N)–O(N²) messages. Segmented answer: III-21 only. Random draws
+follow the authors' `benchmark_generator/paradigm_iii.py` in their order (parity mode).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def count_components(num_nodes: int, edges: list[list[int]]) -> int:
 
 def pagerank_step(num_nodes: int, adjacency: dict[int, list[int]], damping: float = DAMPING) -> list[float]:
     """III-28: one iteration r'(v) = (1 − d)/V + d · Σ_{u→v} r(u)/outdeg(u) from r = 1/V, without
-    redistributing the mass of dangling nodes (spec §3.3). Accumulates in node order, like the authors."""
+    redistributing the mass of dangling nodes (the authors' `_generate_iii28_pagerank`). Accumulates in node
+    order, like the authors."""
     rank0 = 1.0 / num_nodes
     new = [(1 - damping) / num_nodes] * num_nodes
     for u in range(num_nodes):

@@ -5,13 +5,13 @@ shards (in agent order) and the task text one agent sees (its `user_prompt`): ta
 stated in the text (target word, range bounds, K, number of steps, number of graph nodes, the K-Means
 initial centroids) are parsed from it. It never looks at a case's `expected_output`.
 
-Where practical each solver takes a different route from the generator's computation (spec §3), so a
-shared bug would have to be made twice: e.g. union-find (generator) vs BFS (solver) for components,
-expand-around-centre vs Manacher for palindromes, a list simulation vs bit-parallel integer arithmetic for
-the 1D automaton, left/right-max arrays vs two pointers for rain water, traversal vs pointer jumping
-(Wyllie list ranking) for II-18. Where the task's definition *is* a float formula whose last-bit value can
-matter after rounding (III-28 PageRank sums, III-29 variance), the solver evaluates the same formula in
-the same order after reconstructing its inputs independently.
+Where practical each solver takes a different route from the generator's computation (the authors'
+generators), so a shared bug would have to be made twice: e.g. union-find (generator) vs BFS (solver) for
+components, expand-around-centre vs Manacher for palindromes, a list simulation vs bit-parallel integer
+arithmetic for the 1D automaton, left/right-max arrays vs two pointers for rain water, traversal vs pointer
+jumping (Wyllie list ranking) for II-18. Where the task's definition *is* a float formula whose last-bit
+value can matter after rounding (III-28 PageRank sums, III-29 variance), the solver evaluates the same
+formula in the same order after reconstructing its inputs independently.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ from functools import reduce
 from itertools import accumulate, pairwise
 from typing import Any
 
+from posttrain.silo.parsing import LiteralError, parse_data_literal
+from posttrain.utils.registry import Registry
+
 SolverFn = Callable[[list[Any], str], Any]
-_SOLVERS: dict[str, SolverFn] = {}
+SOLVERS: Registry[SolverFn] = Registry("SILO-BENCH solver")
 
 
 def _solver(task_id: str) -> Callable[[SolverFn], SolverFn]:
-    def deco(fn: SolverFn) -> SolverFn:
-        _SOLVERS[task_id] = fn
-        return fn
-
-    return deco
+    return SOLVERS.register(task_id)
 
 
 def solve(task_id: str, shards: list[Any], prompt: str) -> list[Any]:
@@ -48,13 +47,13 @@ def solve(task_id: str, shards: list[Any], prompt: str) -> list[Any]:
     """
     from posttrain.silo.tasks import TASK_IDS, task_info
 
-    if task_id not in _SOLVERS:
+    if task_id not in SOLVERS:
         raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {', '.join(TASK_IDS)}")
     if not isinstance(shards, list) or not shards:
         raise ValueError(f"solve({task_id}): shards must be a non-empty list (one shard per agent)")
     if not isinstance(prompt, str):
         raise ValueError(f"solve({task_id}): prompt must be the task text (str), got {type(prompt).__name__}")
-    result = _SOLVERS[task_id](shards, prompt)
+    result = SOLVERS.get(task_id)(shards, prompt)
     if task_info(task_id).is_segmented:
         return result
     return [_fresh(result) for _ in shards]
@@ -357,8 +356,12 @@ def _iii24(shards, prompt):
 
 @_solver("III-25")
 def _iii25(shards, prompt):
-    m = _parse(prompt, r"Initial centroids: (\[[^\n]*\]\])", "the initial centroids", "III-25")
-    centroids = json.loads(m.group(1))
+    # ours print the centroids as JSON ([[x, y], ...]), the authors' with str() ([(x, y), ...])
+    m = _parse(prompt, r"Initial centroids: (\[[^\n]*[\])]\])", "the initial centroids", "III-25")
+    try:
+        centroids = parse_data_literal(m.group(1))
+    except LiteralError as e:
+        raise ValueError(f"solve(III-25): the initial centroids are not a list of [x, y] ({e})") from None
     k = len(centroids)
     sums = [[0.0, 0.0, 0] for _ in range(k)]  # per-cluster (Σx, Σy, count) partial sums, agent by agent
     for s in shards:
