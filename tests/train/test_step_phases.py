@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from posttrain.algos import get_policy_loss
-from posttrain.algos.advantages import register_advantage
+from posttrain.algos.advantages import ADVANTAGES, register_advantage
 from posttrain.algos.policy_losses import LOSS_INPUTS, POLICY_LOSSES, Terms, register_policy_loss
 from posttrain.rollout import EpisodeRunner, FunctionRewardSource
 from posttrain.sampling import REPLAY_BUFFERS, SAMPLERS, PromptPlan, PromptSampler, ReplayBuffer, Trajectory
@@ -103,9 +103,9 @@ def test_metric_sums_helper():
 SEEN: list[dict[str, torch.Tensor]] = []
 
 
-def _register_test_losses():
-    if "test-entropy-rollout" in POLICY_LOSSES:
-        return
+@pytest.fixture
+def test_losses():
+    """Registers two test losses for one test only (the registries are process-global)."""
 
     def core(b, *, coef: float = 0.1) -> Terms:
         SEEN.append({k: v.detach().clone() for k, v in b.inputs.items()} | {"valid": b.valid.clone()})
@@ -129,14 +129,16 @@ def _register_test_losses():
         return Terms(-b.adv * r, r.detach(), r.detach(), none, none)
 
     register_policy_loss("test-ref", validate=lambda name, p: None, inputs=("ref_logp",))(ref_core)
+    yield
+    for name in ("test-entropy-rollout", "test-ref"):
+        POLICY_LOSSES._items.pop(name)
 
 
 def test_trainer_provides_every_declared_loss_input():
     assert set(rl_module._LOSS_INPUTS) == set(LOSS_INPUTS)
 
 
-def test_loss_receives_exactly_the_inputs_it_declares(tmp_path):
-    _register_test_losses()
+def test_loss_receives_exactly_the_inputs_it_declares(tmp_path, test_losses):
     SEEN.clear()
     tr = make(tmp_path, "objective.name=test-entropy-rollout", "objective.params={coef: 0.5}")
     ctx = _quiet()
@@ -161,8 +163,7 @@ def test_loss_receives_exactly_the_inputs_it_declares(tmp_path):
         get_policy_loss("ppo")(lp, lp, torch.zeros(len(lp)), ro.actions, inputs={"entropy": ent})
 
 
-def test_entropy_input_is_differentiable(tmp_path):
-    _register_test_losses()
+def test_entropy_input_is_differentiable(tmp_path, test_losses):
     grads = []
     for coef in (0.0, 1.0):
         tr = make(tmp_path, "objective.name=test-entropy-rollout", f"objective.params={{coef: {coef}}}")
@@ -177,8 +178,7 @@ def test_entropy_input_is_differentiable(tmp_path):
     assert not torch.allclose(grads[0], grads[1])
 
 
-def test_loss_declaring_ref_logp_gets_a_reference_model_without_kl(tmp_path):
-    _register_test_losses()
+def test_loss_declaring_ref_logp_gets_a_reference_model_without_kl(tmp_path, test_losses):
     SEEN.clear()
     tr = make(tmp_path, "objective.name=test-ref")
     assert tr.cfg.kl.coef == 0 and tr.ref_model is not None
@@ -198,7 +198,6 @@ def test_register_policy_loss_rejects_unknown_inputs():
 
 
 # ------------------------------------------------------------- advantage inputs through select/merge
-@register_advantage("test-turn-bonus")
 def _turn_bonus_adv(r, inv, n_groups, *, turn_bonus=None, per_token=None):
     """Advantage = reward + per-row bonus; also checks the per-token input kept its rows."""
     if turn_bonus is None or per_token is None:
@@ -207,6 +206,14 @@ def _turn_bonus_adv(r, inv, n_groups, *, turn_bonus=None, per_token=None):
     # per_token row i holds i's bonus at every completion position (0 on padding)
     assert torch.all((per_token == turn_bonus[:, None]) | (per_token == 0))
     return r + turn_bonus
+
+
+@pytest.fixture
+def turn_bonus_advantage():
+    """Registers the test estimator for one test only (the registries are process-global)."""
+    register_advantage("test-turn-bonus")(_turn_bonus_adv)
+    yield
+    ADVANTAGES._items.pop("test-turn-bonus")
 
 
 class _BonusRunner(EpisodeRunner):
@@ -244,7 +251,7 @@ class _KeepEveryOther(PromptSampler):
 SAMPLERS.register("test-every-other")(_KeepEveryOther)
 
 
-def test_advantage_inputs_survive_group_filtering(tmp_path):
+def test_advantage_inputs_survive_group_filtering(tmp_path, turn_bonus_advantage):
     tr = make(tmp_path, "hooks.sampler.name=test-every-other", "advantage.name=test-turn-bonus")
     tr.runner = _BonusRunner(tr.runner)
     ctx = _quiet()
@@ -293,7 +300,7 @@ class _ReplayWithInputs(ReplayBuffer):
 REPLAY_BUFFERS.register("test-replay-inputs")(_ReplayWithInputs)
 
 
-def test_advantage_inputs_survive_replay(tmp_path):
+def test_advantage_inputs_survive_replay(tmp_path, turn_bonus_advantage):
     tr = make(tmp_path, "hooks.replay.name=test-replay-inputs", "advantage.name=test-turn-bonus")
     tr.runner = _BonusRunner(tr.runner)
     ctx = _quiet()
@@ -312,7 +319,7 @@ def test_advantage_inputs_survive_replay(tmp_path):
     torch.testing.assert_close(scores.advantages, scores.shaped + bonus)
 
 
-def test_replayed_trajectory_without_the_runners_inputs_is_refused(tmp_path):
+def test_replayed_trajectory_without_the_runners_inputs_is_refused(tmp_path, turn_bonus_advantage):
     tr = make(tmp_path, "hooks.replay.name=test-first-plain", "advantage.name=test-turn-bonus")
     tr.runner = _BonusRunner(tr.runner)
     ctx = _quiet()
@@ -367,8 +374,7 @@ class _NoLogprobsRunner(EpisodeRunner):
         return ep
 
 
-def test_missing_sampling_logprobs_are_refused_when_needed(tmp_path):
-    _register_test_losses()
+def test_missing_sampling_logprobs_are_refused_when_needed(tmp_path, test_losses):
     ctx = _quiet()
     try:
         ok = make(tmp_path)  # nobody needs them: the step runs, without the rollout_logp_diff check
