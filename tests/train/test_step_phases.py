@@ -390,3 +390,39 @@ def test_missing_sampling_logprobs_are_refused_when_needed(tmp_path, test_losses
             loss.step()
     finally:
         ctx.__exit__(None, None, None)
+
+
+class _ReplayWithEnvTokens(_ReplayWithInputs):
+    """Stores the first fresh completion as if its middle token had come from the environment."""
+
+    def observe(self, episodes, rewards, correct, step):
+        b = episodes.batch
+        n = int(b.lengths[0])
+        mask = [1] * n
+        mask[n // 2] = 0
+        self.stored = Trajectory(
+            b.completion_ids[0, :n].tolist(),
+            b.logprobs[0, :n].tolist(),
+            b.finish_reasons[0],
+            action_mask=mask,
+        )
+
+
+REPLAY_BUFFERS.register("test-replay-env")(_ReplayWithEnvTokens)
+
+
+def test_replayed_trajectory_keeps_its_action_mask(tmp_path):
+    tr = make(
+        tmp_path, "hooks.replay.name=test-replay-env", "rollout.max_new_tokens=4", "rollout.min_new_tokens=4"
+    )
+    ctx = _quiet()
+    try:
+        tr.step()
+        ro = tr.rollout()
+    finally:
+        ctx.__exit__(None, None, None)
+    b = ro.batch
+    assert b.completion_mask[-1].tolist() == [1, 1, 1, 1]
+    assert b.action_mask[-1].tolist() == [1, 1, 0, 1]  # replayed row: the env token is not an action
+    assert b.action_mask[:-1].tolist() == b.completion_mask[:-1].tolist()  # fresh rows: all actions
+    assert b.logprobs[-1, 2] == 0 and ro.actions[-1].tolist() == [1.0, 1.0, 0.0, 1.0]
