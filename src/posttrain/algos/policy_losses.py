@@ -39,6 +39,11 @@ Conventions shared by all losses:
 * ``agg=None`` means the loss's own default: ``seq-mean-token-mean`` for gspo and sapo (verl forces it
   there), ``token-mean`` for the others. An explicit ``agg`` is always honoured (unlike verl, which
   silently ignores it for gspo/sapo); the default is available as ``policy_loss_default_agg(name)``.
+* Extra per-token inputs: a loss that needs more than (logp, old_logp, A) declares them when it is
+  registered, ``register_policy_loss(name, inputs=("entropy", "rollout_logp"), ...)``, from
+  ``LOSS_INPUTS``; the caller passes exactly those as ``inputs={name: (B, T) tensor}`` and the core
+  reads them, zeroed at padding, from ``batch.inputs``. ``PolicyLoss.inputs`` lists them, so a
+  trainer computes what a loss declares without code per loss.
 * Metrics (detached 0-d tensors, masked means over valid tokens): ``clipfrac_low``, ``clipfrac_high``,
   ``clipfrac`` (their union), ``approx_kl`` (k1 of old vs new = mean(old_logp − logp), verl ``ppo_kl``),
   ``ratio_mean``, ``weight_mean``, plus loss-specific keys. Losses without a hard clip (sapo, maspo)
@@ -48,7 +53,7 @@ Conventions shared by all losses:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -72,6 +77,13 @@ Tensor = torch.Tensor
 LOG_RATIO_CLAMP = 20.0  # verl: clamp(logp − old_logp, −20, 20) before exp
 KIND = "policy loss"
 
+#: Per-token inputs a loss may declare (``register_policy_loss(..., inputs=...)``), each (B, T):
+LOSS_INPUTS: dict[str, str] = {
+    "entropy": "entropy of the current policy's next-token distribution at τ (differentiable)",
+    "ref_logp": "log-probs of the reference policy (detached; the trainer loads a reference model)",
+    "rollout_logp": "sampling log-probs recorded by the rollout engine (detached)",
+}
+
 
 class Batch(NamedTuple):
     """Sanitised inputs handed to every loss core (all (B, T); zeros at padded positions)."""
@@ -81,6 +93,7 @@ class Batch(NamedTuple):
     log_ratio: Tensor  # clamp(logp − old_logp, −20, 20), differentiable wrt logp
     adv: Tensor  # detached, broadcast to (B, T)
     valid: Tensor  # bool
+    inputs: dict[str, Tensor]  # the loss's declared extra inputs (LOSS_INPUTS), 0 at padding
 
 
 @dataclass
@@ -101,17 +114,26 @@ Validator = Callable[[str, dict[str, Any]], None]
 class PolicyLoss:
     """A registered loss: validates inputs and params, runs the core, aggregates, builds metrics."""
 
-    def __init__(self, name: str, core: Callable[..., Terms], default_agg: str, validate: Validator):
+    def __init__(
+        self,
+        name: str,
+        core: Callable[..., Terms],
+        default_agg: str,
+        validate: Validator,
+        inputs: tuple[str, ...] = (),
+    ):
         self.name = name
         self.core = core
         self.default_agg = default_agg
+        self.inputs = inputs
         self.defaults = keyword_defaults(core)
         self._validate = validate
         self.__doc__ = core.__doc__
         self.__name__ = name
 
     def __repr__(self) -> str:
-        return f"PolicyLoss({self.name!r}, defaults={self.defaults}, default_agg={self.default_agg!r})"
+        extra = f", inputs={self.inputs}" if self.inputs else ""
+        return f"PolicyLoss({self.name!r}, defaults={self.defaults}, default_agg={self.default_agg!r}{extra})"
 
     def __call__(
         self,
@@ -125,13 +147,19 @@ class PolicyLoss:
         global_tokens: int | float | Tensor | None = None,
         global_seqs: int | float | Tensor | None = None,
         scale: float | Tensor | None = None,
+        inputs: Mapping[str, Tensor] | None = None,
         **params: Any,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         check_param_names(KIND, self.name, params, self.defaults)
         p = {**self.defaults, **params}
         self._validate(self.name, p)
         mode = self.default_agg if agg is None else AGG_MODES.canonical(agg)
-        batch, isw = _prepare(logp, old_logp, advantages, mask, is_weights)
+        given = dict(inputs or {})
+        if set(given) != set(self.inputs):
+            raise ValueError(
+                f"{KIND} {self.name!r} declares inputs {sorted(self.inputs)}, got {sorted(given)}"
+            )
+        batch, isw = _prepare(logp, old_logp, advantages, mask, is_weights, given)
         t = self.core(batch, **p)
         zero = torch.zeros((), dtype=batch.logp.dtype, device=batch.logp.device)
         per_token = t.loss if isw is None else t.loss * isw
@@ -158,13 +186,27 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry(KIND)
 
 
 def register_policy_loss(
-    name: str, *, aliases: tuple[str, ...] = (), default_agg: str = "token-mean", validate: Validator
+    name: str,
+    *,
+    aliases: tuple[str, ...] = (),
+    default_agg: str = "token-mean",
+    validate: Validator,
+    inputs: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Terms]], Callable[..., Terms]]:
-    """Decorator: register a loss core `fn(batch, **params) -> Terms` under `name`."""
+    """Decorator: register a loss core `fn(batch, **params) -> Terms` under `name`.
+
+    ``inputs``: extra per-token tensors the core reads from ``batch.inputs`` (names from
+    ``LOSS_INPUTS``); callers must pass exactly these."""
     AGG_MODES.canonical(default_agg)
+    unknown = [k for k in inputs if k not in LOSS_INPUTS]
+    if unknown:
+        raise ValueError(
+            f"{KIND} {name!r}: unknown input(s) {unknown}; known inputs: {', '.join(sorted(LOSS_INPUTS))}"
+        )
 
     def deco(core: Callable[..., Terms]) -> Callable[..., Terms]:
-        POLICY_LOSSES.register(name, aliases=aliases)(PolicyLoss(name, core, default_agg, validate))
+        loss = PolicyLoss(name, core, default_agg, validate, tuple(inputs))
+        POLICY_LOSSES.register(name, aliases=aliases)(loss)
         return core
 
     return deco
@@ -195,7 +237,12 @@ def policy_loss_default_agg(name: str) -> str:
 
 
 def _prepare(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, is_weights: Tensor | None
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    is_weights: Tensor | None,
+    inputs: dict[str, Tensor],
 ) -> tuple[Batch, Tensor | None]:
     check_2d("logp", logp)
     check_float("logp", logp)
@@ -223,8 +270,12 @@ def _prepare(
     if is_weights is not None:
         check_2d("is_weights", is_weights, logp.shape)
         isw = torch.where(valid, is_weights.detach().to(dtype), zero)
+    extra = {}
+    for k, v in inputs.items():
+        check_2d(f"inputs[{k!r}]", v, logp.shape)
+        extra[k] = torch.where(valid, v.to(dtype), zero)
     log_ratio = torch.clamp(lp - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return Batch(lp, old, log_ratio, a, valid), isw
+    return Batch(lp, old, log_ratio, a, valid, extra), isw
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -269,9 +269,15 @@ def sequence_logprobs(
     `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])` under softmax(logits / temperature), and
     `entropy[:, t]` is the entropy of that same next-token distribution. Position 0 has no context and
     gets 0, as does every position whose token or whose preceding token is padding
-    (`attention_mask == 0`); with `response_mask` (B, T) only the marked positions are computed (the
-    lm-head work is done for those tokens only) and all others are 0. A response position must be a
-    real token preceded by a real token; violations raise ValueError naming the row and position.
+    (`attention_mask == 0`).
+
+    Two masks, two meanings: `attention_mask` says which tokens EXIST (the model attends to them and
+    position ids count them); `response_mask` (B, T) says which of them to SCORE, e.g. the policy's
+    action tokens of a multi-turn episode. Tokens that are attended but not scored (a prompt, an
+    environment's reply between two policy turns) condition the scored ones exactly as in one plain
+    forward over the whole sequence and get 0; the lm-head work is done for the scored tokens only.
+    A scored position must be a real token preceded by a real token; violations raise ValueError
+    naming the row and position.
 
     Works with left or right padding: `position_ids = cumsum(attention_mask) − 1` (0 at padding), the
     same ids `generate` used. Gradients flow to the model through both outputs.

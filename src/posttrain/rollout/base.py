@@ -2,7 +2,17 @@
 
 An engine turns tokenised prompts into groups of sampled completions. The trainer only sees
 :class:`RolloutEngine` and :class:`RolloutBatch`, so a vLLM / SGLang engine can replace the default
-:class:`posttrain.rollout.hf.HFEngine` by implementing one method (``generate``).
+:class:`posttrain.rollout.hf.HFEngine` by implementing ``generate`` and ``pad_token_id``.
+
+Two masks describe a completion (as verl's ``attention_mask`` / ``response_mask`` and TRL's
+``completion_mask`` / ``tool_mask``):
+
+* ``completion_mask`` — the tokens that EXIST: 1 on every real completion token (policy tokens AND
+  environment tokens that a multi-turn runner put between turns), 0 on right padding. The model
+  attends to these and position ids count them.
+* ``action_mask`` — the tokens the POLICY produced: a subset of ``completion_mask``. Losses, KL,
+  entropy, clip fractions and length metrics are taken over these only. ``None`` when constructing
+  means "every completion token is an action" (single-turn sampling).
 
 Sampling log-probs (``RolloutBatch.logprobs``) are of the distribution actually sampled from:
 ``log softmax(z / T)`` restricted to the top-p nucleus (renormalised), with EOS masked while
@@ -14,7 +24,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -60,9 +71,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def with_(self, **changes) -> SamplingParams:
-        return replace(self, **changes)
-
 
 def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists to one (N, P) LongTensor plus its 0/1 attention mask."""
@@ -100,10 +108,12 @@ class RolloutBatch:
     """N sampled sequences, grouped by prompt (groups may have different sizes).
 
     prompt_ids (N, P) left-padded with ``pad_token_id``, prompt_mask (N, P) 0/1;
-    completion_ids (N, T) right-padded, completion_mask (N, T) 0/1 (1 up to and including EOS);
-    logprobs (N, T) float32 sampling log-probs (0 on padding) or None when not requested;
-    finish_reasons: "stop" (EOS sampled) or "length" (hit max_new_tokens); group_ids (N,) long:
-    sequences with the same id are completions of the same prompt.
+    completion_ids (N, T) right-padded; completion_mask (N, T) 0/1: every real completion token
+    (1 up to and including EOS; environment tokens of a multi-turn episode included);
+    action_mask (N, T) 0/1: the policy's own tokens, a subset of ``completion_mask`` (defaults to
+    ``completion_mask``); logprobs (N, T) float32 sampling log-probs of the action tokens (0 elsewhere)
+    or None when not recorded; finish_reasons: "stop" (EOS sampled) or "length" (hit the length cap);
+    group_ids (N,) long: sequences with the same id are completions of the same prompt.
     """
 
     prompt_ids: torch.Tensor
@@ -114,7 +124,7 @@ class RolloutBatch:
     finish_reasons: list[str]
     group_ids: torch.Tensor
     pad_token_id: int
-    meta: dict = field(default_factory=dict)
+    action_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.completion_ids.shape[0]
@@ -123,6 +133,18 @@ class RolloutBatch:
                 raise ValueError(f"RolloutBatch.{name} has {getattr(self, name).shape[0]} rows, expected {n}")
         if self.completion_mask.shape != self.completion_ids.shape:
             raise ValueError("RolloutBatch.completion_mask must have the shape of completion_ids")
+        if self.action_mask is None:
+            self.action_mask = self.completion_mask
+        elif self.action_mask is not self.completion_mask:
+            if self.action_mask.shape != self.completion_ids.shape:
+                raise ValueError("RolloutBatch.action_mask must have the shape of completion_ids")
+            outside = self.action_mask.bool() & ~self.completion_mask.bool()
+            if bool(outside.any()):
+                row, pos = (int(x) for x in outside.nonzero()[0])
+                raise ValueError(
+                    f"RolloutBatch.action_mask marks row {row}, completion position {pos}, where "
+                    "completion_mask is 0: actions must be real completion tokens"
+                )
         if self.logprobs is not None and self.logprobs.shape != self.completion_ids.shape:
             raise ValueError("RolloutBatch.logprobs must have the shape of completion_ids")
         if len(self.finish_reasons) != n:
@@ -130,12 +152,82 @@ class RolloutBatch:
                 f"RolloutBatch.finish_reasons has {len(self.finish_reasons)} entries, expected {n}"
             )
 
+    @classmethod
+    def from_token_lists(
+        cls,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        *,
+        pad_token_id: int,
+        group_ids: Sequence[int],
+        finish_reasons: Sequence[str],
+        actions: Sequence[Sequence[bool | int]] | None = None,
+        logprobs: Sequence[Sequence[float]] | None = None,
+    ) -> RolloutBatch:
+        """A batch from per-row token lists (what a multi-turn runner or a replay buffer holds).
+
+        ``completions[i]`` is everything after the prompt (policy turns and environment tokens, in
+        order); ``actions[i]`` (same length, default all 1) marks the policy's tokens; ``logprobs[i]``
+        (same length) their sampling log-probs (environment positions are ignored and stored as 0).
+        """
+        n = len(completions)
+        for name, rows in (
+            ("prompts", prompts),
+            ("group_ids", group_ids),
+            ("finish_reasons", finish_reasons),
+        ):
+            if len(rows) != n:
+                raise ValueError(f"RolloutBatch.from_token_lists: {len(rows)} {name} for {n} completions")
+        for name, rows in (("actions", actions), ("logprobs", logprobs)):
+            if rows is None:
+                continue
+            if len(rows) != n:
+                raise ValueError(f"RolloutBatch.from_token_lists: {len(rows)} {name} for {n} completions")
+            for i, (r, c) in enumerate(zip(rows, completions, strict=True)):
+                if len(r) != len(c):
+                    raise ValueError(
+                        f"RolloutBatch.from_token_lists: {name}[{i}] has {len(r)} entries for a "
+                        f"completion of {len(c)} tokens"
+                    )
+        p_ids, p_mask = pad_left([list(p) for p in prompts], pad_token_id)
+        t = max((len(c) for c in completions), default=0)
+        c_ids = torch.full((n, t), pad_token_id, dtype=torch.long)
+        c_mask = torch.zeros((n, t), dtype=torch.long)
+        a_mask = None if actions is None else torch.zeros((n, t), dtype=torch.long)
+        lps = None if logprobs is None else torch.zeros((n, t))
+        for i, c in enumerate(completions):
+            c_ids[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
+            c_mask[i, : len(c)] = 1
+            if a_mask is not None:
+                a_mask[i, : len(c)] = torch.tensor([int(bool(a)) for a in actions[i]], dtype=torch.long)
+            if lps is not None:
+                lps[i, : len(c)] = torch.tensor(list(logprobs[i]), dtype=torch.float32)
+        if lps is not None and a_mask is not None:
+            lps = lps * a_mask
+        return cls(
+            prompt_ids=p_ids,
+            prompt_mask=p_mask,
+            completion_ids=c_ids,
+            completion_mask=c_mask,
+            logprobs=lps,
+            finish_reasons=list(finish_reasons),
+            group_ids=torch.tensor(list(group_ids), dtype=torch.long),
+            pad_token_id=pad_token_id,
+            action_mask=a_mask,
+        )
+
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 
     @property
     def lengths(self) -> torch.Tensor:
+        """Completion tokens per row (policy and environment tokens; the unpadded width)."""
         return self.completion_mask.sum(dim=1)
+
+    @property
+    def action_lengths(self) -> torch.Tensor:
+        """Policy (action) tokens per row: what length metrics and length-based shaping count."""
+        return self.action_mask.sum(dim=1)
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -146,20 +238,24 @@ class RolloutBatch:
         return dict(zip(ids.tolist(), counts.tolist(), strict=True))
 
     def completion_lists(self) -> list[list[int]]:
-        """Completion token ids without padding (EOS included when sampled)."""
+        """Completion token ids without padding (EOS included when sampled; environment tokens too)."""
         lens = self.lengths.tolist()
         return [row[:n] for row, n in zip(self.completion_ids.tolist(), lens, strict=True)]
 
     def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(input_ids, attention_mask, response_mask), each (N, P + T): the left-padded prompt followed
-        by the completion; ``response_mask`` is 1 exactly on completion tokens. Slice ``[:, P:]`` of a
-        per-position quantity to get it per completion token."""
+        """(input_ids, attention_mask, action_mask), each (N, P + T): the left-padded prompt followed by
+        the completion. ``attention_mask`` is 1 on every real token (prompt, policy and environment
+        tokens), so positions match generation; ``action_mask`` is 1 exactly on the policy's tokens (pass
+        it as ``sequence_logprobs(..., response_mask=...)``). Slice ``[:, P:]`` of a per-position
+        quantity to get it per completion token."""
+        dtype = self.prompt_mask.dtype
         input_ids = torch.cat([self.prompt_ids, self.completion_ids], dim=1)
-        attention_mask = torch.cat([self.prompt_mask, self.completion_mask.to(self.prompt_mask.dtype)], dim=1)
-        response_mask = torch.cat(
-            [torch.zeros_like(self.prompt_mask), self.completion_mask.to(self.prompt_mask.dtype)], dim=1
-        )
-        return input_ids, attention_mask, response_mask
+        attention_mask = torch.cat([self.prompt_mask, self.completion_mask.to(dtype)], dim=1)
+        action_mask = torch.cat([torch.zeros_like(self.prompt_mask), self.action_mask.to(dtype)], dim=1)
+        return input_ids, attention_mask, action_mask
+
+    def _has_env_tokens(self) -> bool:
+        return self.action_mask is not self.completion_mask
 
     def select(self, index: torch.Tensor | list[int]) -> RolloutBatch:
         idx = torch.as_tensor(index, dtype=torch.long)
@@ -173,7 +269,7 @@ class RolloutBatch:
             finish_reasons=reasons,
             group_ids=self.group_ids[idx],
             pad_token_id=self.pad_token_id,
-            meta=dict(self.meta),
+            action_mask=self.action_mask[idx] if self._has_env_tokens() else None,
         )
 
     def to(self, device: torch.device | str) -> RolloutBatch:
@@ -184,6 +280,7 @@ class RolloutBatch:
             completion_ids=self.completion_ids.to(device),
             completion_mask=self.completion_mask.to(device),
             logprobs=None if self.logprobs is None else self.logprobs.to(device),
+            action_mask=self.action_mask.to(device) if self._has_env_tokens() else None,
         )
 
     @staticmethod
@@ -197,14 +294,17 @@ class RolloutBatch:
         pad = batches[0].pad_token_id
         p = max(b.prompt_ids.shape[1] for b in batches)
         t = max(b.completion_ids.shape[1] for b in batches)
-        pids, pmask, cids, cmask, lps = [], [], [], [], []
+        pids, pmask, cids, cmask, amask, lps = [], [], [], [], [], []
         with_lp = all(b.logprobs is not None for b in batches)
+        with_env = any(b._has_env_tokens() for b in batches)
         for b in batches:
             i, m = _repad_left(b.prompt_ids, b.prompt_mask, p, pad)
             pids.append(i)
             pmask.append(m)
             cids.append(_repad_right(b.completion_ids, t, pad))
             cmask.append(_repad_right(b.completion_mask, t, 0))
+            if with_env:
+                amask.append(_repad_right(b.action_mask.to(b.completion_mask.dtype), t, 0))
             if with_lp:
                 lps.append(_repad_right(b.logprobs, t, 0.0))
         return RolloutBatch(
@@ -216,12 +316,27 @@ class RolloutBatch:
             finish_reasons=[r for b in batches for r in b.finish_reasons],
             group_ids=torch.cat([b.group_ids for b in batches]),
             pad_token_id=pad,
+            action_mask=torch.cat(amask) if with_env else None,
         )
 
 
 class RolloutEngine(ABC):
     """Generates completions. Implementations: :class:`posttrain.rollout.hf.HFEngine` (default);
-    a vLLM engine implements the same ``generate`` plus ``sync_weights`` (push trainer weights)."""
+    a vLLM engine implements the same ``generate`` and ``pad_token_id``, plus ``sync_weights`` (push
+    trainer weights) and ``state_dict`` / ``load_state_dict`` (sampling RNG, for exact resume).
+
+    The batches an engine returns have every completion token as an action (``action_mask`` None);
+    environment tokens enter only through an :class:`~posttrain.rollout.EpisodeRunner`. An engine
+    that cannot record sampling log-probs returns ``logprobs=None`` even when asked; the trainer then
+    refuses the hooks and losses that need them (``ReplayBuffer.needs_logprobs``, loss input
+    ``rollout_logp``).
+    """
+
+    @property
+    @abstractmethod
+    def pad_token_id(self) -> int:
+        """The id that pads prompts (left) and completions (right) in the batches this engine returns;
+        the trainer pads batches it builds itself (replayed trajectories) with the same id."""
 
     @abstractmethod
     def generate(

@@ -4,17 +4,22 @@ The RL loop never calls ``engine.generate`` itself; it asks an :class:`EpisodeRu
 :class:`SingleTurnRunner` (default) formats each prompt, samples ``n_i`` completions with the engine
 and decodes them; rewards then come from a :class:`posttrain.rollout.reward_source.RewardSource`.
 
-A multi-turn runner (DuCA, spec ``rl-sampling-and-rewards.md`` §4: an agent talking to a user
-simulator) returns the same :class:`Episodes` with the policy tokens of all turns in
-``batch.completion_ids`` (environment tokens masked out of ``completion_mask``), its own
-``rewards`` (session rewards) and ``advantage_inputs`` such as ``turn_index`` (N, T) and
-``turn_rewards``; the loop passes ``advantage_inputs`` to the advantage estimator as keyword
-arguments, so a ``duca`` estimator can combine turn and session horizons.
+A multi-turn runner (e.g. an agent talking to a user simulator, as in DuCA's dual-horizon credit
+assignment) returns the same :class:`Episodes`: ``batch.completion_ids`` holds the whole conversation
+after the prompt — policy turns AND the environment's tokens between them, in order — with
+``completion_mask`` 1 on all of them (the policy attends to the environment's replies) and
+``action_mask`` 1 only on the policy's tokens (only those carry loss and metrics);
+:meth:`RolloutBatch.from_token_lists` builds such a batch from per-row lists. The runner may add
+its own ``rewards`` (session rewards) and ``advantage_inputs``: per-row tensors such as
+``turn_index`` (N, T) or ``turn_rewards`` (N, K) that the loop passes to the advantage estimator as
+keyword arguments. They follow their rows through :meth:`Episodes.select` and
+:meth:`Episodes.concat` (group filtering, replay).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,12 +64,51 @@ class PromptFormatter:
         return [*ids, int(eos)] if eos is not None else ids
 
 
+def cat_row_inputs(
+    parts: list[Mapping[str, torch.Tensor]], widths: list[int], *, where: str = "advantage_inputs"
+) -> dict[str, torch.Tensor]:
+    """Concatenate per-row tensors of several row sets along dim 0.
+
+    ``widths[j]`` is the completion width (T) of part j. A tensor whose dim 1 equals its part's width
+    is per-token and is right-padded with 0 to the widest part; any other tensor is concatenated as is
+    (its trailing dims must agree). Every part must carry the same keys.
+    """
+    if not parts or not any(parts):
+        return {}
+    keys = set(parts[0])
+    for j, p in enumerate(parts):
+        if set(p) != keys:
+            raise ValueError(
+                f"{where}: part {j} has keys {sorted(p)} but part 0 has {sorted(keys)}; every merged "
+                "set of episodes must carry the same advantage inputs"
+            )
+    width = max(widths)
+    out = {}
+    for k in sorted(keys):
+        vals = [p[k] for p in parts]
+        per_token = all(v.dim() >= 2 and v.shape[1] == w for v, w in zip(vals, widths, strict=True))
+        if per_token:
+            vals = [
+                torch.cat([v, v.new_zeros((v.shape[0], width - v.shape[1], *v.shape[2:]))], dim=1)
+                for v in vals
+            ]
+        if len({tuple(v.shape[1:]) for v in vals}) > 1:
+            shapes = ", ".join(str(tuple(v.shape)) for v in vals)
+            raise ValueError(
+                f"{where}[{k!r}]: cannot stack shapes {shapes}: a per-token input must have the completion "
+                f"width {widths} of its part in dim 1, any other input the same trailing shape"
+            )
+        out[k] = torch.cat(vals)
+    return out
+
+
 @dataclass
 class Episodes:
     """N trajectories. ``examples[i]`` is the example sequence i answers (one per sequence);
     ``texts[i]`` its decoded completion; ``rewards`` (N,) when the environment already scored it
     (else None: the loop asks the reward source); ``advantage_inputs`` extra keyword arguments for the
-    advantage estimator; ``replayed`` (N,) bool marks trajectories injected by a replay buffer."""
+    advantage estimator, each a tensor with one row per sequence ((N,), (N, T) per completion token,
+    or (N, ...)); ``replayed`` (N,) bool marks trajectories injected by a replay buffer."""
 
     batch: RolloutBatch
     texts: list[str]
@@ -81,9 +125,31 @@ class Episodes:
             )
         if self.replayed is None:
             self.replayed = torch.zeros(n, dtype=torch.bool)
+        if self.rewards is not None and tuple(self.rewards.shape) != (n,):
+            raise ValueError(f"Episodes: rewards must have shape ({n},), got {tuple(self.rewards.shape)}")
+        for k, v in self.advantage_inputs.items():
+            if not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] != n:
+                got = f"shape {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ValueError(
+                    f"Episodes: advantage_inputs[{k!r}] must be a tensor with one row per sequence "
+                    f"({n} rows), got {got}"
+                )
 
     def __len__(self) -> int:
         return len(self.batch)
+
+    def select(self, rows: torch.Tensor | list[int]) -> Episodes:
+        """The episodes at ``rows`` (in that order), every per-row field included."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        ids = idx.tolist()
+        return Episodes(
+            batch=self.batch.select(idx),
+            texts=[self.texts[i] for i in ids],
+            examples=[self.examples[i] for i in ids],
+            rewards=None if self.rewards is None else self.rewards[idx],
+            advantage_inputs={k: v[idx] for k, v in self.advantage_inputs.items()},
+            replayed=self.replayed[idx],
+        )
 
     @staticmethod
     def concat(parts: list[Episodes]) -> Episodes:
@@ -100,9 +166,11 @@ class Episodes:
         rewards = None
         if all(p.rewards is not None for p in parts):
             rewards = torch.cat([p.rewards for p in parts])
-        adv_inputs: dict[str, Any] = {}
-        if any(p.advantage_inputs for p in parts):
-            raise ValueError("Episodes.concat: merging episodes that carry advantage_inputs is not supported")
+        adv_inputs = cat_row_inputs(
+            [p.advantage_inputs for p in parts],
+            [p.batch.completion_ids.shape[1] for p in parts],
+            where="Episodes.concat: advantage_inputs",
+        )
         return Episodes(
             batch=RolloutBatch.concat(batches),
             texts=[t for p in parts for t in p.texts],

@@ -111,10 +111,15 @@ class HFEngine(RolloutEngine):
             if not self.eos_token_ids:
                 raise ValueError("HFEngine: the tokenizer has neither a pad nor an EOS token")
             pad = self.eos_token_ids[0]
-        self.pad_token_id = int(pad)
+        self._pad_token_id = int(pad)
         device = next(model.parameters()).device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's pad id, else its (first) EOS id."""
+        return self._pad_token_id
 
     def generate(
         self, prompt_ids: list[list[int]], n_per_prompt: list[int], params: SamplingParams

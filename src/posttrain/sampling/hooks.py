@@ -4,18 +4,19 @@ The loop in ``posttrain.train.rl`` calls only these interfaces. Methods plug in 
 registering under a name, then selecting it in the config (``hooks.sampler.name`` etc.):
 
 ==================  ======================================  ==============================================
-interface           called                                  methods it is for (spec section)
+interface           called                                  methods it is for (paper)
 ==================  ======================================  ==============================================
-PromptSampler       before rollout: which prompts, how      E3 per-prompt budgets (rl-sampling §1.2),
-                    many completions each; after rewards:   APARL curriculum (§5), DAPO dynamic sampling
-                    keep/resample groups; observe outcomes  (rl-objectives §6)
-Controller          before each step (set knobs) and        E3 entropy-targeting temperature (§1.4): the
-                    after it (update from metrics)          knob is used for rollout AND training logits
-ReplayBuffer        before rollout: trajectories to put     NexGRPO failure replay (§3): replayed tokens
-                    into groups; after rewards: observe;    get per-token importance weights passed to the
-                    importance weights for replayed tokens  loss as ``is_weights``
-GroupRewardShaper   after rewards, before the advantage,    ASRR accuracy-gated length penalty (§2),
-                    seeing whole groups                     DAPO overlong shaping
+PromptSampler       before rollout: which prompts, how      E3 per-prompt budgets (arXiv:2505.18573,
+                    many completions each; after rewards:   Alg. 1), APARL curriculum (arXiv:2507.01327),
+                    keep/resample groups; observe outcomes  DAPO dynamic sampling (arXiv:2503.14476)
+Controller          before each step (set knobs) and        E3 entropy-targeting temperature (arXiv:
+                    after it (update from metrics)          2505.18573, Eq. 4): the knob is used for
+                                                            rollout AND training logits
+ReplayBuffer        before rollout: trajectories to put     failure / experience replay (NexGRPO, ACL 2026
+                    into groups; after rewards: observe;    2026.acl-long.1682; ExGRPO, arXiv:2510.02245):
+                    importance weights for replayed tokens  replayed tokens get per-token ``is_weights``
+GroupRewardShaper   after rewards, before the advantage,    ASRR accuracy-gated length penalty (arXiv:
+                    seeing whole groups                     2505.15400, Eqs. 5-7), DAPO overlong shaping
 ==================  ======================================  ==============================================
 
 State for checkpoints: ``state_dict()`` returns JSON-serialisable data (no pickle anywhere).
@@ -80,20 +81,30 @@ class Knobs:
     the training log-probs (logits / T), which keeps old_logp, logp and the ratios consistent (E3)."""
 
     temperature: float
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class Trajectory:
-    """A stored completion: token ids, per-token log-probs under the policy that produced it."""
+    """A stored completion: token ids, per-token log-probs under the policy that produced it.
+
+    ``action_mask`` (same length; None = all 1) marks the policy's tokens of a multi-turn episode
+    (environment tokens 0); ``advantage_inputs`` holds the episode's row of each advantage input the
+    runner produced (a number, or a list with one entry per completion token for per-token inputs),
+    so a replayed trajectory can join fresh episodes that carry them. Plain JSON data, so buffers can
+    checkpoint it.
+    """
 
     completion_ids: list[int]
     logp_past: list[float]
     finish_reason: str = "stop"
+    action_mask: list[int] | None = None
+    advantage_inputs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.completion_ids) != len(self.logp_past):
             raise ValueError("Trajectory: completion_ids and logp_past must have the same length")
+        if self.action_mask is not None and len(self.action_mask) != len(self.completion_ids):
+            raise ValueError("Trajectory: action_mask must have one entry per completion token")
 
 
 # ---------------------------------------------------------------------------------------- interfaces
@@ -143,7 +154,9 @@ class Controller(ABC):
 class ReplayBuffer(ABC):
     """Offers stored trajectories to put into groups next to fresh samples (off-policy)."""
 
-    #: True when the buffer needs the per-token sampling log-probs of fresh rollouts in :meth:`observe`.
+    #: True when the buffer needs the per-token sampling log-probs of fresh rollouts in :meth:`observe`
+    #: (to store them as ``Trajectory.logp_past``). The trainer then refuses an engine whose batches
+    #: come without log-probs, instead of failing inside the buffer.
     needs_logprobs: bool = False
 
     @abstractmethod
@@ -156,7 +169,8 @@ class ReplayBuffer(ABC):
 
     def is_weights(self, logp: torch.Tensor, logp_past: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per-token importance weights of replayed tokens, default ``min(exp(logp − logp_past), 10)``
-        with ``logp`` detached (π_θ / π_past, ExGRPO / NexGRPO, rl-sampling §3.2)."""
+        with ``logp`` detached (π_θ / π_past, the off-policy correction of experience replay as in
+        ExGRPO, arXiv:2510.02245)."""
         w = torch.exp((logp.detach() - logp_past).clamp(-20, 20)).clamp(max=10.0)
         return torch.where(mask.bool(), w, torch.ones_like(w))
 

@@ -74,7 +74,7 @@ def run_eval(
         "n": len(examples),
         "accuracy": float(correct.mean()),
         "reward_mean": float(rewards.mean()),
-        "length_mean": float(eps.batch.lengths.float().mean()),
+        "length_mean": float(eps.batch.action_lengths.float().mean()),
         "truncated": float(eps.batch.truncated.float().mean()),
         "max_new_tokens": max_new_tokens,
         "reward_timeouts": timeouts,

@@ -1,30 +1,39 @@
 """The RL loop: one file, read top to bottom.
 
-One call of :meth:`RLTrainer.step` does
+:meth:`RLTrainer.step` runs five phases, each a method a reader can find and a test can call:
 
-1. **plan + rollout** — the :class:`~posttrain.sampling.PromptSampler` picks prompts and a completion
-   budget per prompt (groups may differ in size); a :class:`~posttrain.sampling.ReplayBuffer` may
-   supply stored trajectories for some group slots; the :class:`~posttrain.rollout.EpisodeRunner`
-   samples the rest at the controller-set temperature τ. Rewards are *submitted* to the
-   :class:`~posttrain.rollout.RewardSource` right away (a worker pool scores them in the background).
-2. **forward passes that do not need rewards** — old log-probs (only when updates are off-policy:
-   ``ppo_epochs > 1`` or ``minibatches > 1``), reference log-probs (only when ``kl.coef > 0``) and the
-   first micro-batch's policy forward run while the rewards are being scored.
-3. **rewards → group shaping → advantages** — raw rewards R_i, correctness c_i = [R_i ≥ threshold];
-   a :class:`~posttrain.sampling.GroupRewardShaper` maps them to R'_i seeing whole groups; the
-   advantage estimator gives A_i from R' and the group ids (e.g. GRPO: (R'_i − μ_g)/(σ_g + ε)).
-4. **updates** — for each epoch and minibatch, gradients are accumulated over micro-batches of
+1. :meth:`~RLTrainer.rollout` (**plan + rollout**) — controllers set the knobs (temperature τ); the
+   :class:`~posttrain.sampling.PromptSampler` picks prompts and a completion budget per prompt (groups
+   may differ in size); a :class:`~posttrain.sampling.ReplayBuffer` may supply stored trajectories for
+   some group slots; the :class:`~posttrain.rollout.EpisodeRunner` samples the rest at τ. Rewards are
+   *submitted* to the :class:`~posttrain.rollout.RewardSource` right away (a worker pool scores them in
+   the background). Returns a :class:`StepRollout`: the episodes and the model inputs, with two masks —
+   ``attention_mask`` (every real token: prompt, policy AND environment tokens of a multi-turn episode)
+   and ``actions`` (the policy's own tokens: the only ones with loss and metrics).
+2. :meth:`~RLTrainer.forward_without_rewards` — old log-probs (only when updates are off-policy:
+   ``ppo_epochs > 1`` or ``minibatches > 1``), reference log-probs (only when a reference is used) and
+   the first micro-batch's policy forward run while the rewards are being scored.
+3. :meth:`~RLTrainer.score` (**rewards → group shaping → advantages**) — raw rewards R_i, correctness
+   c_i = [R_i ≥ threshold]; a :class:`~posttrain.sampling.GroupRewardShaper` maps them to R'_i seeing
+   whole groups; the advantage estimator gives A_i from R', the group ids and the runner's
+   ``advantage_inputs`` (e.g. GRPO: (R'_i − μ_g)/(σ_g + ε)).
+4. :meth:`~RLTrainer.update` — for each epoch and minibatch, gradients are accumulated over
+   micro-batches of
 
-       L = L_pg(logp, old_logp, A; is_weights) + β · agg(KL(logp ‖ ref_logp)) − λ_H · agg(H)
+       L = L_pg(logp, old_logp, A; is_weights, inputs) + β · agg(KL(logp ‖ ref_logp)) − λ_H · agg(H)
 
-   where every term is aggregated with the minibatch's GLOBAL token / sequence counts, so the summed
-   micro-batch gradients equal the gradient of one big batch (spec ``rl-objectives.md`` §4, §5).
-   With a single on-policy update, ``old_logp = logp.detach()`` (ratio 1, no extra forward). Then
-   the global grad norm is clipped and AdamW steps with the scheduled learning rate.
-5. **metrics + hooks** — reward / accuracy / zero-variance groups / lengths / truncation / entropy /
-   clip fractions / KL / grad norm / throughput / time split; controllers update their knobs (e.g.
-   the temperature used for BOTH the next rollout and the training log-probs, E3); sampler and
-   replay buffer observe the scored groups.
+   over action tokens, where every term is aggregated with the minibatch's GLOBAL token / sequence
+   counts, so the summed micro-batch gradients equal the gradient of one big batch (docs/objectives.md,
+   aggregation). ``inputs`` are the extra per-token tensors the loss declared at registration
+   (``PolicyLoss.inputs``: entropy, reference or rollout log-probs), computed by
+   ``_LOSS_INPUTS`` — no code per loss here. With a single on-policy update,
+   ``old_logp = logp.detach()`` (ratio 1, no extra forward). Then the global grad norm is clipped and
+   AdamW steps with the scheduled learning rate.
+5. :meth:`~RLTrainer.report` (**metrics + hooks**) — reward / accuracy / zero-variance groups / lengths
+   / truncation / entropy / clip fractions / KL / grad norm / throughput / time split, all over action
+   tokens; controllers update their knobs (e.g. the temperature used for BOTH the next rollout and the
+   training log-probs, E3, arXiv:2505.18573); sampler and replay buffer observe the scored groups.
+   Per-micro-batch metric sums live in one helper, :class:`MetricSums`.
 
 :meth:`RLTrainer.train` wraps steps with logging (JSONL always, TensorBoard / W&B optional),
 evaluation, checkpoints and resume. Distributed concerns live in :mod:`posttrain.train.dist`.
@@ -37,6 +46,7 @@ import math
 import random
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +54,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stats, kl_penalty
+from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stats, kl_clamped, kl_penalty
+from posttrain.algos.kl import KL_ESTIMATORS
 from posttrain.models import load_model_and_tokenizer, pick_device, sequence_logprobs
 from posttrain.rollout import (
     EngineContext,
@@ -61,6 +72,7 @@ from posttrain.rollout import (
     build_reward_source,
     build_runner,
 )
+from posttrain.rollout.episodes import cat_row_inputs
 from posttrain.rollout.reward_source import RewardHandle, _Ready
 from posttrain.sampling import (
     CONTROLLERS,
@@ -92,9 +104,49 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# ------------------------------------------------------------------------------- what phases pass on
 @dataclass
-class _Scored:
-    """Rewards of a step's episodes once known."""
+class StepRollout:
+    """Phase 1: the step's episodes, their reward handle and the model inputs built from them.
+
+    ``input_ids`` / ``attention_mask`` / ``score_mask`` are (N, P + T) (prompt then completion);
+    ``actions`` (N, T) float is 1 on the policy's tokens (loss, KL, entropy and every metric use it);
+    environment tokens of a multi-turn episode are in ``attention_mask`` but not in ``actions``.
+    ``minibatches[j]`` are the row indices of minibatch j, ``micro_batches[j]`` their micro-batches.
+    """
+
+    episodes: Episodes
+    handle: RewardHandle
+    rounds: int
+    temperature: float
+    batch: RolloutBatch  # on the training device
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    score_mask: torch.Tensor
+    actions: torch.Tensor
+    minibatches: list[torch.Tensor]
+    micro_batches: list[tuple[torch.Tensor, ...]]
+    seconds: float
+
+    @property
+    def prompt_width(self) -> int:
+        return self.batch.prompt_ids.shape[1]
+
+
+@dataclass
+class StepForwards:
+    """Phase 2: (N, T) old / reference log-probs (None when not needed) and ``first``, the (logp,
+    entropy) with gradient of the first micro-batch, computed early and consumed by :meth:`update`."""
+
+    old_logp: torch.Tensor | None
+    ref_logp: torch.Tensor | None
+    first: tuple[torch.Tensor, torch.Tensor] | None
+    seconds: float
+
+
+@dataclass
+class StepScores:
+    """Phase 3: rewards of the step's episodes once known."""
 
     raw: torch.Tensor  # (N,) raw rewards
     correct: torch.Tensor  # (N,) bool
@@ -103,6 +155,67 @@ class _Scored:
     timeouts: int = 0
     errors: int = 0
     components: dict[str, list[float]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class StepUpdate:
+    """Phase 4: the learning rate used, per-update metrics (loss terms, token means), grad norms."""
+
+    lr: float
+    metrics: dict[str, float]
+    grad_norms: list[float]
+    seconds: float
+
+
+class MetricSums:
+    """Metric bookkeeping over micro-batches.
+
+    ``mean(key, total, weight)``: a weighted mean (e.g. a token sum and the token count);
+    ``share(key, value)``: a loss term that is already this micro-batch's share of its minibatch's
+    total, so shares add up to the minibatch value and are averaged over the optimizer updates.
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def mean(self, key: str, total: float, weight: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + total
+        self.weights[key] = self.weights.get(key, 0) + weight
+
+    def share(self, key: str, value: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + value
+
+    def result(self, n_updates: int) -> dict[str, float]:
+        return {k: v / self.weights[k] if k in self.weights else v / n_updates for k, v in self.sums.items()}
+
+
+@dataclass
+class _Micro:
+    """One micro-batch inside :meth:`RLTrainer.update`: what a declared loss input is computed from."""
+
+    rows: torch.Tensor
+    logp: torch.Tensor  # (n, T), with grad
+    entropy: torch.Tensor  # (n, T), with grad
+    rollout: StepRollout
+    forwards: StepForwards
+
+
+def _rollout_logp(mb: _Micro) -> torch.Tensor:
+    lp = mb.rollout.batch.logprobs
+    if lp is None:  # refused at rollout time; kept as a guard for custom phase orderings
+        raise ValueError("loss input 'rollout_logp': the rollout engine recorded no sampling log-probs")
+    return lp[mb.rows]
+
+
+#: How the trainer computes each per-token input a policy loss may declare
+#: (``posttrain.algos.policy_losses.LOSS_INPUTS``; a test checks both name the same inputs).
+_LOSS_INPUTS: dict[str, Callable[[_Micro], torch.Tensor]] = {
+    "entropy": lambda mb: mb.entropy,
+    "ref_logp": lambda mb: mb.forwards.ref_logp[mb.rows],
+    "rollout_logp": _rollout_logp,
+}
 
 
 class RLTrainer:
@@ -126,6 +239,7 @@ class RLTrainer:
         runner: EpisodeRunner | None = None,
     ) -> None:
         self.cfg = cfg = config
+        dist.require_single_process("RLTrainer")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
@@ -187,7 +301,7 @@ class RLTrainer:
         self.loss_fn = get_policy_loss(cfg.objective.name)
         self.adv_fn = get_advantage(cfg.advantage.name)
         self.ref_model = None
-        if cfg.kl.coef > 0:  # the reference is the INITIAL policy, never a resumed one
+        if cfg.kl.coef > 0 or "ref_logp" in self.loss_fn.inputs:  # the INITIAL policy, never a resumed one
             if ckpt is None:
                 self.ref_model = copy.deepcopy(model)
             else:
@@ -212,20 +326,22 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------------- one step
     def step(self) -> dict[str, float]:
-        """One full RL step (rollout, rewards, advantages, updates); returns its metrics."""
-        cfg = self.cfg
+        """One full RL step (the five phases of the module docstring); returns its metrics."""
         t_start = time.perf_counter()
+        ro = self.rollout()  # 1. plan + rollout; rewards submitted
+        fw = self.forward_without_rewards(ro)  # 2. overlaps with reward scoring
+        scores = self.score(ro)  # 3. rewards -> group shaping -> advantages
+        upd = self.update(ro, fw, scores)  # 4. optimizer updates
+        return self.report(ro, fw, scores, upd, t_start=t_start)  # 5. metrics + hooks
+
+    # ------------------------------------------------------------------------- 1. plan + rollout
+    def rollout(self) -> StepRollout:
+        """Controllers set the knobs; sample the step's episodes (rewards submitted, or already known
+        when the sampler filters groups); build the model inputs and the micro-batch split."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
         for c in self.controllers:
             c.apply(self.knobs, self.step_idx)
-        lr = lr_at(
-            self.step_idx,
-            lr=cfg.optimizer.lr,
-            total_steps=max(1, cfg.steps),
-            schedule=cfg.optimizer.schedule,
-            warmup_steps=cfg.optimizer.warmup_steps,
-            min_lr_ratio=cfg.optimizer.min_lr_ratio,
-        )
-        set_lr(self.optimizer, lr)
         tau = self.knobs.temperature
         params = SamplingParams(
             temperature=tau,
@@ -234,159 +350,31 @@ class RLTrainer:
             min_new_tokens=cfg.rollout.min_new_tokens,
             suppress_eos=cfg.rollout.suppress_eos,
         )
-
-        # 1. plan + rollout; rewards submitted (or already known when the sampler filters groups)
-        t0 = time.perf_counter()
         episodes, handle, rounds = self._rollout(params)
-        t_gen = time.perf_counter() - t0
+        self._check_logprobs(episodes)
         batch = episodes.batch.to(self.device)
-        input_ids, attn, resp = batch.model_inputs()
-        mask = batch.completion_mask.float()
+        input_ids, attn, score_mask = batch.model_inputs()
         n = len(batch)
         minibatches = [mb for mb in torch.arange(n).tensor_split(min(cfg.minibatches, n)) if len(mb)]
         micro = cfg.micro_batch_size or n
-        p_width = batch.prompt_ids.shape[1]
-
-        def forward(model: Any, rows: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-            """(logp, entropy) (len(rows), T) of the completion tokens at temperature τ."""
-            with torch.set_grad_enabled(grad):
-                lp, ent = sequence_logprobs(
-                    model,
-                    input_ids[rows],
-                    attn[rows],
-                    response_mask=resp[rows],
-                    temperature=tau,
-                    chunk_size=cfg.logprob_chunk_size,
-                )
-            return lp[:, p_width:], ent[:, p_width:]
-
-        def no_grad_logp(model: Any) -> torch.Tensor:
-            return torch.cat([forward(model, rows, False)[0] for rows in torch.arange(n).split(micro)])
-
-        # 2. forward passes that do not need rewards (overlap with reward scoring)
-        t0 = time.perf_counter()
-        old_logp = no_grad_logp(self.model) if cfg.off_policy else None
-        ref_logp = no_grad_logp(self.ref_model) if self.ref_model is not None else None
-        micro_splits = [mb.split(micro) for mb in minibatches]
-        first_rows = micro_splits[0][0]
-        pending = forward(self.model, first_rows, True)
-        t_fwd_overlap = time.perf_counter() - t0
-
-        # 3. rewards -> group shaping -> advantages
-        t0 = time.perf_counter()
-        scored = self._score(episodes, handle)
-        t_reward_wait = time.perf_counter() - t0
-        adv = scored.advantages.to(self.device)
-        is_w_all = None
-        if bool(episodes.replayed.any()):
-            is_w_all = (episodes.replayed.to(self.device), batch.logprobs)
-
-        # 4. updates
-        t0 = time.perf_counter()
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        grad_norms = []
-        scale = cfg.objective.scale or float(cfg.rollout.max_new_tokens)
-        for epoch in range(cfg.ppo_epochs):
-            for mb, splits in zip(minibatches, micro_splits, strict=True):
-                self.optimizer.zero_grad(set_to_none=True)
-                g_tokens = dist.global_sum(mask[mb].sum())
-                g_seqs = dist.global_sum((mask[mb].sum(1) > 0).sum().float())
-                for rows in splits:
-                    if pending is not None and epoch == 0 and rows is first_rows:
-                        logp, ent = pending
-                        pending = None
-                    else:
-                        logp, ent = forward(self.model, rows, True)
-                    m = mask[rows]
-                    old = logp.detach() if old_logp is None else old_logp[rows]
-                    is_weights = None
-                    if is_w_all is not None:
-                        replayed, past = is_w_all
-                        w = self.replay.is_weights(logp.detach(), past[rows], m)
-                        is_weights = torch.where(replayed[rows, None], w, torch.ones_like(w))
-                    loss, lm = self.loss_fn(
-                        logp,
-                        old,
-                        adv[rows],
-                        m,
-                        agg=cfg.objective.agg,
-                        is_weights=is_weights,
-                        global_tokens=g_tokens,
-                        global_seqs=g_seqs,
-                        scale=scale,
-                        **cfg.objective.params,
-                    )
-                    agg = cfg.objective.agg or self.loss_fn.default_agg
-                    terms = {"pg_loss": loss.detach()}
-                    if ref_logp is not None:
-                        kl_tok = kl_penalty(logp, ref_logp[rows], cfg.kl.kind)
-                        kl = agg_loss(kl_tok, m, agg, scale=scale, global_tokens=g_tokens, global_seqs=g_seqs)
-                        loss = loss + cfg.kl.coef * kl
-                        terms["kl_loss"] = kl.detach()
-                    if cfg.entropy_coef:
-                        ent_term = agg_loss(
-                            ent, m, agg, scale=scale, global_tokens=g_tokens, global_seqs=g_seqs
-                        )
-                        loss = loss - cfg.entropy_coef * ent_term
-                    loss.backward()
-                    # loss terms are already shares of the minibatch total; metrics are token-weighted means
-                    w_tok = float(m.sum())
-                    for k, v in terms.items():
-                        sums[k] = sums.get(k, 0.0) + float(v)
-                    for k, v in lm.items():
-                        sums[k] = sums.get(k, 0.0) + float(v) * w_tok
-                        counts[k] = counts.get(k, 0) + w_tok
-                    ent_sum = float((ent.detach() * m).sum())
-                    sums["entropy"] = sums.get("entropy", 0.0) + ent_sum
-                    counts["entropy"] = counts.get("entropy", 0) + w_tok
-                    if ref_logp is not None:
-                        sums["kl"] = sums.get("kl", 0.0) + float(((logp.detach() - ref_logp[rows]) * m).sum())
-                        counts["kl"] = counts.get("kl", 0) + w_tok
-                    if batch.logprobs is not None and epoch == 0:
-                        diff = ((logp.detach() - batch.logprobs[rows]).abs() * m).sum()
-                        sums["rollout_logp_diff"] = sums.get("rollout_logp_diff", 0.0) + float(diff)
-                        counts["rollout_logp_diff"] = counts.get("rollout_logp_diff", 0) + w_tok
-                grad_norms.append(self._clip_and_step())
-        t_update = time.perf_counter() - t0
-        self.engine.sync_weights(self.model)
-
-        # 5. metrics + hooks
-        n_updates = cfg.ppo_epochs * len(minibatches)
-        metrics = self._batch_metrics(episodes, scored)
-        for k, v in sums.items():
-            metrics[k] = v / counts[k] if k in counts else v / n_updates
-        wall = time.perf_counter() - t_start
-        gen_tokens = float(batch.completion_mask.sum())
-        metrics.update(
-            step=self.step_idx + 1,
-            lr=lr,
+        return StepRollout(
+            episodes=episodes,
+            handle=handle,
+            rounds=rounds,
             temperature=tau,
-            grad_norm=float(np.mean(grad_norms)),
-            grad_norm_max=float(np.max(grad_norms)),
-            sampling_rounds=rounds,
-            replayed=int(episodes.replayed.sum()),
-            time_generation=t_gen,
-            time_forward_overlap=t_fwd_overlap,
-            time_reward_wait=t_reward_wait,
-            time_update=t_update,
-            time_step=wall,
-            tokens_per_s=gen_tokens / max(wall, 1e-9),
+            batch=batch,
+            input_ids=input_ids,
+            attention_mask=attn,
+            score_mask=score_mask,
+            actions=batch.action_mask.float(),
+            minibatches=minibatches,
+            micro_batches=[mb.split(micro) for mb in minibatches],
+            seconds=time.perf_counter() - t0,
         )
-        outcomes = self._outcomes(episodes, scored.raw)
-        self.sampler.observe(outcomes, self.step_idx)
-        self.replay.observe(episodes, scored.shaped, scored.correct, self.step_idx)
-        for c in self.controllers:
-            for k, v in c.update(metrics, self.step_idx).items():
-                metrics[f"controller/{k}"] = v
-        self._warn_degenerate(metrics)
-        self.step_idx += 1
-        return metrics
 
-    # --------------------------------------------------------------------------------- rollout side
     def _rollout(self, params: SamplingParams) -> tuple[Episodes, RewardHandle, int]:
         """Sample episodes. Without group filtering: one round, rewards still being scored. With it
-        (DAPO dynamic sampling): rounds until enough groups are kept, rewards already known."""
+        (DAPO dynamic sampling, arXiv:2503.14476): rounds until enough groups are kept, rewards known."""
         cfg = self.cfg
         need, kept_parts, kept_scores, rounds = cfg.rollout.prompts_per_step, [], [], 0
         last: tuple[Episodes, ScoredBatch] | None = None
@@ -409,7 +397,7 @@ class RLTrainer:
             keep_ids = gids[torch.tensor(keep, dtype=torch.bool)]
             rows = torch.isin(episodes.batch.group_ids, keep_ids).nonzero().flatten()
             if len(rows):
-                kept_parts.append(_select_episodes(episodes, rows))
+                kept_parts.append(episodes.select(rows))
                 kept_scores.append(_select_scored(res, rows.tolist()))
                 need -= len(keep_ids)
             if need <= 0 or rounds >= self.sampler.max_rounds:
@@ -437,66 +425,256 @@ class RLTrainer:
         fresh = [n - len(r) for n, r in zip(plan.n_per_prompt, replayed, strict=True)]
         if any(f < 0 for f in fresh):
             raise ValueError("replay buffer returned more trajectories than a group's size")
-        parts = []
-        if sum(fresh):
-            parts.append(self.runner.run(plan.examples, fresh, params))
-        if any(replayed):
-            parts.append(self._replayed_episodes(plan, replayed))
-        if len(parts) == 1:
-            return parts[0]
-        a, b = parts  # same group numbering (plan index): concatenate without renumbering
-        if a.rewards is not None or a.advantage_inputs:
+        if not any(replayed):
+            return self.runner.run(plan.examples, fresh, params)
+        new = self.runner.run(plan.examples, fresh, params) if sum(fresh) else None
+        past = self._replayed_episodes(plan, replayed)
+        if new is None:
+            return past
+        if new.rewards is not None:
             raise ValueError(
                 "hooks.replay: replayed trajectories cannot join episodes that the episode runner scored "
-                "itself (rewards / advantage_inputs); use a replay buffer only with runners whose "
-                "episodes are scored by the reward source"
+                "itself (rewards); use a replay buffer only with runners whose episodes are scored by the "
+                "reward source"
             )
+        # same group numbering (plan index): concatenate without renumbering
+        widths = [new.batch.completion_ids.shape[1], past.batch.completion_ids.shape[1]]
         return Episodes(
-            batch=RolloutBatch.concat([a.batch, b.batch]),
-            texts=a.texts + b.texts,
-            examples=a.examples + b.examples,
-            replayed=torch.cat([a.replayed, b.replayed]),
+            batch=RolloutBatch.concat([new.batch, past.batch]),
+            texts=new.texts + past.texts,
+            examples=new.examples + past.examples,
+            advantage_inputs=cat_row_inputs(
+                [new.advantage_inputs, past.advantage_inputs], widths, where="hooks.replay: advantage_inputs"
+            ),
+            replayed=torch.cat([new.replayed, past.replayed]),
         )
 
     def _replayed_episodes(self, plan: PromptPlan, replayed: list[list[Trajectory]]) -> Episodes:
-        from posttrain.rollout import pad_left
-
-        pad = self.engine.pad_token_id
-        prompts, comps, lps, gids, reasons, examples = [], [], [], [], [], []
-        for g, (ex, trajs) in enumerate(zip(plan.examples, replayed, strict=True)):
-            ids = self.formatter.encode(ex.prompt)
-            for tr in trajs:
-                prompts.append(ids)
-                comps.append(tr.completion_ids)
-                lps.append(tr.logp_past)
-                gids.append(g)
-                reasons.append(tr.finish_reason)
-                examples.append(ex)
-        p_ids, p_mask = pad_left(prompts, pad)
-        t = max(len(c) for c in comps)
-        c_ids = torch.full((len(comps), t), pad, dtype=torch.long)
-        c_mask = torch.zeros((len(comps), t), dtype=torch.long)
-        c_lp = torch.zeros((len(comps), t))
-        for i, (c, lp) in enumerate(zip(comps, lps, strict=True)):
-            c_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-            c_mask[i, : len(c)] = 1
-            c_lp[i, : len(c)] = torch.tensor(lp)
-        batch = RolloutBatch(p_ids, p_mask, c_ids, c_mask, c_lp, reasons, torch.tensor(gids), pad)
+        rows = [
+            (g, ex, tr)
+            for g, (ex, trajs) in enumerate(zip(plan.examples, replayed, strict=True))
+            for tr in trajs
+        ]
+        comps = [tr.completion_ids for _, _, tr in rows]
+        with_env = any(tr.action_mask is not None for _, _, tr in rows)
+        batch = RolloutBatch.from_token_lists(
+            [self.formatter.encode(ex.prompt) for _, ex, _ in rows],
+            comps,
+            pad_token_id=self.engine.pad_token_id,
+            group_ids=[g for g, _, _ in rows],
+            finish_reasons=[tr.finish_reason for _, _, tr in rows],
+            actions=[tr.action_mask or [1] * len(tr.completion_ids) for _, _, tr in rows]
+            if with_env
+            else None,
+            logprobs=[tr.logp_past for _, _, tr in rows],
+        )
+        adv_inputs = cat_row_inputs(
+            [{k: torch.tensor(v)[None] for k, v in tr.advantage_inputs.items()} for _, _, tr in rows],
+            [len(c) for c in comps],
+            where="hooks.replay: Trajectory.advantage_inputs",
+        )
         texts = self.tokenizer.batch_decode(comps, skip_special_tokens=True)
-        return Episodes(batch, list(texts), examples, replayed=torch.ones(len(comps), dtype=torch.bool))
+        examples = [ex for _, ex, _ in rows]
+        ones = torch.ones(len(rows), dtype=torch.bool)
+        return Episodes(batch, list(texts), examples, advantage_inputs=adv_inputs, replayed=ones)
 
-    def _score(self, episodes: Episodes, handle: RewardHandle) -> _Scored:
-        res = handle.result()
+    def _check_logprobs(self, episodes: Episodes) -> None:
+        """Refuse a batch without sampling log-probs when a hook or the loss needs them."""
+        if episodes.batch.logprobs is not None:
+            return
+        needs = {
+            f"hooks.replay {self.cfg.hooks.replay.name!r} (needs_logprobs)": self.replay.needs_logprobs,
+            "replayed trajectories (importance weights)": bool(episodes.replayed.any()),
+            f"objective {self.cfg.objective.name!r} (input 'rollout_logp')": "rollout_logp"
+            in self.loss_fn.inputs,
+        }
+        who = [k for k, v in needs.items() if v]
+        if who:
+            raise ValueError(
+                f"the episodes carry no sampling log-probs (RolloutBatch.logprobs is None), but {', '.join(who)} "
+                "need them; use an engine that records them (SamplingParams.logprobs)"
+            )
+
+    # ---------------------------------------------------------------- 2. forwards without rewards
+    def _policy_forward(
+        self, model: Any, ro: StepRollout, rows: torch.Tensor, grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logp, entropy) (len(rows), T) over the completion positions at temperature τ; 0 except on
+        action tokens (environment tokens are attended to, not scored)."""
+        with torch.set_grad_enabled(grad):
+            lp, ent = sequence_logprobs(
+                model,
+                ro.input_ids[rows],
+                ro.attention_mask[rows],
+                response_mask=ro.score_mask[rows],
+                temperature=ro.temperature,
+                chunk_size=self.cfg.logprob_chunk_size,
+            )
+        p = ro.prompt_width
+        return lp[:, p:], ent[:, p:]
+
+    def forward_without_rewards(self, ro: StepRollout) -> StepForwards:
+        """Old log-probs (off-policy updates only), reference log-probs (with a reference model) and the
+        first micro-batch's policy forward: everything that does not wait for rewards."""
+        t0 = time.perf_counter()
+        micro = self.cfg.micro_batch_size or len(ro.batch)
+        chunks = torch.arange(len(ro.batch)).split(micro)
+
+        def no_grad_logp(model: Any) -> torch.Tensor:
+            return torch.cat([self._policy_forward(model, ro, rows, False)[0] for rows in chunks])
+
+        old_logp = no_grad_logp(self.model) if self.cfg.off_policy else None
+        ref_logp = no_grad_logp(self.ref_model) if self.ref_model is not None else None
+        first = self._policy_forward(self.model, ro, ro.micro_batches[0][0], True)
+        return StepForwards(old_logp, ref_logp, first, time.perf_counter() - t0)
+
+    # ------------------------------------------------------------ 3. rewards -> shaping -> advantages
+    def score(self, ro: StepRollout) -> StepScores:
+        """Wait for the rewards; shape them per group; compute the advantages."""
+        t0 = time.perf_counter()
+        episodes = ro.episodes
+        res = ro.handle.result()
         raw = torch.tensor(res.rewards, dtype=torch.float32)
         if raw.shape[0] != len(episodes):
             raise ValueError(f"reward source returned {raw.shape[0]} rewards for {len(episodes)} completions")
         correct = raw >= self.cfg.reward.success_threshold
         b = episodes.batch
         shaped = self.shaper.shape(
-            raw.clone(), b.group_ids, correct=correct, lengths=b.lengths.cpu(), truncated=b.truncated
+            raw.clone(), b.group_ids, correct=correct, lengths=b.action_lengths.cpu(), truncated=b.truncated
         )
         adv = self.adv_fn(shaped, b.group_ids, **self.cfg.advantage.params, **episodes.advantage_inputs)
-        return _Scored(raw, correct, shaped, adv, res.timeouts, res.errors, res.components)
+        wait = time.perf_counter() - t0
+        return StepScores(raw, correct, shaped, adv, res.timeouts, res.errors, res.components, wait)
+
+    # ------------------------------------------------------------------------------------ 4. update
+    def update(self, ro: StepRollout, fw: StepForwards, scores: StepScores) -> StepUpdate:
+        """For each epoch and minibatch: accumulate gradients over micro-batches, clip, AdamW step."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        lr = lr_at(
+            self.step_idx,
+            lr=cfg.optimizer.lr,
+            total_steps=max(1, cfg.steps),
+            schedule=cfg.optimizer.schedule,
+            warmup_steps=cfg.optimizer.warmup_steps,
+            min_lr_ratio=cfg.optimizer.min_lr_ratio,
+        )
+        set_lr(self.optimizer, lr)
+        adv = scores.advantages.to(self.device)
+        mask = ro.actions
+        sums = MetricSums()
+        grad_norms = []
+        first_rows = ro.micro_batches[0][0]
+        for epoch in range(cfg.ppo_epochs):
+            for mb, splits in zip(ro.minibatches, ro.micro_batches, strict=True):
+                self.optimizer.zero_grad(set_to_none=True)
+                g_tokens = dist.global_sum(mask[mb].sum())
+                g_seqs = dist.global_sum((mask[mb].sum(1) > 0).sum().float())
+                for rows in splits:
+                    if fw.first is not None and epoch == 0 and rows is first_rows:
+                        (logp, ent), fw.first = fw.first, None
+                    else:
+                        logp, ent = self._policy_forward(self.model, ro, rows, True)
+                    micro = _Micro(rows, logp, ent, ro, fw)
+                    self._micro_step(micro, adv[rows], g_tokens, g_seqs, sums, first_epoch=epoch == 0)
+                grad_norms.append(self._clip_and_step())
+        seconds = time.perf_counter() - t0
+        self.engine.sync_weights(self.model)
+        n_updates = cfg.ppo_epochs * len(ro.minibatches)
+        return StepUpdate(lr, sums.result(n_updates), grad_norms, seconds)
+
+    def _micro_step(
+        self,
+        mb: _Micro,
+        adv: torch.Tensor,
+        g_tokens: torch.Tensor,
+        g_seqs: torch.Tensor,
+        sums: MetricSums,
+        *,
+        first_epoch: bool,
+    ) -> None:
+        """Loss of one micro-batch (its share of the minibatch total), backward, metric sums."""
+        cfg = self.cfg
+        rows, logp, ent, ro, fw = mb.rows, mb.logp, mb.entropy, mb.rollout, mb.forwards
+        m = ro.actions[rows]
+        old = logp.detach() if fw.old_logp is None else fw.old_logp[rows]
+        is_weights = None
+        if bool(ro.episodes.replayed.any()):
+            replayed = ro.episodes.replayed.to(self.device)[rows]
+            w = self.replay.is_weights(logp.detach(), ro.batch.logprobs[rows], m)
+            is_weights = torch.where(replayed[:, None], w, torch.ones_like(w))
+        scale = cfg.objective.scale or float(cfg.rollout.max_new_tokens)
+        agg = cfg.objective.agg or self.loss_fn.default_agg
+        norm = {"scale": scale, "global_tokens": g_tokens, "global_seqs": g_seqs}
+        loss, lm = self.loss_fn(
+            logp,
+            old,
+            adv,
+            m,
+            agg=cfg.objective.agg,
+            is_weights=is_weights,
+            inputs={k: _LOSS_INPUTS[k](mb) for k in self.loss_fn.inputs},
+            **norm,
+            **cfg.objective.params,
+        )
+        terms = {"pg_loss": loss.detach()}
+        ref = fw.ref_logp[rows] if fw.ref_logp is not None else None
+        if ref is not None and cfg.kl.coef > 0:
+            kl = agg_loss(kl_penalty(logp, ref, cfg.kl.kind), m, agg, **norm)
+            loss = loss + cfg.kl.coef * kl
+            terms["kl_loss"] = kl.detach()
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * agg_loss(ent, m, agg, **norm)
+        loss.backward()
+        # loss terms are already shares of the minibatch total; metrics are token-weighted means
+        w_tok = float(m.sum())
+        for k, v in terms.items():
+            sums.share(k, float(v))
+        for k, v in lm.items():
+            sums.mean(k, float(v) * w_tok, w_tok)
+        sums.mean("entropy", float((ent.detach() * m).sum()), w_tok)
+        if ref is not None:
+            sums.mean("kl", float(((logp.detach() - ref) * m).sum()), w_tok)
+            if cfg.kl.kind in KL_ESTIMATORS and KL_ESTIMATORS.canonical(cfg.kl.kind) == "k3":
+                # tokens where k3's clamps zero the KL gradient (kl_clamped)
+                sums.mean("kl_clamped_frac", float((kl_clamped(logp, ref) * m).sum()), w_tok)
+        if ro.batch.logprobs is not None and first_epoch:
+            diff = ((logp.detach() - ro.batch.logprobs[rows]).abs() * m).sum()
+            sums.mean("rollout_logp_diff", float(diff), w_tok)
+
+    # ----------------------------------------------------------------------------- 5. metrics + hooks
+    def report(
+        self, ro: StepRollout, fw: StepForwards, scores: StepScores, upd: StepUpdate, *, t_start: float
+    ) -> dict[str, float]:
+        """The step's metrics; controllers, sampler and replay buffer see them; the step counter moves."""
+        metrics = self._batch_metrics(ro.episodes, scores)
+        metrics.update(upd.metrics)
+        wall = time.perf_counter() - t_start
+        gen_tokens = float(ro.actions.sum())
+        metrics.update(
+            step=self.step_idx + 1,
+            lr=upd.lr,
+            temperature=ro.temperature,
+            grad_norm=float(np.mean(upd.grad_norms)),
+            grad_norm_max=float(np.max(upd.grad_norms)),
+            sampling_rounds=ro.rounds,
+            replayed=int(ro.episodes.replayed.sum()),
+            time_generation=ro.seconds,
+            time_forward_overlap=fw.seconds,
+            time_reward_wait=scores.seconds,
+            time_update=upd.seconds,
+            time_step=wall,
+            tokens_per_s=gen_tokens / max(wall, 1e-9),
+        )
+        outcomes = self._outcomes(ro.episodes, scores.raw)
+        self.sampler.observe(outcomes, self.step_idx)
+        self.replay.observe(ro.episodes, scores.shaped, scores.correct, self.step_idx)
+        for c in self.controllers:
+            for k, v in c.update(metrics, self.step_idx).items():
+                metrics[f"controller/{k}"] = v
+        self._warn_degenerate(metrics)
+        self.step_idx += 1
+        return metrics
 
     # ----------------------------------------------------------------------------------- internals
     def _clip_and_step(self) -> float:
@@ -509,7 +687,7 @@ class RLTrainer:
     def _outcomes(self, episodes: Episodes, raw: torch.Tensor) -> list[GroupOutcome]:
         correct = raw >= self.cfg.reward.success_threshold
         gids = episodes.batch.group_ids
-        lengths = episodes.batch.lengths.cpu()
+        lengths = episodes.batch.action_lengths.cpu()
         out = []
         for g in torch.unique(gids).tolist():
             rows = (gids == g).nonzero().flatten().tolist()
@@ -523,9 +701,9 @@ class RLTrainer:
             )
         return out
 
-    def _batch_metrics(self, episodes: Episodes, scored: _Scored) -> dict[str, float]:
+    def _batch_metrics(self, episodes: Episodes, scored: StepScores) -> dict[str, float]:
         b = episodes.batch
-        lengths = b.lengths.float().cpu()
+        lengths = b.action_lengths.float().cpu()
         gids = b.group_ids
         uniq, inv = torch.unique(gids, return_inverse=True)
         g = len(uniq)
@@ -616,7 +794,7 @@ class RLTrainer:
             "sampler": self.sampler.state_dict(),
             "controllers": [c.state_dict() for c in self.controllers],
             "replay": self.replay.state_dict(),
-            "knobs": {"temperature": self.knobs.temperature, "extra": self.knobs.extra},
+            "knobs": {"temperature": self.knobs.temperature},
         }
         extra = {f"engine.{k}": v for k, v in self.engine.state_dict().items()}
         path = save_checkpoint(
@@ -640,7 +818,7 @@ class RLTrainer:
         for c, s in zip(self.controllers, state["controllers"], strict=True):
             c.load_state_dict(s)
         self.replay.load_state_dict(state["replay"])
-        self.knobs = Knobs(temperature=state["knobs"]["temperature"], extra=state["knobs"]["extra"])
+        self.knobs = Knobs(temperature=state["knobs"]["temperature"])
         ext = state["extra_tensors"]
         self.engine.load_state_dict(
             {k[len("engine.") :]: v for k, v in ext.items() if k.startswith("engine.")}
@@ -741,17 +919,6 @@ class RLTrainer:
 
 def _strip(ev: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ev.items() if k != "samples"}
-
-
-def _select_episodes(ep: Episodes, rows: torch.Tensor) -> Episodes:
-    idx = rows.tolist()
-    return Episodes(
-        batch=ep.batch.select(rows),
-        texts=[ep.texts[i] for i in idx],
-        examples=[ep.examples[i] for i in idx],
-        rewards=None if ep.rewards is None else ep.rewards[rows],
-        replayed=ep.replayed[rows],
-    )
 
 
 def _select_scored(res: ScoredBatch, rows: list[int]) -> ScoredBatch:
