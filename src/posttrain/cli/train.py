@@ -20,9 +20,21 @@ def _load(model_cls, config: Optional[Path], overrides: list[str]):  # noqa: UP0
     from posttrain.utils.config import ConfigError, build_config
 
     try:
-        return build_config(model_cls, config, overrides)
+        cfg = build_config(model_cls, config, overrides)
     except ConfigError as e:
         _fail(str(e))
+    _check_device(cfg.model.device)
+    return cfg
+
+
+def _check_device(device: str) -> None:
+    """model.device must exist on this machine (a GPU config validates anywhere; it runs only here)."""
+    from posttrain.models.loading import check_device
+
+    try:
+        check_device(device)
+    except ValueError as e:
+        _fail(f"model.device: {e}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})

@@ -58,9 +58,15 @@ def resolve_dtype(dtype: Any) -> Any:
     raise ValueError(f"unknown dtype {dtype!r}; accepted: a torch.dtype or one of {', '.join(DTYPE_NAMES)}")
 
 
-def check_device(device: str) -> str:
-    """`device` if this machine's torch can use it, else a ValueError naming the accepted values and
-    what this build offers ("cuda" on a CPU-only build, "gpu", "cuda:3" with 2 GPUs)."""
+def check_device(device: str, *, available: bool = True) -> str:
+    """`device` if it is a device name this library accepts ("auto", "cpu", "cuda", "cuda:N", "mps")
+    and, when `available`, one this machine's torch can use; else a ValueError naming the accepted
+    values and what this build offers ("cuda" on a CPU-only build, "gpu", "cuda:3" with 2 GPUs)."""
+    head, _, index = device.partition(":")
+    if device not in ("auto", "cpu", "mps") and not (head == "cuda" and (not _ or index.isdigit())):
+        raise ValueError(f"unknown device {device!r}; accepted: {', '.join(DEVICES)}")
+    if not available:
+        return device
     import torch
 
     have = ["auto", "cpu"]
@@ -71,17 +77,12 @@ def check_device(device: str) -> str:
         have.append("mps")
     if device in have:
         return device
-    head = device.split(":", 1)[0]
-    if head in ("cuda", "mps") and (device == head or (head == "cuda" and device[5:].isdigit())):
-        why = (
-            f"this torch build ({torch.__version__}) has no CUDA"
-            if head == "cuda" and not torch.cuda.is_available()
-            else f"{device!r} is not available on this machine"
-        )
-        raise ValueError(f"{why}; available here: {', '.join(have)}")
-    raise ValueError(
-        f"unknown device {device!r}; accepted: {', '.join(DEVICES)} (available here: {', '.join(have)})"
+    why = (
+        f"this torch build ({torch.__version__}) has no CUDA"
+        if head == "cuda" and not torch.cuda.is_available()
+        else f"{device!r} is not available on this machine"
     )
+    raise ValueError(f"device {device!r}: {why}; available here: {', '.join(have)}")
 
 
 def resolve_model_dir(spec: str) -> str:
@@ -149,6 +150,8 @@ def load_model_and_tokenizer(
     eval mode (as `from_pretrained` does) on `device` with parameters in `dtype`.
     """
     torch_dtype = resolve_dtype(dtype)
+    if isinstance(device, str):
+        check_device(device)
     if spec in PRESETS:
         tokenizer = build_char_tokenizer()
         model = build_preset_model(spec, tokenizer, seed=seed, dtype=torch_dtype)

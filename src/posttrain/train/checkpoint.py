@@ -235,16 +235,16 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         return p
     if not p.exists():
         raise FileNotFoundError(
-            f"{str(p)!r} does not exist (expected a run directory with checkpoints/latest)"
+            f"no checkpoint at {str(p)!r}: it does not exist (expected a run directory with checkpoints/latest)"
         )
     if p.is_dir() and (p / "model" / "config.json").is_file():
         raise FileNotFoundError(
-            f"{str(p)!r} has no checkpoints (checkpoints/latest); it holds a saved model in {str(p / 'model')!r}"
+            f"no checkpoint in {str(p)!r} (no checkpoints/latest); it holds a saved model in {str(p / 'model')!r}"
         )
     if p.is_dir() and not (p / "config.json").is_file():
         raise FileNotFoundError(
-            f"{str(p)!r} has no config.json, so it is not a Hugging Face model directory, and no "
-            "checkpoints/latest, so it is not a run directory with checkpoints"
+            f"no checkpoint in {str(p)!r}: it has no config.json, so it is not a Hugging Face model "
+            "directory, and no checkpoints/latest, so it is not a run directory with checkpoints"
         )
     raise FileNotFoundError(
         f"no checkpoint in {str(p)!r}: expected a run directory with checkpoints/latest, "

@@ -22,8 +22,9 @@ class ModelConfig(StrictModel):
     run folder (its latest checkpoint's model; an SFT run's ``model/``)."""
     dtype: str = "float32"
     device: str = "auto"
-    """"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", "mps"; checked against this
-    machine's torch build at config time."""
+    """"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", "mps". The name is checked at
+    config time; whether this machine has the device, when the model is loaded (and by the CLI before
+    anything is loaded), so a GPU config still validates on a laptop."""
     gradient_checkpointing: bool = False
 
     @field_validator("dtype")
@@ -39,7 +40,7 @@ class ModelConfig(StrictModel):
     def _device(cls, v: str) -> str:
         from posttrain.models.loading import check_device
 
-        return check_device(v)
+        return check_device(v, available=False)
 
 
 class TaskConfig(StrictModel):

@@ -147,7 +147,9 @@ def _format_error(
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             lines.append(f"unknown key '{loc}'{hint}{_origin(loc, source, cli)}")
         else:
-            lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r}){_origin(loc, source, cli)}")
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"  # a section: the message says it
+            lines.append(f"{loc}: {e['msg']}{shown}{_origin(loc, source, cli)}")
     return "config error:\n  " + "\n  ".join(lines)
 
 
