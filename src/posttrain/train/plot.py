@@ -32,6 +32,14 @@ def _redundant(key: str, steps: list[dict]) -> bool:
     return False
 
 
+def select_panels(steps: list[dict]) -> list[tuple[str, str]]:
+    """(metric, title) of the training panels for these step rows (see :data:`PANELS`)."""
+    panels = [(k, t) for k, t in PANELS if any(k in r for r in steps) and not _redundant(k, steps)]
+    if not panels and steps:  # e.g. an SFT run: plot its loss
+        panels = [(k, k) for k in ("loss",) if any(k in r for r in steps)]
+    return panels
+
+
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``<run_dir>/curves.png`` (or ``out``): one panel per training metric present, plus
     held-out accuracy from the eval rows. Raises FileNotFoundError / ValueError naming the file."""
@@ -49,9 +57,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     evals = [r for r in rows if r.get("kind") == "eval"]
     if not steps and not evals:
         raise ValueError(f"{path}: no step or eval rows to plot")
-    panels = [(k, t) for k, t in PANELS if any(k in r for r in steps) and not _redundant(k, steps)]
-    if not panels and steps:  # e.g. an SFT run: plot its loss
-        panels = [(k, k) for k in ("loss",) if any(k in r for r in steps)]
+    panels = select_panels(steps)
     n = len(panels) + (1 if evals else 0)
     cols = min(3, n)
     nrows = (n + cols - 1) // cols
