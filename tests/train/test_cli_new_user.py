@@ -353,6 +353,6 @@ def test_demo_saves_its_rl_policy_and_refuses_a_rerun(tmp_path):
     assert json.loads((out / "summary.json").read_text())["rl_model"] == str(out / "rl" / "model")
     res = _ok(_invoke(["eval", "--model", out / "rl", "--n", "2", "--max-new-tokens", "2"]))
     assert json.loads(res.output.strip().splitlines()[-1])["n"] == 2
-    res = _invoke(args)
-    assert res.exit_code == 2 and "--overwrite" in res.output
-    _ok(_invoke([*args, "--overwrite"]))
+    assert _ok(_invoke(["plot", out])).output.strip() == str(out / "curves.png")
+    res = _invoke(args)  # refused before anything is loaded
+    assert res.exit_code == 2 and "already holds a run" in res.output and "--overwrite" in res.output

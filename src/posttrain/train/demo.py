@@ -73,14 +73,16 @@ def run_demo(
     sft_steps = sft_steps if sft_steps is not None else (10 if quick else 350)
     rl_steps = rl_steps if rl_steps is not None else (2 if quick else 60)
 
+    quick_overrides = ["eval.n=20", "rollout.prompts_per_step=4"] if quick else []  # a smoke test
     cfg: RLConfig = build_config(
         RLConfig,
         str(base),
-        [*demo_overrides(out, objective=objective, rl_steps=rl_steps, seed=seed), *(overrides or [])],
+        [
+            *demo_overrides(out, objective=objective, rl_steps=rl_steps, seed=seed),
+            *quick_overrides,
+            *(overrides or []),
+        ],
     )
-    if quick:  # smoke test: a few prompts, a small eval
-        cfg.eval.n = 20
-        cfg.rollout.prompts_per_step = 4
     prepare_run_dir(out, overwrite=overwrite, can_resume=False)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model_and_tokenizer(cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=seed)

@@ -42,7 +42,8 @@ def select_panels(steps: list[dict]) -> list[tuple[str, str]]:
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``<run_dir>/curves.png`` (or ``out``): one panel per training metric present, plus
-    held-out accuracy from the eval rows. Raises FileNotFoundError / ValueError naming the file."""
+    held-out accuracy from the eval rows. A demo folder (``runs/demo``) plots its ``rl/`` run.
+    Raises FileNotFoundError / ValueError naming the file."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,6 +51,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
+    if not path.is_file() and (run_dir / "rl" / "metrics.jsonl").is_file():
+        path = run_dir / "rl" / "metrics.jsonl"  # a demo folder: its RL stage
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics file (is {str(run_dir)!r} a run directory?)")
     rows = list(read_jsonl(path))
