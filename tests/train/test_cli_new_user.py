@@ -160,6 +160,18 @@ def test_resume_with_a_changed_config_shows_the_diff_and_refuses_unless_forced(t
     assert "lr: 0.001" in (run / "config.yaml").read_text()
 
 
+def test_resume_of_a_run_saved_before_a_config_key_existed(tmp_path):
+    run = tmp_path / "run"
+    _ok(_rl(run, "steps=1"))
+    state_path = run / "checkpoints" / "step_000001" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    del state["config"]["rollout"]["max_batch_size"], state["config"]["entropy_coef"]  # an older release
+    state_path.write_text(json.dumps(state))
+    res = _rl(run, "steps=2", "entropy_coef=0.01", "--resume")
+    assert res.exit_code == 2 and "entropy_coef: '<unset>' -> 0.01" in res.output
+    _ok(_rl(run, "steps=2", "--resume"))  # new keys at their defaults are not changes
+
+
 def test_resume_refuses_a_changed_kl_reference_even_when_forced(tmp_path):
     run = tmp_path / "run"
     _ok(_rl(run, "steps=1", "kl.coef=0.1"))

@@ -64,7 +64,10 @@ def rl(
     try:  # before any model is loaded: a refusal costs nothing
         if resume:
             info = check_resume(
-                cfg.out_dir, cfg.model_dump(mode="json"), allow_config_change=allow_config_change
+                cfg.out_dir,
+                cfg.model_dump(mode="json"),
+                allow_config_change=allow_config_change,
+                defaults=RLConfig().model_dump(mode="json"),
             )
             typer.echo(info.describe(cfg.steps), err=True)
         prepare_run_dir(cfg.out_dir, overwrite=overwrite, resume=resume)

@@ -662,6 +662,7 @@ class RLTrainer:
             step=self.step_idx,
             overwrite=overwrite,
             allow_config_change=allow_config_change,
+            defaults=type(cfg)().model_dump(mode="json"),
         )
         logger = MetricsLogger(
             self.run_dir,

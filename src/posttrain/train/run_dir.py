@@ -141,14 +141,18 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(key, old, new) for every dotted key whose value differs ("<unset>" where one side lacks it)."""
-    a, b = flatten(old), flatten(new)
+def config_changes(
+    old: dict[str, Any], new: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[tuple[str, Any, Any]]:
+    """(key, old, new) for every dotted key whose value differs ("<unset>" where one side lacks it).
+    A key the old config lacks (a run saved before the key existed) whose new value is its default in
+    ``defaults`` is not a change."""
+    a, b, d = flatten(old), flatten(new), flatten(defaults or {})
     missing = "<unset>"
     return [
         (k, a.get(k, missing), b.get(k, missing))
         for k in sorted(set(a) | set(b))
-        if a.get(k, missing) != b.get(k, missing)
+        if a.get(k, missing) != b.get(k, missing) and not (k not in a and k in d and b.get(k) == d[k])
     ]
 
 
@@ -171,7 +175,11 @@ def saved_config(run_dir: str | os.PathLike, state: dict[str, Any] | None = None
 
 
 def check_resume(
-    run_dir: str | os.PathLike, new_config: dict[str, Any], *, allow_config_change: bool = False
+    run_dir: str | os.PathLike,
+    new_config: dict[str, Any],
+    *,
+    allow_config_change: bool = False,
+    defaults: dict[str, Any] | None = None,
 ) -> ResumeInfo:
     """The checkpoint a resume will load and the config diff; raises :class:`RunDirError` when there
     is nothing to resume or the config changed in a way that breaks the run (see the module doc)."""
@@ -186,7 +194,7 @@ def check_resume(
     old = saved_config(run_dir, state)
     if old is None:
         return info
-    info.changes = config_changes(old, new_config)
+    info.changes = config_changes(old, new_config, defaults)
     info.breaking = [k for k, _, _ in info.changes if not is_harmless(k)]
     old_model = flatten(old).get("model.name")
     new_model = flatten(new_config).get("model.name")
@@ -227,6 +235,7 @@ def start_run(
     step: int,
     overwrite: bool = False,
     allow_config_change: bool = False,
+    defaults: dict[str, Any] | None = None,
 ) -> ResumeInfo | None:
     """What a trainer calls before writing: a fresh run (``step == 0``) gets a folder without a
     previous run (or cleared with ``overwrite``); a resumed run (``step > 0``) has its config checked
@@ -235,7 +244,7 @@ def start_run(
     if step == 0:
         prepare_run_dir(run_dir, overwrite=overwrite)
     elif (Path(run_dir) / "checkpoints").is_dir():
-        info = check_resume(run_dir, config, allow_config_change=allow_config_change)
+        info = check_resume(run_dir, config, allow_config_change=allow_config_change, defaults=defaults)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, config, step=step)
     return info
