@@ -64,6 +64,9 @@ def test_rerun_into_a_finished_run_is_refused_until_overwrite(tmp_path):
     assert (run / "metrics.jsonl").read_text() == before  # nothing truncated
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
 
+    res = _rl(run, "steps=1", "model.name=no-such-model", "--overwrite")  # fails before deleting anything
+    assert res.exit_code == 2 and (run / "metrics.jsonl").read_text() == before
+
     (run / "notes.txt").write_text("mine")
     _ok(_rl(run, "steps=1", "--overwrite"))
     assert [r["step"] for r in _step_rows(run)] == [1]

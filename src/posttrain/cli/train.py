@@ -70,7 +70,8 @@ def rl(
                 defaults=RLConfig().model_dump(mode="json"),
             )
             typer.echo(info.describe(cfg.steps), err=True)
-        prepare_run_dir(cfg.out_dir, overwrite=overwrite, resume=resume)
+        if not overwrite or resume:  # --overwrite deletes only once the model has loaded (in train)
+            prepare_run_dir(cfg.out_dir, overwrite=overwrite, resume=resume)
     except ValueError as e:
         _fail(str(e))
     from posttrain.train.rl import RLTrainer
@@ -81,7 +82,9 @@ def rl(
         _fail(str(e))
     with trainer:
         try:
-            summary = trainer.train(progress=progress, allow_config_change=allow_config_change)
+            summary = trainer.train(
+                progress=progress, overwrite=overwrite, allow_config_change=allow_config_change
+            )
         except KeyboardInterrupt:
             cmd = resume_command("posttrain rl", config, overrides or [])
             msg = interrupted_message(cfg.out_dir, trainer.step_idx, cfg.steps, resume_command=cmd)
@@ -123,10 +126,9 @@ def sft(
     if progress is not None:
         cfg.progress = progress
     try:
-        if cfg.save:
-            prepare_run_dir(cfg.out_dir, overwrite=overwrite, can_resume=False)
-        trainer = SFTTrainer(cfg)
-        summary = trainer.train()
+        if cfg.save and not overwrite:  # refused before loading; --overwrite deletes in train()
+            prepare_run_dir(cfg.out_dir, can_resume=False)
+        summary = SFTTrainer(cfg).train(overwrite=overwrite)
     except KeyboardInterrupt:
         typer.secho(
             f"interrupted; SFT saves its model only at the end, so nothing was saved in {cfg.out_dir}: "

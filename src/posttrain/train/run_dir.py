@@ -91,6 +91,8 @@ def prepare_run_dir(
     files when ``overwrite``. ``resume=True`` is checked by :func:`check_resume` instead."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other (continue the run, or start again)")
+    if Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise RunDirError(f"out_dir {run_dir} is a file; expected a directory for the run")
     if resume:
         return
     found = previous_run(run_dir)
