@@ -57,8 +57,15 @@ def rl(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
     """GRPO-family RL: rollout -> reward -> advantage -> policy update, with eval and checkpoints."""
+    from posttrain.train.checkpoint import CheckpointError
     from posttrain.train.config import RLConfig
-    from posttrain.train.run_dir import check_resume, interrupted_message, prepare_run_dir, resume_command
+    from posttrain.train.run_dir import (
+        RunDirError,
+        check_resume,
+        interrupted_message,
+        prepare_run_dir,
+        resume_command,
+    )
 
     cfg = _load(RLConfig, config, overrides or [])
     try:  # before any model is loaded: a refusal costs nothing
@@ -90,7 +97,7 @@ def rl(
             msg = interrupted_message(cfg.out_dir, trainer.step_idx, cfg.steps, resume_command=cmd)
             typer.secho(msg, fg=typer.colors.YELLOW, err=True)
             raise typer.Exit(code=130) from None
-        except ValueError as e:
+        except (RunDirError, CheckpointError) as e:
             _fail(str(e))
     last = summary.get("last") or {}
     typer.echo(
