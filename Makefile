@@ -17,7 +17,7 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 demo: setup
-	$(BIN)/posttrain demo --out runs/demo
+	$(BIN)/posttrain demo --out runs/demo --overwrite
 
 test: setup
 	$(BIN)/ruff check src tests

@@ -1,21 +1,51 @@
-"""The typer application objects. Command modules register onto these; see `posttrain.cli`."""
+"""The typer application objects. Command modules register onto these; see `posttrain.cli`.
+
+``-h`` works as ``--help`` on every command (click passes ``help_option_names`` down to
+sub-commands); ``posttrain --version`` prints the version.
+"""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
+
+HELP = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     name="posttrain",
-    help="LLM post-training: GRPO-family RL, reward models, SILO-BENCH, instruction tuning.",
+    help="LLM post-training: GRPO-family RL, SFT, evaluation, benchmarks and SILO-BENCH.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    context_settings=HELP,
 )
 bench_app = typer.Typer(
-    help="Benchmarks that print side-by-side ratios measured in one run.", no_args_is_help=True
+    help="Benchmarks that print side-by-side ratios measured in one run.",
+    no_args_is_help=True,
+    context_settings=HELP,
 )
-silo_app = typer.Typer(help="SILO-BENCH multi-agent coordination benchmark.", no_args_is_help=True)
+silo_app = typer.Typer(
+    help="SILO-BENCH multi-agent coordination benchmark.", no_args_is_help=True, context_settings=HELP
+)
 app.add_typer(bench_app, name="bench")
 app.add_typer(silo_app, name="silo")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from posttrain import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Optional[bool] = typer.Option(  # noqa: UP045
+        None, "--version", "-V", help="Print the version and exit.", callback=_print_version, is_eager=True
+    ),
+) -> None:
+    """LLM post-training: GRPO-family RL, SFT, evaluation, benchmarks and SILO-BENCH."""
 
 
 @app.command()

@@ -20,9 +20,21 @@ def _load(model_cls, config: Optional[Path], overrides: list[str]):  # noqa: UP0
     from posttrain.utils.config import ConfigError, build_config
 
     try:
-        return build_config(model_cls, config, overrides)
+        cfg = build_config(model_cls, config, overrides)
     except ConfigError as e:
         _fail(str(e))
+    _check_device(cfg.model.device)
+    return cfg
+
+
+def _check_device(device: str) -> None:
+    """model.device must exist on this machine (a GPU config validates anywhere; it runs only here)."""
+    from posttrain.models.loading import check_device
+
+    try:
+        check_device(device)
+    except ValueError as e:
+        _fail(f"model.device: {e}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -34,12 +46,41 @@ def rl(
         None, "--config", "-c", help="YAML config (see src/posttrain/configs/)"
     ),
     resume: bool = typer.Option(False, "--resume", help="continue from <out_dir>/checkpoints/latest"),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="out_dir holds a previous run: delete its run files and start again"
+    ),
+    allow_config_change: bool = typer.Option(
+        False,
+        "--allow-config-change",
+        help="with --resume: accept config changes that alter the run (model, task, objective, lr, ...)",
+    ),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
     """GRPO-family RL: rollout -> reward -> advantage -> policy update, with eval and checkpoints."""
+    from posttrain.train.checkpoint import CheckpointError
     from posttrain.train.config import RLConfig
+    from posttrain.train.run_dir import (
+        RunDirError,
+        check_resume,
+        interrupted_message,
+        prepare_run_dir,
+        resume_command,
+    )
 
     cfg = _load(RLConfig, config, overrides or [])
+    try:  # before any model is loaded: a refusal costs nothing
+        if resume:
+            info = check_resume(
+                cfg.out_dir,
+                cfg.model_dump(mode="json"),
+                allow_config_change=allow_config_change,
+                defaults=RLConfig().model_dump(mode="json"),
+            )
+            typer.echo(info.describe(cfg.steps), err=True)
+        if not overwrite or resume:  # --overwrite deletes only once the model has loaded (in train)
+            prepare_run_dir(cfg.out_dir, overwrite=overwrite, resume=resume)
+    except ValueError as e:
+        _fail(str(e))
     from posttrain.train.rl import RLTrainer
 
     try:
@@ -47,7 +88,17 @@ def rl(
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     with trainer:
-        summary = trainer.train(progress=progress)
+        try:
+            summary = trainer.train(
+                progress=progress, overwrite=overwrite, allow_config_change=allow_config_change
+            )
+        except KeyboardInterrupt:
+            cmd = resume_command("posttrain rl", config, overrides or [])
+            msg = interrupted_message(cfg.out_dir, trainer.step_idx, cfg.steps, resume_command=cmd)
+            typer.secho(msg, fg=typer.colors.YELLOW, err=True)
+            raise typer.Exit(code=130) from None
+        except (RunDirError, CheckpointError) as e:
+            _fail(str(e))
     last = summary.get("last") or {}
     typer.echo(
         json.dumps(
@@ -69,16 +120,30 @@ def sft(
         None, help="key=value overrides, e.g. steps=100 data=train.jsonl"
     ),
     config: Optional[Path] = typer.Option(None, "--config", "-c"),  # noqa: UP045
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="out_dir holds a previous run: delete its run files and start again"
+    ),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
     """Supervised fine-tuning on completion tokens (task reference completions or a JSONL file)."""
+    from posttrain.train.run_dir import prepare_run_dir
     from posttrain.train.sft import SFTConfig, SFTDataError, SFTTrainer
 
     cfg = _load(SFTConfig, config, overrides or [])
     if progress is not None:
         cfg.progress = progress
     try:
-        summary = SFTTrainer(cfg).train()
+        if cfg.save and not overwrite:  # refused before loading; --overwrite deletes in train()
+            prepare_run_dir(cfg.out_dir, can_resume=False)
+        summary = SFTTrainer(cfg).train(overwrite=overwrite)
+    except KeyboardInterrupt:
+        typer.secho(
+            f"interrupted; SFT saves its model only at the end, so nothing was saved in {cfg.out_dir}: "
+            "start again with --overwrite",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        raise typer.Exit(code=130) from None
     except (SFTDataError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     typer.echo(
@@ -188,6 +253,9 @@ def demo(
     sft_steps: Optional[int] = typer.Option(None, "--sft-steps"),  # noqa: UP045
     rl_steps: Optional[int] = typer.Option(None, "--rl-steps"),  # noqa: UP045
     seed: int = typer.Option(0, "--seed"),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="--out holds a previous demo: delete its run files and start again"
+    ),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
     """Tiny model: short SFT warm start, RL (DGPO by default), held-out accuracy before/after."""
@@ -210,8 +278,9 @@ def demo(
             seed=seed,
             progress=progress,
             overrides=overrides or [],
+            overwrite=overwrite,
         )
-    except ConfigError as e:
+    except (ConfigError, ValueError) as e:
         _fail(str(e))
 
 

@@ -3,6 +3,10 @@
 Nothing here contacts a hub: directories are read with `local_files_only=True` and
 `trust_remote_code=False`; a spec that is neither a preset nor an existing directory with a
 `config.json` is an error that names the path and the known presets.
+
+A run folder is accepted wherever a model is (`resolve_model_dir`): an RL run folder means the model
+of its latest checkpoint (`<run>/checkpoints/<latest>/model`), an SFT run folder (or the demo's
+`rl/`) its saved `model/`, and a `step_*` checkpoint directory its `model/`.
 """
 
 from __future__ import annotations
@@ -26,27 +30,88 @@ def pick_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float64": "float64",
+    "fp64": "float64",
+}
+"""Accepted dtype names -> the torch dtype attribute they mean."""
+
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+
+
 def resolve_dtype(dtype: Any) -> Any:
     """`torch.float32` or a name such as "bfloat16" / "bf16" / "float16" / "fp32" -> a torch dtype."""
     import torch
 
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "float": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-        "half": torch.float16,
-        "float64": torch.float64,
-        "fp64": torch.float64,
-    }
-    if isinstance(dtype, str) and dtype.lower() in names:
-        return names[dtype.lower()]
-    raise ValueError(f"unknown dtype {dtype!r}; accepted: a torch.dtype or one of {', '.join(names)}")
+    if isinstance(dtype, str) and dtype.lower() in DTYPE_NAMES:
+        return getattr(torch, DTYPE_NAMES[dtype.lower()])
+    raise ValueError(f"unknown dtype {dtype!r}; accepted: a torch.dtype or one of {', '.join(DTYPE_NAMES)}")
+
+
+def check_device(device: str, *, available: bool = True) -> str:
+    """`device` if it is a device name this library accepts ("auto", "cpu", "cuda", "cuda:N", "mps")
+    and, when `available`, one this machine's torch can use; else a ValueError naming the accepted
+    values and what this build offers ("cuda" on a CPU-only build, "gpu", "cuda:3" with 2 GPUs)."""
+    head, _, index = device.partition(":")
+    if device not in ("auto", "cpu", "mps") and not (head == "cuda" and (not _ or index.isdigit())):
+        raise ValueError(f"unknown device {device!r}; accepted: {', '.join(DEVICES)}")
+    if not available:
+        return device
+    import torch
+
+    have = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        have += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        have.append("mps")
+    if device in have:
+        return device
+    why = (
+        f"this torch build ({torch.__version__}) has no CUDA"
+        if head == "cuda" and not torch.cuda.is_available()
+        else f"{device!r} is not available on this machine"
+    )
+    raise ValueError(f"device {device!r}: {why}; available here: {', '.join(have)}")
+
+
+def resolve_model_dir(spec: str) -> str:
+    """A preset name or HF model directory unchanged; a run folder -> the model directory it means
+    (RL run: its latest checkpoint's ``model/``; SFT run / demo ``rl/``: ``model/``; ``step_*``
+    checkpoint: ``model/``). A directory that is none of these is a :class:`ModelSpecError` saying so."""
+    if spec in PRESETS:
+        return spec
+    path = Path(spec).expanduser()
+    if not path.is_dir() or (path / "config.json").is_file():
+        return spec
+    for root in (path / "checkpoints", path):
+        latest = root / "latest"
+        if latest.is_file():
+            name = latest.read_text(encoding="utf-8").strip()
+            model = root / name / "model"
+            if not (model / "config.json").is_file():
+                raise ModelSpecError(
+                    f"model {spec!r}: {str(latest)!r} points to {name!r}, which has no model/config.json "
+                    "(an incomplete checkpoint)"
+                )
+            return str(model)
+    if (path / "model" / "config.json").is_file():
+        return str(path / "model")
+    raise ModelSpecError(
+        f"model {spec!r}: directory {str(path)!r} has no config.json, so it is not a Hugging Face model "
+        "directory, and it is not a run folder either (no checkpoints/latest, no model/config.json); "
+        f"expected one of those or a preset ({', '.join(list_presets())})"
+    )
 
 
 def ensure_pad_token(tokenizer: Any, model: Any = None) -> None:
@@ -77,18 +142,21 @@ def load_model_and_tokenizer(
     - preset: the character tokenizer (`build_char_tokenizer`) and a randomly initialised model,
       deterministic in `seed` (the global RNG is not touched);
     - directory (e.g. a downloaded Qwen3-0.6B, or a preset saved with `save_pretrained`):
-      `AutoModelForCausalLM` / `AutoTokenizer` with `local_files_only=True`; `seed` is unused.
+      `AutoModelForCausalLM` / `AutoTokenizer` with `local_files_only=True`; `seed` is unused;
+    - run folder or checkpoint directory: the model it holds (see `resolve_model_dir`).
 
     A tokenizer without a pad token pads with its EOS token. `padding_side` overrides the
     tokenizer's own side when given (batched generation needs "left"). The model is returned in
     eval mode (as `from_pretrained` does) on `device` with parameters in `dtype`.
     """
     torch_dtype = resolve_dtype(dtype)
+    if isinstance(device, str):
+        check_device(device)
     if spec in PRESETS:
         tokenizer = build_char_tokenizer()
         model = build_preset_model(spec, tokenizer, seed=seed, dtype=torch_dtype)
     else:
-        model, tokenizer = _load_local_dir(spec, torch_dtype)
+        model, tokenizer = _load_local_dir(resolve_model_dir(spec), torch_dtype)
     ensure_pad_token(tokenizer, model)
     if padding_side is not None:
         if padding_side not in ("left", "right"):
@@ -147,10 +215,17 @@ def _load_local_dir(spec: str, torch_dtype: Any) -> tuple[Any, Any]:
         raise
     except Exception as e:  # surface the path with whatever transformers complained about
         raise ModelSpecError(f"model {spec!r}: could not load a tokenizer from {str(path)!r}: {e}") from e
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the "Loading weights" bar: noise in logs, instant for small models
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=torch_dtype, local_files_only=True, trust_remote_code=False
         )
     except Exception as e:
         raise ModelSpecError(f"model {spec!r}: could not load a causal LM from {str(path)!r}: {e}") from e
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     return model, tokenizer

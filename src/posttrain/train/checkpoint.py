@@ -29,9 +29,38 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from posttrain.utils.io import atomic_write_text
+from posttrain.utils.io import atomic_write_text, default_dir_mode, default_file_mode, make_public_dir
 
 LATEST = "latest"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read; the message names the file and what is wrong with it."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (the checkpoint is incomplete)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(
+            f"{path}: corrupt checkpoint file ({e}); resume from an older step_* directory or start again "
+            "with --overwrite"
+        ) from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: corrupt checkpoint file (expected a JSON object)")
+    return data
+
+
+def read_trainer_state(ckpt: str | os.PathLike) -> dict[str, Any]:
+    """``trainer_state.json`` of a checkpoint (step, config, hook states); errors name the file."""
+    state = _read_json(Path(ckpt) / "trainer_state.json")
+    if not isinstance(state.get("step"), int):
+        raise CheckpointError(
+            f"{Path(ckpt) / 'trainer_state.json'}: corrupt checkpoint file (no integer 'step')"
+        )
+    return state
 
 
 def step_dirname(step: int) -> str:
@@ -100,10 +129,18 @@ def _optimizer_from_files(
 
 # ---------------------------------------------------------------------------------------- save/load
 def _fsync_tree(root: Path) -> None:
+    """fsync every file under ``root`` and give files / folders the umask's permissions (safetensors
+    writes its files 0600 whatever the umask; a teammate or a serving process must be able to read
+    them when the umask allows it)."""
+    file_mode, dir_mode = default_file_mode(), default_dir_mode()
+    os.chmod(root, dir_mode)
     for path in root.rglob("*"):
         if path.is_file():
+            os.chmod(path, file_mode)
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
+        elif path.is_dir():
+            os.chmod(path, dir_mode)
 
 
 def _install_dir(tmp: Path, final: Path) -> Path:
@@ -138,6 +175,7 @@ def save_checkpoint(
     name = step_dirname(step)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
     try:
+        make_public_dir(tmp)
         _quiet_transformers()
         model.save_pretrained(tmp / "model", safe_serialization=True)
         if tokenizer is not None:
@@ -195,8 +233,21 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
             return ckpt
     if (p / "trainer_state.json").is_file():
         return p
+    if not p.exists():
+        raise FileNotFoundError(
+            f"no checkpoint at {str(p)!r}: it does not exist (expected a run directory with checkpoints/latest)"
+        )
+    if p.is_dir() and (p / "model" / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no checkpoint in {str(p)!r} (no checkpoints/latest); it holds a saved model in {str(p / 'model')!r}"
+        )
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no checkpoint in {str(p)!r}: it has no config.json, so it is not a Hugging Face model "
+            "directory, and no checkpoints/latest, so it is not a run directory with checkpoints"
+        )
     raise FileNotFoundError(
-        f"no checkpoint at {str(p)!r}: expected a run directory with checkpoints/latest, "
+        f"no checkpoint in {str(p)!r}: expected a run directory with checkpoints/latest, "
         "a checkpoints directory with a 'latest' file, or a step_* checkpoint directory"
     )
 
@@ -208,14 +259,25 @@ def load_checkpoint(
     optimizer. The model weights are in ``ckpt/model`` (load with ``load_model_and_tokenizer``).
     Returns the trainer state dict with ``extra_tensors`` added."""
     ckpt = Path(ckpt)
-    state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
-    rng_t = load_file(str(ckpt / "rng.safetensors"))
+    state = read_trainer_state(ckpt)
+    if "rng" not in state:
+        raise CheckpointError(f"{ckpt / 'trainer_state.json'}: corrupt checkpoint file (no 'rng' entry)")
+    rng_t = _load_tensors(ckpt / "rng.safetensors")
     restore_rng({k: v for k, v in rng_t.items() if not k.startswith("extra.")}, state["rng"])
     state["extra_tensors"] = {k[len("extra.") :]: v for k, v in rng_t.items() if k.startswith("extra.")}
     if optimizer is not None:
-        js = json.loads((ckpt / "optimizer.json").read_text(encoding="utf-8"))
-        _optimizer_from_files(optimizer, load_file(str(ckpt / "optimizer.safetensors")), js)
+        js = _read_json(ckpt / "optimizer.json")
+        _optimizer_from_files(optimizer, _load_tensors(ckpt / "optimizer.safetensors"), js)
     return state
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (the checkpoint is incomplete)")
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for truncated / foreign files
+        raise CheckpointError(f"{path}: corrupt checkpoint file ({e})") from None
 
 
 def save_model_dir(model: torch.nn.Module, tokenizer: Any, path: str | os.PathLike) -> Path:
@@ -224,6 +286,7 @@ def save_model_dir(model: torch.nn.Module, tokenizer: Any, path: str | os.PathLi
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
     try:
+        make_public_dir(tmp)
         _quiet_transformers()
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:

@@ -72,11 +72,29 @@ def _registry_name(value: str, registry: Any) -> str:
 
 class ModelConfig(StrictModel):
     name: str = "tiny"
-    """Preset name (``posttrain.models.list_presets()``) or a local Hugging Face model directory."""
+    """Preset name (``posttrain.models.list_presets()``), a local Hugging Face model directory, or a
+    run folder (its latest checkpoint's model; an SFT run's ``model/``)."""
     dtype: str = "float32"
     device: str = "auto"
-    """"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ..."""
+    """"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", "mps". The name is checked at
+    config time; whether this machine has the device, when the model is loaded (and by the CLI before
+    anything is loaded), so a GPU config still validates on a laptop."""
     gradient_checkpointing: bool = False
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        from posttrain.models.loading import DTYPE_NAMES
+
+        check_choice("model.dtype", v.lower(), list(DTYPE_NAMES))
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        from posttrain.models.loading import check_device
+
+        return check_device(v, available=False)
 
 
 class TaskConfig(StrictModel):
@@ -224,7 +242,9 @@ class ObjectiveConfig(StrictModel):
 
     @model_validator(mode="after")
     def _params(self) -> ObjectiveConfig:
-        from posttrain.algos import policy_loss_defaults
+        """Names AND values of the loss parameters are checked here, at config time (with the loss's
+        own range checks), not at the first training step."""
+        from posttrain.algos import get_policy_loss, policy_loss_defaults
 
         accepted = policy_loss_defaults(self.name)
         unknown = sorted(set(self.params) - set(accepted))
@@ -233,7 +253,37 @@ class ObjectiveConfig(StrictModel):
                 f"objective.params: unknown key(s) {', '.join(unknown)} for objective {self.name!r}; "
                 f"accepted: {', '.join(sorted(accepted)) or '(none)'}"
             )
+        try:
+            get_policy_loss(self.name)._validate(self.name, {**accepted, **self.params})
+        except (TypeError, ValueError) as e:
+            bad = [k for k in sorted(self.params) if f" {k} must" in str(e)]
+            key = f"objective.params.{bad[0]}" if bad else "objective.params"
+            raise ValueError(f"{key}: {e} (defaults of {self.name!r}: {accepted})") from None
         return self
+
+    @classmethod
+    def prune_inherited(cls, data: dict[str, Any], cli_keys: set[str]) -> list[str]:
+        """``objective.name=gspo`` on the command line over a YAML file written for PPO: the file's
+        parameters that gspo does not take (``clip_c``) are dropped with a notice. Parameters given
+        on the command line are kept (and checked strictly)."""
+        params = data.get("params")
+        if "name" not in cli_keys or "params" in cli_keys or not isinstance(params, dict):
+            return []
+        from posttrain.algos import POLICY_LOSSES, policy_loss_defaults
+
+        name = data.get("name")
+        if not isinstance(name, str) or name not in POLICY_LOSSES.names(include_aliases=True):
+            return []  # the name validator reports it
+        accepted = policy_loss_defaults(name)
+        drop = [k for k in params if k not in accepted and f"params.{k}" not in cli_keys]
+        if not drop:
+            return []
+        data["params"] = {k: v for k, v in params.items() if k not in drop}
+        return [
+            f"objective.params: dropped {', '.join(drop)} (from the config file): not parameters of "
+            f"objective {name!r} given on the command line; its parameters: "
+            f"{', '.join(sorted(accepted)) or '(none)'}"
+        ]
 
 
 class AdvantageConfig(StrictModel):
@@ -311,6 +361,9 @@ class LoggingConfig(StrictModel):
     wandb_project: str = "posttrain"
     progress: bool | None = None
     """Rich progress bar (None = only when stderr is a terminal)."""
+    every: int = Field(10, ge=0)
+    """Without a progress bar (nohup, Slurm, a pipe): one plain log line every this many steps
+    (step/total, reward, accuracy, mean length, elapsed, ETA); 0 = none."""
 
 
 class CheckpointConfig(StrictModel):

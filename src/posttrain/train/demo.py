@@ -10,6 +10,11 @@
 4. greedy pass@1 on the 200 held-out questions (never trained on) before and after RL; a table,
    ``curves.png`` and ``summary.json`` in the run directory.
 
+Layout of the run directory (``runs/demo``): ``sft/`` (the SFT run: ``metrics.jsonl``, ``model/``),
+``rl/`` (the RL run: ``metrics.jsonl``, ``config.yaml``, the RL policy in ``model/``, loadable with
+``posttrain eval --model runs/demo/rl``), ``curves.png`` and ``summary.json``. A directory that
+already holds a demo is refused unless ``overwrite`` (see :mod:`posttrain.train.run_dir`).
+
 Why the scratchpad: the column-wise procedure is shared by all questions, so what RL reinforces on
 training questions (column sums, carries, copying the digits into the final answer) transfers to
 held-out ones. With the plain format (``12+34=`` -> ``46``) the tiny model mostly memorises, and RL
@@ -48,32 +53,38 @@ def run_demo(
     overrides: list[str] | None = None,
     sft_lr: float = 3e-3,
     sft_style: str | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     from importlib.resources import files
 
     from posttrain.models import load_model_and_tokenizer
+    from posttrain.train.checkpoint import save_model_dir
     from posttrain.train.config import RLConfig
     from posttrain.train.plot import plot_run
     from posttrain.train.rl import RLTrainer
+    from posttrain.train.run_dir import prepare_run_dir
     from posttrain.train.sft import SFTConfig, SFTTrainer
     from posttrain.utils.config import build_config
     from posttrain.utils.tables import print_table
 
     t0 = time.perf_counter()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     base = files("posttrain.configs") / "demo.yaml"
     sft_steps = sft_steps if sft_steps is not None else (10 if quick else 350)
     rl_steps = rl_steps if rl_steps is not None else (2 if quick else 60)
 
+    quick_overrides = ["eval.n=20", "rollout.prompts_per_step=4"] if quick else []  # a smoke test
     cfg: RLConfig = build_config(
         RLConfig,
         str(base),
-        [*demo_overrides(out, objective=objective, rl_steps=rl_steps, seed=seed), *(overrides or [])],
+        [
+            *demo_overrides(out, objective=objective, rl_steps=rl_steps, seed=seed),
+            *quick_overrides,
+            *(overrides or []),
+        ],
     )
-    if quick:  # smoke test: a few prompts, a small eval
-        cfg.eval.n = 20
-        cfg.rollout.prompts_per_step = 4
+    prepare_run_dir(out, overwrite=overwrite, can_resume=False)
+    out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model_and_tokenizer(cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=seed)
 
     sft_cfg = SFTConfig(
@@ -100,6 +111,9 @@ def run_demo(
     cfg.checkpoint.final = False
     with RLTrainer(cfg, model, tok) as trainer:
         rl_summary = trainer.train(progress=progress)
+        policy = save_model_dir(
+            trainer.model, trainer.tokenizer, out / "rl" / "model"
+        )  # for `posttrain eval`
     before, after = rl_summary["eval_start"], rl_summary["eval_end"]
     plot = plot_run(out / "rl", out / "curves.png")
     wall = time.perf_counter() - t0
@@ -117,6 +131,7 @@ def run_demo(
         "wall_s": wall,
         "plot": str(plot),
         "run_dir": str(out),
+        "rl_model": str(policy),
     }
     atomic_write_json(out / "summary.json", summary)
     print_table(
@@ -129,6 +144,7 @@ def run_demo(
         ],
     )
     print(
-        f"wall {wall:.0f} s (SFT {t_sft:.0f} s, RL {rl_summary['wall_s']:.0f} s); curves: {plot}; summary: {out / 'summary.json'}"
+        f"wall {wall:.0f} s (SFT {t_sft:.0f} s, RL {rl_summary['wall_s']:.0f} s); curves: {plot}; "
+        f"summary: {out / 'summary.json'}; metrics: {out / 'rl' / 'metrics.jsonl'}; RL policy: {policy}"
     )
     return summary

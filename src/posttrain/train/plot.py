@@ -14,12 +14,36 @@ PANELS = (
     ("length_mean", "completion length"),
     ("zero_var_frac", "zero-variance groups"),
     ("grad_norm", "grad norm"),
+    ("clipfrac", "clip fraction"),
+    ("kl", "KL to reference"),
+    ("approx_kl", "KL(old || new), per update"),
+    ("lr", "learning rate"),
 )
+"""Training panels, in order; a metric absent from the log gets no panel. The accuracy panel is
+dropped when it repeats the reward panel (a 0/1 reward with success threshold 1 gives the same
+curve), the old-vs-new KL when the KL to the reference (``kl.coef > 0``) is shown."""
+
+
+def _redundant(key: str, steps: list[dict]) -> bool:
+    if key == "accuracy":
+        return all(r.get("accuracy") == r.get("reward_mean") for r in steps)
+    if key == "approx_kl":
+        return any("kl" in r for r in steps)
+    return False
+
+
+def select_panels(steps: list[dict]) -> list[tuple[str, str]]:
+    """(metric, title) of the training panels for these step rows (see :data:`PANELS`)."""
+    panels = [(k, t) for k, t in PANELS if any(k in r for r in steps) and not _redundant(k, steps)]
+    if not panels and steps:  # e.g. an SFT run: plot its loss
+        panels = [(k, k) for k in ("loss",) if any(k in r for r in steps)]
+    return panels
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``<run_dir>/curves.png`` (or ``out``): one panel per training metric present, plus
-    held-out accuracy from the eval rows. Raises FileNotFoundError / ValueError naming the file."""
+    held-out accuracy from the eval rows. A demo folder (``runs/demo``) plots its ``rl/`` run.
+    Raises FileNotFoundError / ValueError naming the file."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,6 +51,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
+    if not path.is_file() and (run_dir / "rl" / "metrics.jsonl").is_file():
+        path = run_dir / "rl" / "metrics.jsonl"  # a demo folder: its RL stage
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics file (is {str(run_dir)!r} a run directory?)")
     rows = list(read_jsonl(path))
@@ -34,9 +60,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     evals = [r for r in rows if r.get("kind") == "eval"]
     if not steps and not evals:
         raise ValueError(f"{path}: no step or eval rows to plot")
-    panels = [(k, t) for k, t in PANELS if any(k in r for r in steps)]
-    if not panels and steps:  # e.g. an SFT run: plot its loss
-        panels = [(k, k) for k in ("loss",) if any(k in r for r in steps)]
+    panels = select_panels(steps)
     n = len(panels) + (1 if evals else 0)
     cols = min(3, n)
     nrows = (n + cols - 1) // cols

@@ -855,18 +855,26 @@ class RLTrainer:
         )
 
     # ---------------------------------------------------------------------------------- full run
-    def train(self, *, progress: bool | None = None) -> dict[str, Any]:
+    def train(
+        self, *, progress: bool | None = None, overwrite: bool = False, allow_config_change: bool = False
+    ) -> dict[str, Any]:
         """Run ``config.steps`` steps (from the resumed step), with logging, eval and checkpoints.
-        Returns a summary (first/last eval, last metrics, wall time)."""
-        from posttrain.utils.io import atomic_write_text
+        Returns a summary (first/last eval, last metrics, wall time).
+
+        A fresh run refuses an ``out_dir`` that holds a previous run unless ``overwrite`` (which deletes
+        its run files); a resumed run refuses config changes that break it unless
+        ``allow_config_change`` (see :mod:`posttrain.train.run_dir`)."""
+        from posttrain.train.run_dir import start_run
         from posttrain.utils.progress import progress_bar
 
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        import yaml
-
-        atomic_write_text(
-            self.run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+        self.resume_info = start_run(
+            self.run_dir,
+            cfg.model_dump(mode="json"),
+            step=self.step_idx,
+            overwrite=overwrite,
+            allow_config_change=allow_config_change,
+            defaults=type(cfg)().model_dump(mode="json"),
         )
         logger = MetricsLogger(
             self.run_dir,
@@ -885,11 +893,13 @@ class RLTrainer:
                 logger.log_eval(0, ev)
                 summary["eval_start"] = _strip(ev)
             last: dict[str, float] = {}
-            with progress_bar("rl", total=cfg.steps, enabled=show, completed=self.step_idx) as bar:
+            with progress_bar(
+                "rl", total=cfg.steps, enabled=show, completed=self.step_idx, log_every=cfg.logging.every
+            ) as bar:
                 while self.step_idx < cfg.steps:
                     last = self.step()
                     logger.log_step(last)
-                    bar.advance(reward=last["reward_mean"], acc=last["accuracy"])
+                    bar.advance(reward=last["reward_mean"], acc=last["accuracy"], len=last["length_mean"])
                     s = self.step_idx
                     if cfg.eval.every and s % cfg.eval.every == 0 and s < cfg.steps:
                         logger.log_eval(s, self.evaluate())

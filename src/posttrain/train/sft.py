@@ -230,13 +230,16 @@ class SFTTrainer:
         finally:
             src.close()
 
-    def train(self) -> dict[str, Any]:
+    def train(self, *, overwrite: bool = False) -> dict[str, Any]:
         from posttrain.train.checkpoint import save_model_dir
         from posttrain.train.logger import MetricsLogger
+        from posttrain.train.run_dir import prepare_run_dir
         from posttrain.utils.progress import progress_bar
 
         cfg = self.cfg
         out = Path(cfg.out_dir)
+        if cfg.save:  # refuse a folder holding a previous run (``overwrite``: delete its run files)
+            prepare_run_dir(out, overwrite=overwrite, can_resume=False)
         logger = MetricsLogger(out) if cfg.save else None
         t0 = time.perf_counter()
         last: dict[str, float] = {}

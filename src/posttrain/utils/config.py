@@ -1,14 +1,22 @@
 """Typed configs: YAML files plus `dotted.key=value` overrides, validated by pydantic.
 
-Errors name the offending key and what was expected, e.g.::
+Errors name the offending key, what was expected and where the value came from, e.g.::
 
-    config error: train.objective: unknown value 'dgpoo'; accepted: cispo, dapo, dgpo, ...
-    config error: unknown key 'train.lrr' (did you mean 'train.lr'?)
+    config error:
+      objective.name: Value error, unknown value 'dgpoo' (did you mean 'dgpo'?); accepted: cispo, ...
+        (from the command-line override 'objective.name=dgpoo')
+      unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?) (in configs/grpo-arithmetic.yaml)
+
+A config section may drop values of the file that a command-line override made obsolete (e.g. the
+PPO clip parameters of a YAML file when ``objective.name=gspo`` is given on the command line): see
+:meth:`StrictModel.prune_inherited`.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
+import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,11 +35,19 @@ class StrictModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    @classmethod
+    def prune_inherited(cls, data: dict[str, Any], cli_keys: set[str]) -> list[str]:
+        """Hook called by :func:`build_config` before validation, with this section's raw values and
+        the keys (relative, dotted) that the command line set in it. A section may drop values that
+        came from the config file and that a command-line choice made obsolete; it returns one
+        notice per drop (printed to stderr). Values set on the command line are never dropped."""
+        return []
+
 
 def parse_override(text: str) -> tuple[str, Any]:
     """`a.b.c=value` -> ("a.b.c", value), with the value parsed as YAML (so 1e-5, true, [1,2] work)."""
     if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected key=value (e.g. train.lr=1e-5)")
+        raise ConfigError(f"override {text!r}: expected key=value (e.g. steps=50 or optimizer.lr=1e-5)")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
@@ -40,7 +56,12 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads "1e-5" (no dot) as a string
     return key, value
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -60,6 +81,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if path.is_dir():
+        yamls = sorted(p.name for p in path.glob("*.yaml"))
+        listing = f" (it holds: {', '.join(yamls)})" if yamls else ""
+        raise ConfigError(f"config file {path} is a directory; expected a YAML file{listing}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
@@ -82,21 +107,68 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-def _format_error(model: type[BaseModel], err: ValidationError, source: str) -> str:
+def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted keys that hold values (not sections): what an override hint may suggest."""
+    keys = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.extend(_leaf_keys(ann, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def _origin(loc: str, source: str, cli: dict[str, str]) -> str:
+    """Where the value at `loc` came from: the command-line override(s) that set it (or a section
+    above / a key below it), else the config file."""
+    hits = [
+        text
+        for key, text in cli.items()
+        if key == loc or loc.startswith(key + ".") or key.startswith(loc + ".")
+    ]
+    if hits:
+        s = "s" if len(hits) > 1 else ""
+        return f" (from the command-line override{s} {', '.join(repr(h) for h in hits)})"
+    return f" (in {source})" if source else ""
+
+
+def _format_error(
+    model: type[BaseModel], err: ValidationError, source: str, cli: dict[str, str] | None = None
+) -> str:
     lines = []
     known = _known_keys(model)
+    leaves = _leaf_keys(model)
+    cli = cli or {}
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"])
         if e["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(loc, known, n=1)
+            close = difflib.get_close_matches(loc, leaves, n=1) or difflib.get_close_matches(loc, known, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            lines.append(f"unknown key '{loc}'{hint}")
-        elif e["type"] in ("literal_error", "enum"):
-            lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"unknown key '{loc}'{hint}{_origin(loc, source, cli)}")
         else:
-            lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
-    where = f" in {source}" if source else ""
-    return f"config error{where}:\n  " + "\n  ".join(lines)
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"  # a section: the message says it
+            lines.append(f"{loc}: {e['msg']}{shown}{_origin(loc, source, cli)}")
+    return "config error:\n  " + "\n  ".join(lines)
+
+
+def _prune(model: type[BaseModel], data: dict[str, Any], cli_keys: set[str], prefix: str = "") -> list[str]:
+    """Run every section's :meth:`StrictModel.prune_inherited` hook, children first."""
+    notices: list[str] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        sub = data.get(name)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(sub, dict)):
+            continue
+        if name in cli_keys:  # the whole section came from the command line: nothing inherited
+            continue
+        rel = {k[len(name) + 1 :] for k in cli_keys if k.startswith(name + ".")}
+        notices.extend(_prune(ann, sub, rel, f"{prefix}{name}."))
+    hook = getattr(model, "prune_inherited", None)
+    if hook is not None:
+        notices.extend(hook(data, cli_keys))
+    return notices
 
 
 def build_config(
@@ -111,13 +183,17 @@ def build_config(
     if path is not None:
         tree = _deep_merge(tree, load_yaml(path))
         source = str(path)
+    cli: dict[str, str] = {}
     for ov in overrides or []:
         key, value = parse_override(ov)
         set_dotted(tree, key, value)
+        cli[key] = ov
+    for notice in _prune(model, tree, set(cli)):
+        print(f"note: {notice}", file=sys.stderr)
     try:
         return model.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(_format_error(model, e, source)) from None
+        raise ConfigError(_format_error(model, e, source, cli)) from None
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,11 @@
 Every file that a crash could leave half-written (checkpoints, results, summaries) goes through
 `atomic_write_*`: write to a temporary file in the same directory, fsync, then `os.replace`, so a
 reader sees either the old complete file or the new complete file, never a torn one.
+
+Temporary files and directories (``tempfile.mkstemp`` / ``mkdtemp``) are created private (0600 / 0700);
+before they are renamed into place they get the permissions an ordinary ``open()`` / ``mkdir`` would
+have given (0666 / 0777 minus the process umask), so a teammate or a serving process under another
+user can read the results when the umask allows it.
 """
 
 from __future__ import annotations
@@ -15,11 +20,41 @@ from pathlib import Path
 from typing import Any
 
 
+def current_umask() -> int:
+    """The process umask (read from /proc on Linux, else by the set-and-restore idiom)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode() -> int:
+    """Mode of a file created by ``open(path, "w")``: 0666 minus the umask."""
+    return 0o666 & ~current_umask()
+
+
+def default_dir_mode() -> int:
+    """Mode of a directory created by ``mkdir``: 0777 minus the umask."""
+    return 0o777 & ~current_umask()
+
+
+def make_public_dir(path: str | os.PathLike) -> None:
+    """Give a ``tempfile.mkdtemp`` directory (created 0700) the mode ``mkdir`` would have given it."""
+    os.chmod(path, default_dir_mode())
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, default_file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

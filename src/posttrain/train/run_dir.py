@@ -1,0 +1,283 @@
+"""Run-folder safety: one place that decides whether a run may write into its folder.
+
+Used by :meth:`RLTrainer.train`, :meth:`SFTTrainer.train`, the demo and the CLI (which calls the same
+functions before loading any model, so a refusal costs nothing).
+
+* **Fresh run into a folder that holds a previous run** (``metrics.jsonl``, ``checkpoints/``,
+  ``config.yaml``, a saved ``model/``, ...): refused, naming ``--resume`` (continue it) and
+  ``--overwrite`` (delete the previous run's files first), like ``overwrite_output_dir`` of
+  Hugging Face's ``TrainingArguments``. Without this, a re-run truncated the old ``metrics.jsonl``,
+  replaced ``config.yaml`` and left the old ``step_*`` next to the new ``latest``.
+  ``--overwrite`` deletes only run files (:data:`RUN_ENTRIES` and sub-folders that are runs
+  themselves); other files in the folder are left alone.
+* **Resume with a changed config**: the new config is compared with the one saved in the checkpoint
+  (``trainer_state.json``; ``config.yaml`` as a fallback). The diff is shown. Keys in
+  :data:`HARMLESS_KEYS` (how long, how often to log / evaluate / save, speed knobs) may change;
+  any other change (model, task, reward, rollout, objective, advantage, optimizer, KL, hooks, seed,
+  update schedule) makes the resumed run a different experiment and is refused unless forced
+  (``--allow-config-change``). With ``kl.coef > 0`` a changed ``model.name`` is refused even when
+  forced: the KL reference is loaded from ``model.name``, so the penalty would silently switch to a
+  different reference model. An accepted change keeps the old config as
+  ``config.until-step_NNNNNN.yaml`` next to the new ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from posttrain.utils.io import atomic_write_text
+
+RUN_ENTRIES = (
+    "metrics.jsonl",
+    "config.yaml",
+    "checkpoints",
+    "model",
+    "summary.json",
+    "curves.png",
+    "tensorboard",
+    "wandb",
+)
+"""Files and folders a run writes; their presence means the folder holds a run."""
+
+HARMLESS_KEYS = (
+    "steps",
+    "out_dir",
+    "eval",
+    "logging",
+    "checkpoint",
+    "threads",
+    "model.device",
+    "model.gradient_checkpointing",
+    "reward.num_workers",
+    "reward.timeout_s",
+    "rollout.max_batch_size",
+    "micro_batch_size",
+    "logprob_chunk_size",
+)
+"""Config keys (and sections) a resumed run may change: they do not change what is trained."""
+
+
+class RunDirError(ValueError):
+    """A run folder that this run may not write into as asked; the message says what to do."""
+
+
+# ----------------------------------------------------------------------------------- fresh runs
+def previous_run(run_dir: str | os.PathLike) -> list[str]:
+    """Names of the run files in ``run_dir`` (sub-folders that hold runs count, e.g. the demo's
+    ``sft/`` and ``rl/``); empty when it holds no run."""
+    p = Path(run_dir)
+    if not p.is_dir():
+        return []
+    found = []
+    for entry in sorted(p.iterdir()):
+        if entry.name in RUN_ENTRIES or entry.name.startswith("config.until-step_"):
+            found.append(entry.name)
+        elif entry.is_dir() and any((entry / n).exists() for n in RUN_ENTRIES):
+            found.append(entry.name + "/")
+    return found
+
+
+def prepare_run_dir(
+    run_dir: str | os.PathLike, *, overwrite: bool = False, resume: bool = False, can_resume: bool = True
+) -> None:
+    """Before a fresh run writes anything: refuse a folder holding a previous run, or clear its run
+    files when ``overwrite``. ``resume=True`` is checked by :func:`check_resume` instead."""
+    if resume and overwrite:
+        raise RunDirError("--resume and --overwrite exclude each other (continue the run, or start again)")
+    if Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise RunDirError(f"out_dir {run_dir} is a file; expected a directory for the run")
+    if resume:
+        return
+    found = previous_run(run_dir)
+    if not found:
+        return
+    if not overwrite:
+        resume_hint = "continue it with --resume, or " if can_resume else ""
+        raise RunDirError(
+            f"{run_dir} already holds a run ({', '.join(found)}); {resume_hint}start again with --overwrite "
+            f"(deletes those files first), or choose another out_dir"
+        )
+    for name in found:
+        path = Path(run_dir) / name.rstrip("/")
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+# -------------------------------------------------------------------------------------- resume
+@dataclass
+class ResumeInfo:
+    checkpoint: Path
+    step: int
+    changes: list[tuple[str, Any, Any]] = field(default_factory=list)
+    breaking: list[str] = field(default_factory=list)
+
+    def describe(self, total_steps: int | None = None) -> str:
+        of = f" of {total_steps}" if total_steps is not None else ""
+        lines = [f"resuming from {self.checkpoint} (step {self.step}{of})"]
+        if self.changes:
+            lines.append("config changes against the run's saved config:")
+            lines += [
+                f"  {k}: {old!r} -> {new!r}" + ("  (forced)" if k in self.breaking else "")
+                for k, old, new in self.changes
+            ]
+        return "\n".join(lines)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and other values are leaves."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_changes(
+    old: dict[str, Any], new: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[tuple[str, Any, Any]]:
+    """(key, old, new) for every dotted key whose value differs ("<unset>" where one side lacks it).
+    A key the old config lacks (a run saved before the key existed) whose new value is its default in
+    ``defaults`` is not a change."""
+    a, b, d = flatten(old), flatten(new), flatten(defaults or {})
+    missing = "<unset>"
+    return [
+        (k, a.get(k, missing), b.get(k, missing))
+        for k in sorted(set(a) | set(b))
+        if a.get(k, missing) != b.get(k, missing) and not (k not in a and k in d and b.get(k) == d[k])
+    ]
+
+
+def is_harmless(key: str) -> bool:
+    return any(key == h or key.startswith(h + ".") for h in HARMLESS_KEYS)
+
+
+def saved_config(run_dir: str | os.PathLike, state: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The config the run was trained with: the checkpoint's copy, else ``config.yaml``."""
+    if state is not None and isinstance(state.get("config"), dict):
+        return state["config"]
+    path = Path(run_dir) / "config.yaml"
+    if path.is_file():
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise RunDirError(f"{path}: invalid YAML ({e})") from None
+        return data if isinstance(data, dict) else None
+    return None
+
+
+def check_resume(
+    run_dir: str | os.PathLike,
+    new_config: dict[str, Any],
+    *,
+    allow_config_change: bool = False,
+    defaults: dict[str, Any] | None = None,
+) -> ResumeInfo:
+    """The checkpoint a resume will load and the config diff; raises :class:`RunDirError` when there
+    is nothing to resume or the config changed in a way that breaks the run (see the module doc)."""
+    from posttrain.train.checkpoint import read_trainer_state, resolve_checkpoint
+
+    try:
+        ckpt = resolve_checkpoint(run_dir)
+    except FileNotFoundError as e:
+        raise RunDirError(f"--resume: nothing to resume: {e}; start a new run without --resume") from None
+    state = read_trainer_state(ckpt)
+    info = ResumeInfo(checkpoint=ckpt, step=int(state["step"]))
+    old = saved_config(run_dir, state)
+    if old is None:
+        return info
+    info.changes = config_changes(old, new_config, defaults)
+    info.breaking = [k for k, _, _ in info.changes if not is_harmless(k)]
+    old_model = flatten(old).get("model.name")
+    new_model = flatten(new_config).get("model.name")
+    kl = max(float(flatten(old).get("kl.coef", 0) or 0), float(flatten(new_config).get("kl.coef", 0) or 0))
+    if kl > 0 and old_model != new_model:
+        raise RunDirError(
+            f"--resume: model.name changed ({old_model!r} -> {new_model!r}) in a run with kl.coef > 0: the KL "
+            f"reference is the run's initial model {old_model!r}; resuming would silently change it. "
+            f"Keep model.name={old_model} (the policy itself is always loaded from the checkpoint)"
+        )
+    if info.breaking and not allow_config_change:
+        diff = "\n".join(f"  {k}: {o!r} -> {n!r}" for k, o, n in info.changes if k in info.breaking)
+        raise RunDirError(
+            f"--resume: the config differs from the one {ckpt} was trained with:\n{diff}\n"
+            "these change what is trained, so the resumed run would not be the same experiment. Undo the "
+            "change, start a new run (another out_dir, or --overwrite), or force it with --allow-config-change"
+        )
+    return info
+
+
+def write_run_config(run_dir: str | os.PathLike, config: dict[str, Any], *, step: int = 0) -> Path:
+    """Write ``config.yaml``. When a resumed run (``step > 0``) changed the config, the previous file
+    is kept as ``config.until-step_NNNNNN.yaml`` first, so the folder records what ran when."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.yaml"
+    text = yaml.safe_dump(config, sort_keys=False)
+    if step > 0 and path.is_file():
+        old = path.read_text(encoding="utf-8")
+        if old != text:
+            atomic_write_text(run_dir / f"config.until-step_{step:06d}.yaml", old)
+    return atomic_write_text(path, text)
+
+
+def start_run(
+    run_dir: str | os.PathLike,
+    config: dict[str, Any],
+    *,
+    step: int,
+    overwrite: bool = False,
+    allow_config_change: bool = False,
+    defaults: dict[str, Any] | None = None,
+) -> ResumeInfo | None:
+    """What a trainer calls before writing: a fresh run (``step == 0``) gets a folder without a
+    previous run (or cleared with ``overwrite``); a resumed run (``step > 0``) has its config checked
+    against the checkpoint's. Then ``config.yaml`` is written. Returns the resume info, if resumed."""
+    info = None
+    if step == 0:
+        prepare_run_dir(run_dir, overwrite=overwrite)
+    elif (Path(run_dir) / "checkpoints").is_dir():
+        info = check_resume(run_dir, config, allow_config_change=allow_config_change, defaults=defaults)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_run_config(run_dir, config, step=step)
+    return info
+
+
+# -------------------------------------------------------------------------------- interruptions
+def interrupted_message(
+    run_dir: str | os.PathLike, step: int, total: int, *, resume_command: str | None
+) -> str:
+    """What Ctrl-C prints: where training stopped, the last checkpoint on disk, how to resume."""
+    from posttrain.train.checkpoint import read_trainer_state, resolve_checkpoint
+
+    head = f"interrupted at step {step} of {total}"
+    try:
+        ckpt = resolve_checkpoint(run_dir)
+        saved = int(read_trainer_state(ckpt)["step"])
+    except (FileNotFoundError, ValueError):
+        return (
+            f"{head}; no checkpoint was saved in {run_dir} (checkpoint.every=N saves one every N steps), "
+            "so there is nothing to resume: start again with --overwrite"
+        )
+    lost = f"; steps {saved + 1}..{step} will run again" if step > saved else ""
+    cmd = f"\nresume with: {resume_command}" if resume_command else ""
+    return f"{head}; last checkpoint: {ckpt} (step {saved}){lost}{cmd}"
+
+
+def resume_command(command: str, config: str | os.PathLike | None, overrides: list[str]) -> str:
+    """``posttrain rl --config X k=v ... --resume`` for the message after Ctrl-C."""
+    parts = command.split()
+    if config is not None:
+        parts += ["--config", str(config)]
+    parts += list(overrides)
+    parts.append("--resume")
+    return shlex.join(parts)

@@ -1,0 +1,373 @@
+"""What a new user hits (issue 17), each through the real CLI (typer's CliRunner), tiny preset, 1-2 steps:
+run-folder safety, file permissions, resume with a changed config and Ctrl-C, objective switching and
+config-time validation, early errors, messages, plain progress lines, CLI habits."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from posttrain.cli import app
+from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
+
+runner = CliRunner()
+CFG = str(Path(__file__).resolve().parents[2] / "src/posttrain/configs/grpo-arithmetic.yaml")
+
+TINY = [
+    "model.name=tiny",
+    "model.device=cpu",
+    'task.params={digits: 1, ops: "+", n_train: 40, n_heldout: 10}',
+    "reward.num_workers=0",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=3",
+    "eval.n=4",
+    "threads=1",
+]
+QUICK = [*TINY, "eval.at_start=false", "eval.at_end=false"]
+
+
+def _invoke(args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def _rl(run, *extra):
+    return _invoke(["rl", *QUICK, f"out_dir={run}", "--no-progress", *extra])
+
+
+def _ok(res):
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def _step_rows(run):
+    return [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------- 1. run-folder safety
+def test_rerun_into_a_finished_run_is_refused_until_overwrite(tmp_path):
+    run = tmp_path / "run"
+    _ok(_rl(run, "steps=2", "checkpoint.every=1", "checkpoint.keep=5"))
+    before = (run / "metrics.jsonl").read_text()
+    res = _rl(run, "steps=1")
+    assert res.exit_code == 2
+    assert "already holds a run" in res.output and "--resume" in res.output and "--overwrite" in res.output
+    assert (run / "metrics.jsonl").read_text() == before  # nothing truncated
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
+
+    res = _rl(run, "steps=1", "model.name=no-such-model", "--overwrite")  # fails before deleting anything
+    assert res.exit_code == 2 and (run / "metrics.jsonl").read_text() == before
+
+    (run / "notes.txt").write_text("mine")
+    _ok(_rl(run, "steps=1", "--overwrite"))
+    assert [r["step"] for r in _step_rows(run)] == [1]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_000001"]
+    assert (run / "notes.txt").read_text() == "mine"  # --overwrite deletes run files only
+
+    res = _rl(run, "steps=2", "--resume", "--overwrite")
+    assert res.exit_code == 2 and "exclude each other" in res.output
+
+
+def test_sft_rerun_is_refused_until_overwrite(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) + "\n" for i in range(4))
+    )
+    args = [
+        "sft",
+        "model.name=tiny",
+        f"data={data}",
+        "steps=1",
+        "batch_size=2",
+        "threads=1",
+        f"out_dir={tmp_path / 's'}",
+    ]
+    _ok(_invoke(args))
+    res = _invoke(args)
+    assert res.exit_code == 2 and "already holds a run" in res.output and "--overwrite" in res.output
+    _ok(_invoke([*args, "--overwrite"]))
+
+
+# ------------------------------------------------------------------------------- 2. permissions
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def test_outputs_get_the_umask_permissions(tmp_path, umask_022):
+    run = tmp_path / "run"
+    _ok(_rl(run, "steps=1"))
+    ckpt = run / "checkpoints" / "step_000001"
+    for f in (
+        run / "config.yaml",
+        run / "metrics.jsonl",
+        run / "checkpoints" / "latest",
+        ckpt / "trainer_state.json",
+        ckpt / "optimizer.safetensors",
+        ckpt / "rng.safetensors",
+        ckpt / "model" / "model.safetensors",
+    ):
+        assert _mode(f) == 0o644, (f, oct(_mode(f)))
+    for d in (run, run / "checkpoints", ckpt, ckpt / "model"):
+        assert _mode(d) == 0o755, (d, oct(_mode(d)))
+    _ok(_invoke(["plot", run]))
+    assert _mode(run / "curves.png") == 0o644
+    ev = tmp_path / "ev.json"
+    _ok(_invoke(["eval", "--model", run, "--n", "2", "--max-new-tokens", "2", "--out", ev]))
+    assert _mode(ev) == 0o644
+
+
+def test_atomic_writes_follow_a_stricter_umask(tmp_path):
+    from posttrain.utils.io import atomic_write_json
+
+    old = os.umask(0o027)
+    try:
+        p = atomic_write_json(tmp_path / "report.json", {"a": 1})  # SILO report.json, summary.json, ...
+    finally:
+        os.umask(old)
+    assert _mode(p) == 0o640
+
+
+# --------------------------------------------------------------------- 3. resume: diff, refuse, Ctrl-C
+def test_resume_with_a_changed_config_shows_the_diff_and_refuses_unless_forced(tmp_path):
+    run = tmp_path / "run"
+    _ok(_rl(run, "steps=1"))
+    saved = (run / "config.yaml").read_text()
+    res = _rl(run, "steps=2", "rollout.group_size=4", "--resume")
+    assert res.exit_code == 2
+    assert "rollout.group_size: 2 -> 4" in res.output and "--allow-config-change" in res.output
+    assert (run / "config.yaml").read_text() == saved
+
+    res = _ok(_rl(run, "steps=2", "--resume"))  # steps is a harmless change
+    assert f"resuming from {run / 'checkpoints' / 'step_000001'} (step 1 of 2)" in res.output
+    assert "steps: 1 -> 2" in res.output
+
+    res = _ok(_rl(run, "steps=3", "optimizer.lr=0.001", "--resume", "--allow-config-change"))
+    assert "optimizer.lr: 1e-05 -> 0.001  (forced)" in res.output
+    assert "lr: 1.0e-05" in (run / "config.until-step_000002.yaml").read_text()
+    assert "lr: 0.001" in (run / "config.yaml").read_text()
+
+
+def test_resume_of_a_run_saved_before_a_config_key_existed(tmp_path):
+    run = tmp_path / "run"
+    _ok(_rl(run, "steps=1"))
+    state_path = run / "checkpoints" / "step_000001" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    del state["config"]["rollout"]["max_batch_size"], state["config"]["entropy_coef"]  # an older release
+    state_path.write_text(json.dumps(state))
+    res = _rl(run, "steps=2", "entropy_coef=0.01", "--resume")
+    assert res.exit_code == 2 and "entropy_coef: '<unset>' -> 0.01" in res.output
+    _ok(_rl(run, "steps=2", "--resume"))  # new keys at their defaults are not changes
+
+
+def test_resume_refuses_a_changed_kl_reference_even_when_forced(tmp_path):
+    run = tmp_path / "run"
+    _ok(_rl(run, "steps=1", "kl.coef=0.1"))
+    res = _rl(run, "steps=2", "kl.coef=0.1", "model.name=tiny-qwen2", "--resume", "--allow-config-change")
+    assert res.exit_code == 2 and "KL reference" in res.output and "model.name" in res.output
+
+
+def test_ctrl_c_says_where_it_stopped_and_how_to_resume(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    real_step = RLTrainer.step
+
+    def step(self):
+        if self.step_idx == 2:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(RLTrainer, "step", step)
+    res = _rl(run, "steps=5", "checkpoint.every=1")
+    assert res.exit_code == 130
+    assert "interrupted at step 2 of 5" in res.output
+    assert f"last checkpoint: {run / 'checkpoints' / 'step_000002'} (step 2)" in res.output
+    assert (
+        "resume with: posttrain rl" in res.output
+        and "--resume" in res.output
+        and f"out_dir={run}" in res.output
+    )
+
+
+def test_corrupt_trainer_state_is_named(tmp_path):
+    run = tmp_path / "run"
+    _ok(_rl(run, "steps=1"))
+    state = run / "checkpoints" / "step_000001" / "trainer_state.json"
+    state.write_text("{not json")
+    res = _rl(run, "steps=2", "--resume")
+    assert res.exit_code == 2 and str(state) in res.output and "corrupt" in res.output
+    assert "Traceback" not in res.output
+
+
+# ------------------------------------------------------- 4. objective switching, config-time checks
+@pytest.mark.parametrize(
+    ("name", "dropped"),
+    [("gspo", "clip_c"), ("cispo", "clip_c"), ("sapo", "clip_low"), ("maspo", "clip_low")],
+)
+def test_objective_switch_on_the_command_line_drops_the_files_params(tmp_path, name, dropped):
+    res = _invoke(
+        [
+            "rl",
+            "--config",
+            CFG,
+            f"objective.name={name}",
+            *QUICK,
+            "steps=1",
+            f"out_dir={tmp_path / 'r'}",
+            "--no-progress",
+        ]
+    )
+    assert res.exit_code == 0, res.output
+    assert "note: objective.params: dropped" in res.output and dropped in res.output
+
+
+def test_params_given_on_the_command_line_stay_strict():
+    res = _invoke(["rl", "--config", CFG, "objective.name=cispo", "objective.params.clip_c=3"])
+    assert res.exit_code == 2 and "clip_c" in res.output and "accepted: clip_high, clip_low" in res.output
+
+
+@pytest.mark.parametrize("value", ["abc", "-0.2"])
+def test_bad_objective_param_is_a_config_error_before_any_model_loads(tmp_path, monkeypatch, value):
+    import posttrain.train.rl as rl
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded before the config was checked")
+
+    monkeypatch.setattr(rl, "load_model_and_tokenizer", boom)
+    res = _invoke(["rl", "--config", CFG, f"objective.params.clip_low={value}", f"out_dir={tmp_path / 'r'}"])
+    assert res.exit_code == 2, res.output
+    assert "objective.params.clip_low" in res.output and "must be a number >= 0" in res.output
+
+
+# ---------------------------------------------------------------------------- 5. early, clear errors
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a CPU-only torch")
+def test_cuda_on_a_cpu_build_is_a_config_error():
+    res = _invoke(["rl", *TINY, "model.device=cuda"])
+    assert res.exit_code == 2 and "model.device" in res.output and "no CUDA" in res.output
+    assert "available here: auto, cpu" in res.output
+
+
+def test_unknown_device_and_config_folder_are_clear_errors():
+    res = _invoke(["rl", "model.device=gpu"])
+    assert (
+        res.exit_code == 2
+        and "model.device" in res.output
+        and "accepted: auto, cpu, cuda, cuda:N, mps" in res.output
+    )
+    res = _invoke(["rl", "--config", Path(CFG).parent])
+    assert res.exit_code == 2 and "is a directory; expected a YAML file" in res.output
+    assert "grpo-arithmetic.yaml" in res.output
+
+
+# ----------------------------------------------------------------------------------- 6. messages
+def test_override_errors_are_blamed_on_the_override_and_hints_exist():
+    res = _invoke(["rl", "--config", CFG, "optimizer.lrr=1"])
+    assert res.exit_code == 2
+    assert "unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)" in res.output
+    assert "from the command-line override 'optimizer.lrr=1'" in res.output and f"in {CFG}" not in res.output
+    res = _invoke(["rl", "steps"])
+    assert res.exit_code == 2 and "expected key=value" in res.output and "train.lr" not in res.output
+
+
+def test_hf_dir_without_config_json_is_reported_as_such(tmp_path):
+    empty = tmp_path / "hf"
+    empty.mkdir()
+    res = _invoke(["rl", *QUICK, f"model.name={empty}", f"out_dir={tmp_path / 'r'}"])
+    assert res.exit_code == 2 and "has no config.json" in res.output and "not a run folder" in res.output
+    res = _invoke(["eval", "--model", empty, "--n", "2"])
+    assert res.exit_code == 2 and "has no config.json" in res.output
+
+
+# ------------------------------------------------------------------------- 7. non-terminal progress
+def test_plain_progress_lines_without_a_terminal(tmp_path):
+    res = _ok(_rl(tmp_path / "run", "steps=2", "logging.every=1"))
+    lines = [x for x in res.output.splitlines() if x.startswith("rl ")]
+    assert [x.split()[1] for x in lines] == ["1/2", "2/2"]
+    for k in ("reward=", "acc=", "len=", "elapsed", "eta"):
+        assert k in lines[0]
+    res = _ok(_rl(tmp_path / "run2", "steps=2", "logging.every=0"))
+    assert not [x for x in res.output.splitlines() if x.startswith("rl ")]
+
+
+def test_loading_a_model_dir_prints_no_weight_bar(tmp_path):
+    from transformers.utils import logging as hf_logging
+
+    run = tmp_path / "run"
+    _ok(_rl(run, "steps=1"))
+    hf_logging.enable_progress_bar()  # as in a fresh process (saving a checkpoint turned it off)
+    try:
+        res = _ok(_invoke(["eval", "--model", run, "--n", "2", "--max-new-tokens", "2"]))
+        assert hf_logging.is_progress_bar_enabled()  # loading restores the caller's setting
+    finally:
+        hf_logging.disable_progress_bar()
+    assert "Loading weights" not in res.output
+
+
+# ------------------------------------------------------------------------------------ 8. habits
+def test_dash_h_and_version():
+    for args in (["-h"], ["rl", "-h"], ["silo", "run", "-h"], ["bench", "-h"]):
+        res = _ok(_invoke(args))
+        assert "Usage:" in res.output
+    from posttrain import __version__
+
+    assert _ok(_invoke(["--version"])).output.strip() == __version__
+    top = _ok(_invoke(["-h"])).output
+    assert "reward models" not in top and "instruction tuning" not in top
+
+
+def test_a_run_folder_is_accepted_as_a_model(tmp_path):
+    run = tmp_path / "run"
+    _ok(_rl(run, "steps=1"))
+    res = _ok(_rl(tmp_path / "next", "steps=1", f"model.name={run}"))
+    assert json.loads(res.output.strip().splitlines()[-1])["steps"] == 1
+
+
+def test_plot_drops_the_duplicate_accuracy_panel():
+    from posttrain.train.plot import select_panels
+
+    rows = [{"step": 1, "reward_mean": 0.5, "accuracy": 0.5, "clipfrac": 0.0, "approx_kl": 0.0, "lr": 1e-4}]
+    keys = [k for k, _ in select_panels(rows)]
+    assert "accuracy" not in keys and {"reward_mean", "clipfrac", "approx_kl", "lr"} <= set(keys)
+    rows[0]["accuracy"] = 0.25
+    rows[0]["kl"] = 0.1
+    keys = [k for k, _ in select_panels(rows)]
+    assert "accuracy" in keys and "kl" in keys and "approx_kl" not in keys
+
+
+@pytest.mark.slow
+def test_demo_saves_its_rl_policy_and_refuses_a_rerun(tmp_path):
+    out = tmp_path / "demo"
+    args = [
+        "demo",
+        "--quick",
+        "--sft-steps",
+        "2",
+        "--rl-steps",
+        "1",
+        "--out",
+        out,
+        "--no-progress",
+        "eval.n=2",
+    ]
+    _ok(_invoke(args))
+    assert (out / "rl" / "model" / "config.json").is_file() and (out / "rl" / "metrics.jsonl").is_file()
+    assert json.loads((out / "summary.json").read_text())["rl_model"] == str(out / "rl" / "model")
+    res = _ok(_invoke(["eval", "--model", out / "rl", "--n", "2", "--max-new-tokens", "2"]))
+    assert json.loads(res.output.strip().splitlines()[-1])["n"] == 2
+    assert _ok(_invoke(["plot", out])).output.strip() == str(out / "curves.png")
+    res = _invoke(args)  # refused before anything is loaded
+    assert res.exit_code == 2 and "already holds a run" in res.output and "--overwrite" in res.output
