@@ -69,16 +69,18 @@ def sft(
         None, help="key=value overrides, e.g. steps=100 data=train.jsonl"
     ),
     config: Optional[Path] = typer.Option(None, "--config", "-c"),  # noqa: UP045
+    resume: bool = typer.Option(False, "--resume", help="continue from <out_dir>/checkpoints/latest"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
-    """Supervised fine-tuning on completion tokens (task reference completions or a JSONL file)."""
+    """Supervised fine-tuning on target tokens: task reference completions or a JSONL file of
+    prompt/completion, text or chat (messages, loss on assistant turns) rows; see docs/sft.md."""
     from posttrain.train.sft import SFTConfig, SFTDataError, SFTTrainer
 
     cfg = _load(SFTConfig, config, overrides or [])
     if progress is not None:
         cfg.progress = progress
     try:
-        summary = SFTTrainer(cfg).train()
+        summary = SFTTrainer(cfg, resume=resume).train()
     except (SFTDataError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     typer.echo(
