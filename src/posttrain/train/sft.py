@@ -49,6 +49,7 @@ __all__ = [
     "DataFields",
     "SFTConfig",
     "SFTDataError",
+    "SFTEvalConfig",
     "SFTOptimizerConfig",
     "SFTTrainer",
     "load_sft_jsonl",
@@ -65,6 +66,12 @@ class SFTOptimizerConfig(OptimizerConfig):
     """RL's ``OptimizerConfig`` with SFT's default learning rate (1e-3, the value SFT always had)."""
 
     lr: float = Field(1e-3, gt=0)
+
+
+class SFTEvalConfig(EvalConfig):
+    """RL's ``EvalConfig`` without the evaluation before the first step by default."""
+
+    at_start: bool = False
 
 
 class SFTConfig(StrictModel):
@@ -93,7 +100,8 @@ class SFTConfig(StrictModel):
     threads: int | None = Field(None, ge=1)
     """torch intra-op CPU threads (None = torch's default); see ``RLConfig.threads``."""
     out_dir: str = "runs/sft"
-    eval: EvalConfig = Field(default_factory=lambda: EvalConfig(at_start=False))
+    eval: SFTEvalConfig = Field(default_factory=SFTEvalConfig)
+    """every, n, at_start (default False), at_end; held-out = the task or ``eval_data``."""
     max_new_tokens: int = Field(16, ge=1)
     """Generation length for the held-out evaluation."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -257,6 +265,18 @@ class SFTTrainer:
         logp, _ = self.lm.logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
         return -(logp * lm).sum()
 
+    def accumulate_gradients(self, idx: list[int]) -> tuple[float, int]:
+        """Add ∇L(batch ``idx``) to the parameters' ``.grad``, one forward/backward per micro-batch,
+        each normalised by the WHOLE batch's target-token count (module docstring). Returns
+        (loss, target tokens)."""
+        n_tok = sum(self.examples[i].n_loss_tokens for i in idx)
+        loss = 0.0
+        for part in self._micro_batches(idx):
+            part_loss = self._summed_nll(part) / n_tok
+            part_loss.backward()
+            loss += float(part_loss.detach())
+        return loss, n_tok
+
     def step(self) -> dict[str, float]:
         """One optimizer step on the next ``batch_size`` examples; returns its metrics."""
         from posttrain.train.optim import clip_and_step, scheduled_lr, set_lr
@@ -266,13 +286,8 @@ class SFTTrainer:
         set_lr(self.optimizer, lr)
         self.model.train()
         idx = self.shuffler.take(cfg.batch_size)
-        n_tok = sum(self.examples[i].n_loss_tokens for i in idx)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = 0.0
-        for part in self._micro_batches(idx):
-            part_loss = self._summed_nll(part) / n_tok  # the WHOLE batch's token count (module doc)
-            part_loss.backward()
-            loss += float(part_loss.detach())
+        loss, n_tok = self.accumulate_gradients(idx)
         norm = clip_and_step(self.model, self.optimizer, cfg.optimizer.grad_clip)
         self.step_idx += 1
         return {

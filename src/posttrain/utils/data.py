@@ -127,7 +127,7 @@ def iter_jsonl(path: str | Path, *, what: str = "JSON objects") -> Iterator[tupl
             except UnicodeDecodeError as e:
                 bad = raw[e.start : e.start + 1].hex()
                 raise DataFileError(
-                    f"{path}: line {i}: not valid UTF-8 (byte 0x{bad} at column {e.start + 1}); "
+                    f"{path}: line {i}: not valid UTF-8 (byte 0x{bad} at byte {e.start + 1} of the line); "
                     "save the file as UTF-8"
                 ) from None
             if not line.strip():
