@@ -271,3 +271,31 @@ def test_cli_sft_non_utf8_data_names_file_and_line(tmp_path):
     res = _sft(["model.name=tiny", f"data={data}", "steps=1", f"out_dir={tmp_path / 's'}"])
     assert res.exit_code == 2
     assert f"{data}: line 2: not valid UTF-8 (byte 0xe9 at byte 16 of the line)" in res.output
+
+
+def test_cli_sft_field_mapping_messages_and_text_rows(tmp_path):
+    qa = _write(tmp_path / "qa.jsonl", [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(4)])
+    common = ["model.name=tiny", "steps=2", "batch_size=2", "threads=1", "--no-progress"]
+    res = _sft([*common, f"data={qa}", f"out_dir={tmp_path / 'qa'}"])
+    assert (
+        res.exit_code == 2 and "no known fields" in res.output and "data_fields.prompt=question" in res.output
+    )
+    res = _sft(
+        [
+            *common,
+            f"data={qa}",
+            "data_fields.prompt=question",
+            "data_fields.completion=answer",
+            f"out_dir={tmp_path / 'qa'}",
+        ]
+    )
+    assert res.exit_code == 0, res.output
+    chats = _write(tmp_path / "chats.jsonl", ROWS[2:5])  # text and messages rows
+    res = _sft(
+        [*common, f"data={chats}", f"eval_data={chats}", "eval.every=1", f"out_dir={tmp_path / 'chat'}"]
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["steps"] == 2 and out["eval"]["loss_rows"] == 3
+    res = _sft([*common, f"data={chats}", "eval.every=1", f"out_dir={tmp_path / 'x'}"])
+    assert res.exit_code == 2 and "eval_data" in res.output
