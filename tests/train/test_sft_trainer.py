@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from posttrain.cli import app
 from posttrain.models import CausalLMAdapter, load_model_and_tokenizer
-from posttrain.train.config import OptimizerConfig
+from posttrain.train.config import EvalConfig, OptimizerConfig
 from posttrain.train.sft import SFTConfig, SFTDataError, SFTTrainer
 from posttrain.utils.config import ConfigError, build_config
 from posttrain.utils.io import read_jsonl
@@ -214,6 +214,13 @@ def test_optimizer_is_rls_optimizer_config_and_old_keys_still_work(tmp_path):
     yaml_file = tmp_path / "old.yaml"
     yaml_file.write_text("steps: 3\nlr: 2.0e-3\nschedule: cosine\n")
     assert build_config(SFTConfig, yaml_file).optimizer.lr == 2e-3
+    # RL's section objects are taken as they are
+    rl_opt, rl_eval = OptimizerConfig(weight_decay=0.2), EvalConfig(every=5)
+    shared = SFTConfig(optimizer=rl_opt, eval=rl_eval)
+    assert (
+        shared.optimizer.model_dump() == rl_opt.model_dump()
+        and shared.eval.model_dump() == rl_eval.model_dump()
+    )
     with pytest.raises(ConfigError, match=r"both lr and optimizer\.lr"):
         build_config(SFTConfig, yaml_file, ["optimizer.lr=1e-4"])
     # the trainer builds RL's AdamW from it

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
 from posttrain.train.config import CheckpointConfig, EvalConfig, ModelConfig, OptimizerConfig, TaskConfig
@@ -111,12 +111,18 @@ class SFTConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _legacy_optimizer_keys(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not any(k in data for k in _LEGACY_OPTIMIZER_KEYS):
+    def _shared_sections(cls, data: Any) -> Any:
+        """RL's ``OptimizerConfig`` / ``EvalConfig`` objects are accepted as they are (all their
+        values); the old top-level optimizer keys are moved under ``optimizer``."""
+        if not isinstance(data, dict):
             return data
         data = dict(data)
-        opt = data.get("optimizer") or {}
-        opt = dict(opt.model_dump(exclude_unset=True) if isinstance(opt, BaseModel) else opt)
+        for key, parent in (("optimizer", OptimizerConfig), ("eval", EvalConfig)):
+            if isinstance(data.get(key), parent):
+                data[key] = data[key].model_dump()
+        if not any(k in data for k in _LEGACY_OPTIMIZER_KEYS):
+            return data
+        opt = dict(data.get("optimizer") or {})
         for k in _LEGACY_OPTIMIZER_KEYS:
             if k in data:
                 if k in opt:
