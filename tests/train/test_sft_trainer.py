@@ -241,6 +241,8 @@ def test_sft_goes_through_the_model_adapter(tmp_path):
     tr = SFTTrainer(_cfg(tmp_path, steps=2, save=False), adapter=Counting(model, tok))
     tr.train()
     assert Counting.calls == 2 * 2  # 2 steps x 2 micro-batches (3 rows, micro_batch_size 2)
+    with pytest.raises(ValueError, match="not both"):
+        SFTTrainer(_cfg(tmp_path, save=False), model, tok, adapter=Counting(model, tok))
 
 
 runner = CliRunner()

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from array import array
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -117,8 +119,11 @@ class SFTConfig(StrictModel):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        for key, parent in (("optimizer", OptimizerConfig), ("eval", EvalConfig)):
-            if isinstance(data.get(key), parent):
+        for key, parent, own in (
+            ("optimizer", OptimizerConfig, SFTOptimizerConfig),
+            ("eval", EvalConfig, SFTEvalConfig),
+        ):
+            if isinstance(data.get(key), parent) and not isinstance(data[key], own):
                 data[key] = data[key].model_dump()
         if not any(k in data for k in _LEGACY_OPTIMIZER_KEYS):
             return data
@@ -150,9 +155,11 @@ def task_pairs(task: Any, *, style: str = "short", max_examples: int | None = No
 
 
 def _fingerprint(examples: list[SFTExample]) -> str:
+    """SHA-256 over every example's token ids and loss mask, in order (stored in checkpoints)."""
     h = hashlib.sha256()
     for ex in examples:
-        h.update(repr((ex.input_ids, ex.loss_mask)).encode())
+        h.update(array("q", [len(ex.input_ids), *ex.input_ids]).tobytes())
+        h.update(bytes(ex.loss_mask))
     return h.hexdigest()
 
 
@@ -190,6 +197,8 @@ class SFTTrainer:
             raise ValueError(
                 "SFTTrainer: resume=True loads the model from the checkpoint; do not pass a model"
             )
+        if adapter is not None and model is not None:
+            raise ValueError("SFTTrainer: pass either a model and tokenizer or an adapter, not both")
         if adapter is None:
             if model is None:
                 spec = str(ckpt / "model") if ckpt is not None else cfg.model.name
@@ -358,6 +367,10 @@ class SFTTrainer:
         return ev
 
     # ------------------------------------------------------------------------------ checkpointing
+    @cached_property
+    def data_fingerprint(self) -> str:
+        return _fingerprint(self.examples)
+
     def save(self) -> Path:
         """Checkpoint of the current step under ``<out_dir>/checkpoints`` (atomic; see module doc)."""
         from posttrain.train.checkpoint import save_checkpoint
@@ -365,7 +378,7 @@ class SFTTrainer:
         state = {
             "trainer": "sft",
             "config": self.cfg.model_dump(mode="json"),
-            "data": {"n": len(self.examples), "sha256": _fingerprint(self.examples)},
+            "data": {"n": len(self.examples), "sha256": self.data_fingerprint},
             "shuffler": self.shuffler.state_dict(),
         }
         path = save_checkpoint(
@@ -387,7 +400,7 @@ class SFTTrainer:
         if "shuffler" not in state or "data" not in state:
             raise ValueError(f"{ckpt}: not an SFT checkpoint (it has no data position to resume from)")
         data = state["data"]
-        if data.get("sha256") != _fingerprint(self.examples):
+        if data.get("sha256") != self.data_fingerprint:
             raise SFTDataError(
                 f"{ckpt}: the checkpoint was trained on different data ({data.get('n')} sequences then, "
                 f"{len(self.examples)} now, or the same count with other tokens); resuming would not "
