@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 
@@ -37,6 +37,47 @@ def _check_device(device: str) -> None:
         _fail(f"model.device: {e}")
 
 
+_RESUME = typer.Option(False, "--resume", help="continue from <out_dir>/checkpoints/latest")
+_OVERWRITE = typer.Option(
+    False, "--overwrite", help="out_dir holds a previous run: delete its run files and start again"
+)
+_ALLOW_CHANGE = typer.Option(
+    False,
+    "--allow-config-change",
+    help="with --resume: accept config changes that alter the run (model, task, objective, lr, ...)",
+)
+
+
+def _check_run_dir(cfg: Any, *, resume: bool, overwrite: bool, allow_config_change: bool) -> None:
+    """Run-folder rules before any model is loaded (a refusal costs nothing): what a resume would
+    load and change, or a fresh run refused in a folder holding a previous one."""
+    from posttrain.train.run_dir import check_resume, prepare_run_dir
+
+    try:
+        if resume:
+            info = check_resume(
+                cfg.out_dir,
+                cfg.model_dump(mode="json"),
+                allow_config_change=allow_config_change,
+                defaults=type(cfg)().model_dump(mode="json"),
+            )
+            typer.echo(info.describe(cfg.steps), err=True)
+        if not overwrite or resume:  # --overwrite deletes only once the model has loaded (in train)
+            prepare_run_dir(cfg.out_dir, overwrite=overwrite, resume=resume)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def _interrupted(command: str, cfg: Any, step: int, config: Path | None, overrides: list[str]) -> NoReturn:
+    """Ctrl-C: say where training stopped, the last checkpoint and the exact command to resume."""
+    from posttrain.train.run_dir import interrupted_message, resume_command
+
+    cmd = resume_command(command, config, overrides)
+    msg = interrupted_message(cfg.out_dir, step, cfg.steps, resume_command=cmd)
+    typer.secho(msg, fg=typer.colors.YELLOW, err=True)
+    raise typer.Exit(code=130)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def rl(
     overrides: list[str] | None = typer.Argument(
@@ -45,42 +86,18 @@ def rl(
     config: Path | None = typer.Option(
         None, "--config", "-c", help="YAML config (see src/posttrain/configs/)"
     ),
-    resume: bool = typer.Option(False, "--resume", help="continue from <out_dir>/checkpoints/latest"),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="out_dir holds a previous run: delete its run files and start again"
-    ),
-    allow_config_change: bool = typer.Option(
-        False,
-        "--allow-config-change",
-        help="with --resume: accept config changes that alter the run (model, task, objective, lr, ...)",
-    ),
+    resume: bool = _RESUME,
+    overwrite: bool = _OVERWRITE,
+    allow_config_change: bool = _ALLOW_CHANGE,
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
     """GRPO-family RL: rollout -> reward -> advantage -> policy update, with eval and checkpoints."""
     from posttrain.train.checkpoint import CheckpointError
     from posttrain.train.config import RLConfig
-    from posttrain.train.run_dir import (
-        RunDirError,
-        check_resume,
-        interrupted_message,
-        prepare_run_dir,
-        resume_command,
-    )
+    from posttrain.train.run_dir import RunDirError
 
     cfg = _load(RLConfig, config, overrides or [])
-    try:  # before any model is loaded: a refusal costs nothing
-        if resume:
-            info = check_resume(
-                cfg.out_dir,
-                cfg.model_dump(mode="json"),
-                allow_config_change=allow_config_change,
-                defaults=RLConfig().model_dump(mode="json"),
-            )
-            typer.echo(info.describe(cfg.steps), err=True)
-        if not overwrite or resume:  # --overwrite deletes only once the model has loaded (in train)
-            prepare_run_dir(cfg.out_dir, overwrite=overwrite, resume=resume)
-    except ValueError as e:
-        _fail(str(e))
+    _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
     from posttrain.train.rl import RLTrainer
 
     try:
@@ -93,10 +110,7 @@ def rl(
                 progress=progress, overwrite=overwrite, allow_config_change=allow_config_change
             )
         except KeyboardInterrupt:
-            cmd = resume_command("posttrain rl", config, overrides or [])
-            msg = interrupted_message(cfg.out_dir, trainer.step_idx, cfg.steps, resume_command=cmd)
-            typer.secho(msg, fg=typer.colors.YELLOW, err=True)
-            raise typer.Exit(code=130) from None
+            _interrupted("posttrain rl", cfg, trainer.step_idx, config, overrides or [])
         except (RunDirError, CheckpointError) as e:
             _fail(str(e))
     last = summary.get("last") or {}
@@ -120,31 +134,31 @@ def sft(
         None, help="key=value overrides, e.g. steps=100 data=train.jsonl"
     ),
     config: Optional[Path] = typer.Option(None, "--config", "-c"),  # noqa: UP045
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="out_dir holds a previous run: delete its run files and start again"
-    ),
+    resume: bool = _RESUME,
+    overwrite: bool = _OVERWRITE,
+    allow_config_change: bool = _ALLOW_CHANGE,
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
-    """Supervised fine-tuning on completion tokens (task reference completions or a JSONL file)."""
-    from posttrain.train.run_dir import prepare_run_dir
+    """Supervised fine-tuning on target tokens: task reference completions or a JSONL file of
+    prompt/completion, text or chat (messages, loss on assistant turns) rows; see docs/sft.md."""
+    from posttrain.train.checkpoint import CheckpointError
+    from posttrain.train.run_dir import RunDirError
     from posttrain.train.sft import SFTConfig, SFTDataError, SFTTrainer
 
     cfg = _load(SFTConfig, config, overrides or [])
     if progress is not None:
         cfg.progress = progress
+    if cfg.save:
+        _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
     try:
-        if cfg.save and not overwrite:  # refused before loading; --overwrite deletes in train()
-            prepare_run_dir(cfg.out_dir, can_resume=False)
-        summary = SFTTrainer(cfg).train(overwrite=overwrite)
-    except KeyboardInterrupt:
-        typer.secho(
-            f"interrupted; SFT saves its model only at the end, so nothing was saved in {cfg.out_dir}: "
-            "start again with --overwrite",
-            fg=typer.colors.YELLOW,
-            err=True,
-        )
-        raise typer.Exit(code=130) from None
+        trainer = SFTTrainer(cfg, resume=resume)
     except (SFTDataError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    try:
+        summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
+    except KeyboardInterrupt:
+        _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [])
+    except (RunDirError, CheckpointError, SFTDataError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     typer.echo(
         json.dumps({k: v for k, v in summary.items() if k != "last"} | {"loss": summary["last"].get("loss")})

@@ -1,11 +1,13 @@
-"""Model layer: tokenizer and model loading (tiny presets or local HF directories) and memory-lean
-token log-probabilities / entropies (`token_logprobs`, `sequence_logprobs`).
+"""Model layer: tokenizer and model loading (tiny presets or local HF directories), memory-lean
+token log-probabilities / entropies (`token_logprobs`, `sequence_logprobs`), and the model adapter
+(`ModelAdapter`, `CausalLMAdapter`, `load_adapter`) through which trainers load, score, sample and save.
 
 Importing this package imports torch; `transformers` is imported lazily by the loaders.
 """
 
 from __future__ import annotations
 
+from posttrain.models.adapter import ADAPTERS, CausalLMAdapter, ModelAdapter, load_adapter
 from posttrain.models.loading import (
     ModelSpecError,
     ensure_pad_token,
@@ -24,9 +26,12 @@ from posttrain.models.presets import PRESETS, Preset, build_preset_model, list_p
 from posttrain.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer, char_vocab
 
 __all__ = [
+    "ADAPTERS",
     "CHAT_TEMPLATE",
     "DEFAULT_CHUNK_SIZE",
     "PRESETS",
+    "CausalLMAdapter",
+    "ModelAdapter",
     "ModelSpecError",
     "Preset",
     "build_char_tokenizer",
@@ -34,6 +39,7 @@ __all__ = [
     "char_vocab",
     "ensure_pad_token",
     "list_presets",
+    "load_adapter",
     "load_model_and_tokenizer",
     "naive_token_logprobs",
     "pick_device",

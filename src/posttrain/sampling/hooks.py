@@ -25,13 +25,13 @@ State for checkpoints: ``state_dict()`` returns JSON-serialisable data (no pickl
 from __future__ import annotations
 
 import math
-import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from posttrain.utils.data import EpochShuffler
 from posttrain.utils.registry import Registry
 
 SAMPLERS: Registry[type[PromptSampler]] = Registry("prompt sampler")
@@ -201,7 +201,8 @@ class GroupRewardShaper(ABC):
 class UniformSampler(PromptSampler):
     """Epoch-wise shuffled pass over the training examples, ``group_size`` completions per prompt.
 
-    Order for epoch e is a permutation drawn from ``random.Random(seed + e)``, so the state is just
+    Order for epoch e is a permutation drawn from ``random.Random(seed + e)`` (the ``"seeded"`` order
+    of :class:`posttrain.utils.data.EpochShuffler`, shared with SFT), so the state is just
     (epoch, position) and resumes exactly."""
 
     def __init__(self, examples: list[Any], *, seed: int = 0) -> None:
@@ -209,32 +210,25 @@ class UniformSampler(PromptSampler):
             raise ValueError("UniformSampler: the training split is empty")
         self.examples = examples
         self.seed = seed
-        self.epoch = 0
-        self.pos = 0
-        self._order = self._permutation(0)
+        self._shuffler = EpochShuffler(len(examples), seed=seed, order="seeded")
 
-    def _permutation(self, epoch: int) -> list[int]:
-        order = list(range(len(self.examples)))
-        random.Random(self.seed + epoch).shuffle(order)
-        return order
+    @property
+    def epoch(self) -> int:
+        return self._shuffler.epoch
+
+    @property
+    def pos(self) -> int:
+        return self._shuffler.pos
 
     def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan:
-        picked = []
-        while len(picked) < num_prompts:
-            if self.pos >= len(self._order):
-                self.epoch += 1
-                self.pos = 0
-                self._order = self._permutation(self.epoch)
-            picked.append(self.examples[self._order[self.pos]])
-            self.pos += 1
+        picked = [self.examples[i] for i in self._shuffler.take(num_prompts)]
         return PromptPlan(picked, [group_size] * num_prompts)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "pos": self.pos}
+        return self._shuffler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-        self._order = self._permutation(self.epoch)
+        self._shuffler.load_state_dict(state)
 
 
 @CONTROLLERS.register("constant-temperature")

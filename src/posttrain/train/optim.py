@@ -1,4 +1,5 @@
-"""Optimizer and learning-rate schedule.
+"""Optimizer, learning-rate schedule and the clipped update step, shared by the RL and SFT trainers
+(both configure them with ``posttrain.train.config.OptimizerConfig``).
 
 The schedule is a pure function of the step, so its checkpoint state is the step number:
 
@@ -40,3 +41,24 @@ def build_adamw(model: torch.nn.Module, cfg) -> torch.optim.AdamW:
 def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
     for g in optimizer.param_groups:
         g["lr"] = value
+
+
+def scheduled_lr(cfg, step: int, total_steps: int) -> float:
+    """:func:`lr_at` with the schedule of an ``OptimizerConfig`` (used by RL and SFT alike)."""
+    return lr_at(
+        step,
+        lr=cfg.lr,
+        total_steps=max(1, total_steps),
+        schedule=cfg.schedule,
+        warmup_steps=cfg.warmup_steps,
+        min_lr_ratio=cfg.min_lr_ratio,
+    )
+
+
+def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    """Clip the global gradient norm to ``grad_clip`` (0 = no clipping), take the optimizer step,
+    and return the norm before clipping."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf, foreach=True)
+    optimizer.step()
+    return float(norm)

@@ -57,7 +57,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         raise FileNotFoundError(f"{path}: no metrics file (is {str(run_dir)!r} a run directory?)")
     rows = list(read_jsonl(path))
     steps = [r for r in rows if r.get("kind") == "step"]
-    evals = [r for r in rows if r.get("kind") == "eval"]
+    evals = [r for r in rows if r.get("kind") == "eval" and "accuracy" in r]
     if not steps and not evals:
         raise ValueError(f"{path}: no step or eval rows to plot")
     panels = select_panels(steps)

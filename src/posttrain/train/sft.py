@@ -1,34 +1,79 @@
-"""Supervised fine-tuning on completion tokens only (warm starts for RL).
+"""Supervised fine-tuning: next-token loss on the target tokens only (warm starts for RL, chat tuning).
 
-For a prompt x and target completion y (followed by EOS), the loss is the token-mean negative
-log-likelihood over the completion tokens of the batch:
+Every training sequence i is token ids x_i with a 0/1 loss mask m_i (completion tokens, assistant
+turns, or all tokens of a text row; see :mod:`posttrain.train.sft_data`). The loss of a batch B is the
+token-mean negative log-likelihood over its target tokens:
 
-    L = − Σ_i Σ_t m_it · log π(y_it | x_i, y_i,<t) / Σ_i Σ_t m_it
+    L(B) = − Σ_{i∈B} Σ_t m_it · log π(x_it | x_i,<t) / N_B,     N_B = Σ_{i∈B} Σ_t m_it
 
-(prompt tokens are context only, m = 1 exactly on completion tokens). Data comes from a task's
-reference completions (``Task.reference_completion``) or a JSONL file of
-``{"prompt": ..., "completion": ...}`` rows. Prompts are encoded with the same
-:class:`~posttrain.rollout.PromptFormatter` the RL rollout uses, so SFT and RL see identical prompts.
+Micro-batching splits B into B_1..B_K (``micro_batch_size`` sequences each) and back-propagates
+L_k = − Σ_{i∈B_k} Σ_t m_it · log π(x_it | x_i,<t) / N_B for each, the denominator being the token
+count of the WHOLE batch; then Σ_k ∇L_k = ∇L(B) exactly, whatever the split (only rounding differs).
+
+One step: lr from the schedule (``optimizer``: the same ``OptimizerConfig``, AdamW and schedule as RL),
+the next ``batch_size`` examples of an epoch-wise shuffled pass (:class:`~posttrain.utils.data.EpochShuffler`,
+``"stream"`` order), forward/backward per micro-batch, clip the global gradient norm, AdamW update.
+
+Checkpoints (``checkpoint.every``, ``checkpoint.final``) hold the model, the AdamW state, the RNG
+states, the step and the position in the data order (:mod:`posttrain.train.checkpoint`: safetensors
+and JSON, written atomically); ``SFTTrainer(cfg, resume=True)`` / ``posttrain sft --resume`` continues
+bitwise-identically to an uninterrupted run. Held-out evaluation (``eval.every``, ``eval.at_start``,
+``eval.at_end``): greedy accuracy on the task's held-out split when training from a task, and the
+loss on ``eval_data`` when given. The model is reached only through a
+:class:`~posttrain.models.ModelAdapter` (load, log-probs, generate, save).
 """
 
 from __future__ import annotations
 
-import json
-import math
-import random
+import hashlib
 import time
+from array import array
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from posttrain.train.config import EvalConfig, ModelConfig, TaskConfig
+from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
+from posttrain.train.config import CheckpointConfig, EvalConfig, ModelConfig, OptimizerConfig, TaskConfig
+from posttrain.train.sft_data import (
+    DataFields,
+    SFTDataError,
+    SFTExample,
+    encode_rows,
+    iter_rows,
+    read_sft_file,
+)
 from posttrain.utils.config import StrictModel
 
+__all__ = [
+    "DataFields",
+    "SFTConfig",
+    "SFTDataError",
+    "SFTEvalConfig",
+    "SFTOptimizerConfig",
+    "SFTTrainer",
+    "load_sft_jsonl",
+    "task_pairs",
+]
 
-class SFTDataError(ValueError):
-    """A training file whose rows are not what SFT expects; the message names file, line and key."""
+load_sft_jsonl = read_sft_file
+"""Parsed rows of an SFT JSONL file (any of the three formats); errors name the file and line."""
+
+_LEGACY_OPTIMIZER_KEYS = ("lr", "weight_decay", "warmup_steps", "schedule", "grad_clip")
+
+
+class SFTOptimizerConfig(OptimizerConfig):
+    """RL's ``OptimizerConfig`` with SFT's default learning rate (1e-3, the value SFT always had)."""
+
+    lr: float = Field(1e-3, gt=0)
+
+
+class SFTEvalConfig(EvalConfig):
+    """RL's ``EvalConfig`` without the evaluation before the first step by default."""
+
+    at_start: bool = False
 
 
 class SFTConfig(StrictModel):
@@ -36,60 +81,71 @@ class SFTConfig(StrictModel):
     task: TaskConfig = TaskConfig()
     """Source of reference completions (when ``data`` is None) and of the held-out evaluation."""
     data: str | None = None
-    """JSONL file of {"prompt", "completion"} rows (overrides the task's reference completions)."""
+    """JSONL file of prompt/completion, text or messages rows (overrides the task's completions)."""
+    data_fields: DataFields = DataFields()
+    """Column names in ``data`` / ``eval_data``, e.g. ``{prompt: question, completion: answer}``."""
+    eval_data: str | None = None
+    """JSONL file (same formats) whose token-mean loss is the held-out metric (``eval.*``)."""
     style: Literal["short", "long"] = "short"
     max_examples: int | None = Field(None, ge=1)
     steps: int = Field(200, ge=0)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["constant", "cosine"] = "constant"
-    grad_clip: float = Field(1.0, ge=0)
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Sequences per forward/backward (gradient accumulation); None = the whole batch at once. The
+    loss is normalised by the batch's total target-token count, so the gradient does not change."""
+    optimizer: SFTOptimizerConfig = Field(default_factory=SFTOptimizerConfig)
+    """lr, betas, eps, weight_decay, grad_clip, schedule, warmup_steps, min_lr_ratio (as in RL). The
+    old top-level keys ``lr``, ``weight_decay``, ``warmup_steps``, ``schedule``, ``grad_clip`` are
+    still accepted and moved here."""
+    logprob_chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1)
     seed: int = 0
     threads: int | None = Field(None, ge=1)
     """torch intra-op CPU threads (None = torch's default); see ``RLConfig.threads``."""
     out_dir: str = "runs/sft"
-    eval: EvalConfig = EvalConfig(at_start=False)
+    eval: SFTEvalConfig = Field(default_factory=SFTEvalConfig)
+    """every, n, at_start (default False), at_end; held-out = the task or ``eval_data``."""
     max_new_tokens: int = Field(16, ge=1)
     """Generation length for the held-out evaluation."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     save: bool = True
+    """Write the run folder (metrics.jsonl, config.yaml, checkpoints, model/); False writes nothing."""
     progress: bool | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shared_sections(cls, data: Any) -> Any:
+        """RL's ``OptimizerConfig`` / ``EvalConfig`` objects are accepted as they are (all their
+        values); the old top-level optimizer keys are moved under ``optimizer``."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key, parent, own in (
+            ("optimizer", OptimizerConfig, SFTOptimizerConfig),
+            ("eval", EvalConfig, SFTEvalConfig),
+        ):
+            if isinstance(data.get(key), parent) and not isinstance(data[key], own):
+                data[key] = data[key].model_dump()
+        if not any(k in data for k in _LEGACY_OPTIMIZER_KEYS):
+            return data
+        opt = dict(data.get("optimizer") or {})
+        for k in _LEGACY_OPTIMIZER_KEYS:
+            if k in data:
+                if k in opt:
+                    raise ValueError(
+                        f"both {k} and optimizer.{k} are set; {k} is the old name, keep only optimizer.{k}"
+                    )
+                opt[k] = data.pop(k)
+        data["optimizer"] = opt
+        return data
 
-def load_sft_jsonl(path: str | Path) -> list[tuple[str, str]]:
-    """(prompt, completion) pairs from a JSONL file; every bad row raises :class:`SFTDataError`
-    naming the file, the line and what was expected."""
-    path = Path(path)
-    if not path.is_file():
-        raise SFTDataError(f"{path}: file not found (expected a JSONL file of prompt/completion rows)")
-    pairs: list[tuple[str, str]] = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SFTDataError(f"{path}: line {i}: invalid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise SFTDataError(f"{path}: line {i}: expected a JSON object with keys prompt, completion")
-            for key in ("prompt", "completion"):
-                if key not in row:
-                    raise SFTDataError(
-                        f"{path}: line {i}: missing key {key!r} (expected keys: prompt, completion; "
-                        f"got: {', '.join(sorted(row)) or 'none'})"
-                    )
-                if not isinstance(row[key], str):
-                    raise SFTDataError(
-                        f"{path}: line {i}: {key!r} must be a string, got {type(row[key]).__name__}"
-                    )
-            if not row["completion"]:
-                raise SFTDataError(f"{path}: line {i}: 'completion' is empty")
-            pairs.append((row["prompt"], row["completion"]))
-    if not pairs:
-        raise SFTDataError(f"{path}: no rows (expected JSONL with prompt/completion objects)")
-    return pairs
+    @model_validator(mode="after")
+    def _heldout_exists(self) -> SFTConfig:
+        if self.data is not None and self.eval_data is None and (self.eval.every or self.eval.at_start):
+            raise ValueError(
+                "eval.every / eval.at_start need held-out data: training from `data`, set `eval_data` "
+                "(a JSONL file in the same formats) or leave eval.every at 0"
+            )
+        return self
 
 
 def task_pairs(task: Any, *, style: str = "short", max_examples: int | None = None) -> list[tuple[str, str]]:
@@ -98,54 +154,78 @@ def task_pairs(task: Any, *, style: str = "short", max_examples: int | None = No
     return [(ex.prompt, task.reference_completion(ex, style=style)) for ex in exs]
 
 
-class SFTTrainer:
-    """Completion-only SFT. ``SFTTrainer(cfg).train()`` or, with a model in hand,
-    ``SFTTrainer(cfg, model, tokenizer, pairs=[...]).train()``."""
+def _fingerprint(examples: list[SFTExample]) -> str:
+    """SHA-256 over every example's token ids and loss mask, in order (stored in checkpoints)."""
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(array("q", [len(ex.input_ids), *ex.input_ids]).tobytes())
+        h.update(bytes(ex.loss_mask))
+    return h.hexdigest()
 
-    def __init__(self, cfg: SFTConfig, model: Any = None, tokenizer: Any = None, *, pairs=None) -> None:
-        from posttrain.models import load_model_and_tokenizer, pick_device
+
+class SFTTrainer:
+    """``SFTTrainer(cfg).train()``; with a model in hand ``SFTTrainer(cfg, model, tokenizer,
+    pairs=[(prompt, completion), ...]).train()`` or ``rows=[{"messages": [...]}, {"text": ...}]``;
+    ``SFTTrainer(cfg, resume=True)`` continues from ``<out_dir>/checkpoints/latest``; ``adapter=`` takes
+    any :class:`~posttrain.models.ModelAdapter` instead of model and tokenizer."""
+
+    def __init__(
+        self,
+        cfg: SFTConfig,
+        model: Any = None,
+        tokenizer: Any = None,
+        *,
+        pairs: list[tuple[str, str]] | None = None,
+        rows: list[Any] | None = None,
+        resume: bool = False,
+        adapter: Any = None,
+    ) -> None:
+        from posttrain.models import CausalLMAdapter, load_adapter
         from posttrain.rollout import PromptFormatter
+        from posttrain.train.checkpoint import resolve_checkpoint
+        from posttrain.train.optim import build_adamw
         from posttrain.train.rl import seed_everything
+        from posttrain.utils.data import EpochShuffler
 
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
-        if model is None:
-            device = pick_device() if cfg.model.device == "auto" else cfg.model.device
-            model, tokenizer = load_model_and_tokenizer(
-                cfg.model.name, dtype=cfg.model.dtype, device=device, seed=cfg.seed
+        self.run_dir = Path(cfg.out_dir)
+        ckpt = resolve_checkpoint(self.run_dir) if resume else None
+        if ckpt is not None and (model is not None or adapter is not None):
+            raise ValueError(
+                "SFTTrainer: resume=True loads the model from the checkpoint; do not pass a model"
             )
-        self.model, self.tokenizer = model, tokenizer
-        self.device = next(model.parameters()).device
+        if adapter is not None and model is not None:
+            raise ValueError("SFTTrainer: pass either a model and tokenizer or an adapter, not both")
+        if adapter is None:
+            if model is None:
+                spec = str(ckpt / "model") if ckpt is not None else cfg.model.name
+                adapter = load_adapter(spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+            else:
+                adapter = CausalLMAdapter(model, tokenizer)
+        self.lm = adapter
+        self.model, self.tokenizer = adapter.model, adapter.tokenizer
+        self.device = adapter.device
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
         self.formatter = PromptFormatter(
-            tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template
+            self.tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template
         )
         self._task = None
-        if pairs is None:
-            pairs = (
-                load_sft_jsonl(cfg.data)
-                if cfg.data
-                else task_pairs(self.task, style=cfg.style, max_examples=cfg.max_examples)
+        self.examples = self._training_examples(pairs, rows)
+        self.eval_examples: list[SFTExample] | None = None
+        if cfg.eval_data:
+            self.eval_examples = encode_rows(
+                read_sft_file(cfg.eval_data, cfg.data_fields), self.tokenizer, self.formatter
             )
-        if cfg.max_examples:
-            pairs = pairs[: cfg.max_examples]
-        self.encoded = [(self.formatter.encode(p), self.formatter.encode_completion(c)) for p, c in pairs]
-        if not self.encoded:
-            source = cfg.data or f"task {cfg.task.name!r} (train split)"
-            raise SFTDataError(f"{source}: no training examples")
-        for i, (p, _) in enumerate(self.encoded):
-            if not p:
-                raise SFTDataError(f"example {i}: the prompt encodes to zero tokens")
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=cfg.lr,
-            weight_decay=cfg.weight_decay,
-            foreach=True,
-        )
-        self.rng = random.Random(cfg.seed)
-        self._order: list[int] = []
+        self.optimizer = build_adamw(self.model, cfg.optimizer)
+        self.shuffler = EpochShuffler(len(self.examples), seed=cfg.seed, order="stream")
         self.step_idx = 0
+        self._checkpointed_step = -1
+        if ckpt is not None:
+            self._restore(ckpt)
 
     @property
     def task(self) -> Any:
@@ -155,64 +235,88 @@ class SFTTrainer:
             self._task = get_task(self.cfg.task.name, **self.cfg.task.params)
         return self._task
 
-    def _next_batch(self) -> list[int]:
-        out = []
-        while len(out) < self.cfg.batch_size:
-            if not self._order:
-                self._order = list(range(len(self.encoded)))
-                self.rng.shuffle(self._order)
-            out.append(self._order.pop())
-        return out
+    def _training_examples(self, pairs: list | None, rows: list | None) -> list[SFTExample]:
+        cfg = self.cfg
+        if pairs is not None and rows is not None:
+            raise ValueError("SFTTrainer: pass pairs or rows, not both")
+        if pairs is not None:
+            parsed, source = list(iter_rows(pairs, "pairs")), "pairs"
+        elif rows is not None:
+            parsed, source = list(iter_rows(rows, "rows", cfg.data_fields)), "rows"
+        elif cfg.data:
+            parsed, source = read_sft_file(cfg.data, cfg.data_fields), cfg.data
+        else:
+            source = f"task {cfg.task.name!r} (train split)"
+            pairs = task_pairs(self.task, style=cfg.style, max_examples=cfg.max_examples)
+            parsed = list(iter_rows(pairs, f"task {cfg.task.name!r} train"))
+        parsed = parsed[: cfg.max_examples]
+        if not parsed:
+            raise SFTDataError(f"{source}: no training examples")
+        return encode_rows(parsed, self.tokenizer, self.formatter)
 
-    def collate(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Right-padded (input_ids, attention_mask, completion_mask)."""
-        seqs = [self.encoded[i] for i in idx]
-        width = max(len(p) + len(c) for p, c in seqs)
+    # ------------------------------------------------------------------------------------ one step
+    def collate(self, idx: list[int], examples: list[SFTExample] | None = None) -> tuple[torch.Tensor, ...]:
+        """Right-padded (input_ids, attention_mask, loss_mask) of ``examples[i]`` for i in ``idx``."""
+        seqs = [(examples or self.examples)[i] for i in idx]
+        width = max(len(s.input_ids) for s in seqs)
         pad = self.tokenizer.pad_token_id or 0
         ids = torch.full((len(seqs), width), pad, dtype=torch.long)
         am = torch.zeros((len(seqs), width), dtype=torch.long)
-        cm = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, (p, c) in enumerate(seqs):
-            ids[r, : len(p) + len(c)] = torch.tensor(p + c)
-            am[r, : len(p) + len(c)] = 1
-            cm[r, len(p) : len(p) + len(c)] = 1
-        return ids.to(self.device), am.to(self.device), cm.to(self.device)
+        lm = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):
+            n = len(s.input_ids)
+            ids[r, :n] = torch.tensor(s.input_ids)
+            am[r, :n] = 1
+            lm[r, :n] = torch.tensor(s.loss_mask)
+        return ids.to(self.device), am.to(self.device), lm.to(self.device)
+
+    def _micro_batches(self, idx: list[int]) -> list[list[int]]:
+        size = self.cfg.micro_batch_size or len(idx)
+        return [idx[s : s + size] for s in range(0, len(idx), size)]
+
+    def _summed_nll(self, idx: list[int], examples: list[SFTExample] | None = None) -> torch.Tensor:
+        """− Σ m · log π over the rows ``idx`` (one forward)."""
+        ids, am, lm = self.collate(idx, examples)
+        logp, _ = self.lm.logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
+        return -(logp * lm).sum()
+
+    def accumulate_gradients(self, idx: list[int]) -> tuple[float, int]:
+        """Add ∇L(batch ``idx``) to the parameters' ``.grad``, one forward/backward per micro-batch,
+        each normalised by the WHOLE batch's target-token count (module docstring). Returns
+        (loss, target tokens)."""
+        n_tok = sum(self.examples[i].n_loss_tokens for i in idx)
+        loss = 0.0
+        for part in self._micro_batches(idx):
+            part_loss = self._summed_nll(part) / n_tok
+            part_loss.backward()
+            loss += float(part_loss.detach())
+        return loss, n_tok
 
     def step(self) -> dict[str, float]:
-        from posttrain.models import sequence_logprobs
-        from posttrain.train.optim import lr_at, set_lr
+        """One optimizer step on the next ``batch_size`` examples; returns its metrics."""
+        from posttrain.train.optim import clip_and_step, scheduled_lr, set_lr
 
         cfg = self.cfg
-        lr = lr_at(
-            self.step_idx,
-            lr=cfg.lr,
-            total_steps=max(1, cfg.steps),
-            schedule=cfg.schedule,
-            warmup_steps=cfg.warmup_steps,
-            min_lr_ratio=0.0,
-        )
+        lr = scheduled_lr(cfg.optimizer, self.step_idx, cfg.steps)
         set_lr(self.optimizer, lr)
         self.model.train()
-        ids, am, cm = self.collate(self._next_batch())
-        logp, _ = sequence_logprobs(self.model, ids, am, response_mask=cm)
-        n_tok = cm.sum().clamp(min=1)
-        loss = -(logp * cm).sum() / n_tok
+        idx = self.shuffler.take(cfg.batch_size)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf, foreach=True
-        )
-        self.optimizer.step()
+        loss, n_tok = self.accumulate_gradients(idx)
+        norm = clip_and_step(self.model, self.optimizer, cfg.optimizer.grad_clip)
         self.step_idx += 1
         return {
             "step": self.step_idx,
-            "loss": float(loss.detach()),
-            "grad_norm": float(norm),
+            "loss": loss,
+            "grad_norm": norm,
             "lr": lr,
             "tokens": float(n_tok),
+            "epoch": self.shuffler.epoch + self.shuffler.pos / self.shuffler.n,
         }
 
+    # ---------------------------------------------------------------------------------- evaluation
     def evaluate(self, n: int | None = None) -> dict[str, Any]:
+        """Greedy accuracy (and mean reward, length) on the task's held-out split."""
         from posttrain.rewards import get_reward
         from posttrain.rollout import FunctionRewardSource
         from posttrain.train.evaluate import evaluate
@@ -230,39 +334,146 @@ class SFTTrainer:
         finally:
             src.close()
 
-    def train(self, *, overwrite: bool = False) -> dict[str, Any]:
-        from posttrain.train.checkpoint import save_model_dir
+    @torch.no_grad()
+    def heldout_loss(self) -> dict[str, float]:
+        """Token-mean loss on ``eval_data`` (the training loss's formula, no update)."""
+        if not self.eval_examples:
+            raise ValueError("heldout_loss: no eval_data configured")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            idx = list(range(len(self.eval_examples)))
+            size = self.cfg.micro_batch_size or self.cfg.batch_size
+            total = sum(
+                float(self._summed_nll(idx[s : s + size], self.eval_examples))
+                for s in range(0, len(idx), size)
+            )
+        finally:
+            self.model.train(was_training)
+        n_tok = sum(ex.n_loss_tokens for ex in self.eval_examples)
+        return {"loss": total / n_tok, "loss_tokens": float(n_tok), "loss_rows": float(len(idx))}
+
+    @property
+    def has_heldout(self) -> bool:
+        """Whether there is anything to evaluate: the task (training from it) or ``eval_data``."""
+        return self.cfg.data is None or bool(self.eval_examples)
+
+    def _evaluate_all(self) -> dict[str, Any]:
+        ev: dict[str, Any] = {}
+        if self.cfg.data is None:
+            ev.update(self.evaluate())
+        if self.eval_examples:
+            ev.update(self.heldout_loss())
+        return ev
+
+    # ------------------------------------------------------------------------------ checkpointing
+    @cached_property
+    def data_fingerprint(self) -> str:
+        return _fingerprint(self.examples)
+
+    def save(self) -> Path:
+        """Checkpoint of the current step under ``<out_dir>/checkpoints`` (atomic; see module doc)."""
+        from posttrain.train.checkpoint import save_checkpoint
+
+        state = {
+            "trainer": "sft",
+            "config": self.cfg.model_dump(mode="json"),
+            "data": {"n": len(self.examples), "sha256": self.data_fingerprint},
+            "shuffler": self.shuffler.state_dict(),
+        }
+        path = save_checkpoint(
+            self.run_dir / "checkpoints",
+            self.step_idx,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            trainer_state=state,
+            keep=self.cfg.checkpoint.keep,
+        )
+        self._checkpointed_step = self.step_idx
+        return path
+
+    def _restore(self, ckpt: Path) -> None:
+        from posttrain.train.checkpoint import load_checkpoint
+
+        state = load_checkpoint(ckpt, optimizer=self.optimizer)
+        if "shuffler" not in state or "data" not in state:
+            raise ValueError(f"{ckpt}: not an SFT checkpoint (it has no data position to resume from)")
+        data = state["data"]
+        if data.get("sha256") != self.data_fingerprint:
+            raise SFTDataError(
+                f"{ckpt}: the checkpoint was trained on different data ({data.get('n')} sequences then, "
+                f"{len(self.examples)} now, or the same count with other tokens); resuming would not "
+                "continue the same run. Use the same data, prompt template and tokenizer, or start a "
+                "new out_dir"
+            )
+        self.shuffler.load_state_dict(state["shuffler"])
+        self.step_idx = int(state["step"])
+        self._checkpointed_step = self.step_idx
+
+    # ------------------------------------------------------------------------------------ full run
+    def train(self, *, overwrite: bool = False, allow_config_change: bool = False) -> dict[str, Any]:
+        """Run until ``cfg.steps`` (from the resumed step) with logging, evaluation and checkpoints.
+        Returns ``steps``, ``wall_s``, ``last`` (metrics of the last step), ``eval`` / ``eval_start``
+        when evaluated and ``model_dir`` when saved.
+
+        The run folder follows the RL trainer's rules (:func:`posttrain.train.run_dir.start_run`): a
+        fresh run refuses an ``out_dir`` holding a previous run unless ``overwrite``; a resumed run
+        refuses config changes that break it unless ``allow_config_change``."""
         from posttrain.train.logger import MetricsLogger
-        from posttrain.train.run_dir import prepare_run_dir
+        from posttrain.train.run_dir import start_run
         from posttrain.utils.progress import progress_bar
 
         cfg = self.cfg
-        out = Path(cfg.out_dir)
-        if cfg.save:  # refuse a folder holding a previous run (``overwrite``: delete its run files)
-            prepare_run_dir(out, overwrite=overwrite, can_resume=False)
-        logger = MetricsLogger(out) if cfg.save else None
+        logger = None
+        if cfg.save:
+            self.resume_info = start_run(
+                self.run_dir,
+                cfg.model_dump(mode="json"),
+                step=self.step_idx,
+                overwrite=overwrite,
+                allow_config_change=allow_config_change,
+                defaults=type(cfg)().model_dump(mode="json"),
+            )
+            logger = MetricsLogger(self.run_dir, truncate_after=self.step_idx)
         t0 = time.perf_counter()
+        start = self.step_idx
+        summary: dict[str, Any] = {"start_step": start}
         last: dict[str, float] = {}
         try:
-            with progress_bar("sft", total=cfg.steps, enabled=cfg.progress) as bar:
+            if start == 0 and cfg.eval.at_start and self.has_heldout:
+                ev = self._evaluate_all()
+                summary["eval_start"] = _strip(ev)
+                if logger:
+                    logger.log_eval(0, ev)
+            with progress_bar("sft", total=cfg.steps, enabled=cfg.progress, completed=start) as bar:
                 while self.step_idx < cfg.steps:
                     last = self.step()
                     if logger:
                         logger.log_step(last)
                     bar.advance(loss=last["loss"])
-            summary: dict[str, Any] = {
-                "steps": self.step_idx,
-                "wall_s": time.perf_counter() - t0,
-                "last": last,
-            }
-            if cfg.eval.at_end and cfg.data is None:
-                ev = self.evaluate()
-                summary["eval"] = {k: v for k, v in ev.items() if k != "samples"}
+                    s = self.step_idx
+                    if cfg.eval.every and s % cfg.eval.every == 0 and s < cfg.steps and self.has_heldout:
+                        ev = self._evaluate_all()
+                        if logger:
+                            logger.log_eval(s, ev)
+                    if cfg.save and cfg.checkpoint.every and s % cfg.checkpoint.every == 0:
+                        self.save()
+            summary.update(steps=self.step_idx, wall_s=time.perf_counter() - t0, last=last)
+            if cfg.eval.at_end and self.has_heldout and (self.step_idx > start or start == 0):
+                ev = self._evaluate_all()
+                summary["eval"] = _strip(ev)
                 if logger:
                     logger.log_eval(self.step_idx, ev)
             if cfg.save:
-                summary["model_dir"] = str(save_model_dir(self.model, self.tokenizer, out / "model"))
+                if cfg.checkpoint.final and self._checkpointed_step != self.step_idx:
+                    self.save()
+                summary["model_dir"] = str(self.lm.save(self.run_dir / "model"))
         finally:
             if logger:
                 logger.close()
         return summary
+
+
+def _strip(ev: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in ev.items() if k != "samples"}
