@@ -215,16 +215,17 @@ class _DrawSampler:
     sampler available to the floor."""
 
     def __init__(self, temperature: float, generator: Any) -> None:
+        from posttrain.rollout.hf import _draw
+
         self.temperature = temperature
         self.generator = generator
+        self._draw = _draw
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
-        from posttrain.rollout.hf import _draw
-
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)
-        tok = _draw(probs, self.generator)
+        tok = self._draw(probs, self.generator)
         return torch.full_like(scores, float("-inf")).scatter_(1, tok, 0.0)
 
 
