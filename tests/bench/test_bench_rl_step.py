@@ -451,15 +451,17 @@ def test_cli_rl_step_rejects_unknown_preset():
     assert "unknown rl-step preset 'huge'; known: small, tiny" in res.output
 
 
-def test_report_prints_the_bench_extra_hint_verbatim():
-    """issue 17 item 7: rich read `[bench]` in the TRL skip reason as markup and printed
-    `pip install 'posttrain'`. Mutant (the old code): `console.print(f"TRL skipped: {reason}")`."""
-    from rich.console import Console
+def test_cli_rl_step_without_trl_prints_the_install_hint_verbatim(monkeypatch):
+    """Through the real CLI with TRL unavailable: the hint names the extra, `posttrain[bench]`.
+    Mutant (the old code): rich markup ate `[bench]` and printed `pip install 'posttrain'`."""
+    from typer.testing import CliRunner
 
-    result = rs.run_rl_step_bench(
-        MICRO, repeats=1, warmup=0, with_trl=False, matmul_size=64, matmul_repeats=1, threads=1
-    )
-    result["trl_skipped_reason"] = "trl is not installed (pip install 'posttrain[bench]')"
-    console = Console(record=True, width=200)
-    rs.print_report(result, console=console)
-    assert "TRL skipped: trl is not installed (pip install 'posttrain[bench]')" in console.export_text()
+    from posttrain.cli import app
+
+    monkeypatch.setattr(rs, "trl_versions", lambda: None)
+    args = ["bench", "rl-step", "--preset", "tiny", "--prompts", "2", "--group-size", "2"]
+    args += ["--new-tokens", "2", "--repeats", "1", "--warmup", "0", "--matmul-size", "64"]
+    args += ["--threads", "1", "--quiet"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "TRL skipped: trl is not installed (pip install 'posttrain[bench]')" in res.output
