@@ -424,6 +424,8 @@ def test_bench_micro_end_to_end_with_trl():
 
 
 def test_cli_rl_step_writes_json(tmp_path):
+    """Every side's completion count is checked. Mutant tried: posttrain's recorded lengths cut to the
+    first step -> fails here; the old check (the leftover loop variable, i.e. the last side only) passed."""
     from typer.testing import CliRunner
 
     from posttrain.cli import app

@@ -567,6 +567,8 @@ SAMPLERS.register("test-keep-mixed")(_KeepMixed)
 
 
 def test_group_filtering_sampler_resamples_and_keeps_only_informative_groups(tmp_path):
+    """Mutant tried: the loop ignores `keep_groups` (keeps every group) -> 1 round, zero_var_frac 0.5.
+    (The old test asserted zero_var_frac only inside an `if` that may be false.)"""
     tr = trainer(tmp_path, "hooks.sampler.name=test-keep-mixed", reward=Constant())
     with pytest.warns(DegenerateSettingWarning, match="kept no group"):
         m = tr.step()
