@@ -91,11 +91,22 @@ def test_run_isolated_rejects_foreign_targets():
         run_isolated("os:system", {"command": "true"})
 
 
-def test_verl_comparison_reports_or_skips():
+def test_verl_comparison_reports_a_missing_verl(monkeypatch):
+    """Without verl the comparison says so (it is optional and not an extra)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "verl", None)  # makes `import verl...` raise ImportError
+    res = compare_with_verl()
+    assert res["available"] is False and "verl is not importable" in res["reason"]
+
+
+def test_verl_cross_check_agrees():
+    """ppo/gspo/cispo/sapo losses and gradients equal verl's. verl is not a posttrain extra, so CI does
+    not install it: this test is SKIPPED there (visibly, with the reason); run it where verl imports.
+    (The old test returned early, silently passing, when verl was missing.)"""
     res = compare_with_verl()
     if not res["available"]:
-        assert "verl is not importable" in res["reason"]
-        return
+        pytest.skip(f"verl cross-check not run: {res['reason']}; `pip install verl` to run it")
     for name in ("ppo", "gspo", "cispo", "sapo"):
         r = res["losses"][name]
         assert "error" not in r, r

@@ -1,5 +1,6 @@
 """`posttrain bench rl-step`: FLOP count (closed form and torch's FlopCounterMode), ratio bookkeeping,
-EOS suppression of the floor, the TRL reward adapter, and the whole bench on a micro configuration."""
+EOS suppression and samplers of the floor and plain HF, the TRL reward adapter, and the whole bench on
+a micro configuration."""
 
 from __future__ import annotations
 
@@ -150,6 +151,19 @@ def test_summarize_ratios_come_from_medians():
     assert out["ratio_disagreement"] == pytest.approx(1.0)
 
 
+def test_summarize_judges_the_target_against_the_floor_and_reports_plain_hf_beside_it():
+    """Mutant: target judged against plain HF (the multinomial floor) -> target_pass True here."""
+    times = {"posttrain": [1.10, 1.08], "floor": [1.0, 1.0], "plain_hf": [1.06, 1.04]}
+    out = rs.summarize(times, flops_total=1, matmul_size=10, matmul_times=[1.0])
+    assert out["plain_hf_median_step_s"] == pytest.approx(1.05)
+    assert out["ratio_posttrain_over_floor"] == pytest.approx(1.09)
+    assert out["ratio_posttrain_over_plain_hf"] == pytest.approx(1.09 / 1.05)
+    assert out["ratio_floor_over_plain_hf"] == pytest.approx(1.0 / 1.05)
+    assert out["paired_ratio_floor_over_plain_hf"] == pytest.approx((1 / 1.06 + 1 / 1.04) / 2)
+    assert out["ratio_plain_hf_over_flop_limit"] == pytest.approx(1.05 / out["flop_limit_s"])
+    assert out["target_pass"] is False  # 1.09 > 1.05, although 1.09 / 1.05 would pass
+
+
 def test_summarize_without_trl_gives_none_ratios():
     out = rs.summarize(
         {"posttrain": [1.1], "trl": [], "floor": [1.0]}, flops_total=1, matmul_size=10, matmul_times=[1.0]
@@ -208,7 +222,8 @@ class _PreferEOS:
         return output
 
 
-def test_floor_step_suppresses_eos_and_updates_weights(tiny):
+@pytest.mark.parametrize("sampler", ["draw", "multinomial"])
+def test_floor_step_suppresses_eos_and_updates_weights(tiny, sampler):
     model, tok = tiny
     model = copy.deepcopy(model)
     handle = model.get_output_embeddings().register_forward_hook(_PreferEOS(tok.eos_token_id))
@@ -217,7 +232,7 @@ def test_floor_step_suppresses_eos_and_updates_weights(tiny):
             ids = torch.tensor([tok("1+2=")["input_ids"]])
             out = model.generate(input_ids=ids, max_new_tokens=4, do_sample=True, top_k=0)
         assert out.shape[1] == ids.shape[1] + 1 and out[0, -1] == tok.eos_token_id
-        floor = rs.FloorStep(model, tok, ["1+2=", "10+20="], MICRO)
+        floor = rs.FloorStep(model, tok, ["1+2=", "10+20="], MICRO, sampler=sampler)
         before = [p.detach().clone() for p in model.parameters()]
         metrics = floor.step()
     finally:
@@ -228,10 +243,53 @@ def test_floor_step_suppresses_eos_and_updates_weights(tiny):
     assert changed == len(before)  # AdamW moved every parameter
 
 
-def test_posttrain_and_trl_sides_suppress_eos(tiny, tmp_path):
-    """Both trainers, configured by the bench, generate exactly new_tokens even when EOS dominates."""
+def test_floor_samples_with_posttrains_draw_and_plain_hf_with_multinomial(tiny, monkeypatch):
+    """The floor must draw every token with posttrain's inverse-CDF sampler (`posttrain.rollout.hf._draw`,
+    from its own generator) and plain HF with HF's `torch.multinomial`.
+    Mutant (the old floor): the floor samples with `generate(do_sample=True)` -> `_draw` is never called
+    and the global torch RNG advances."""
+    import posttrain.rollout.hf as hf
+
     model, tok = tiny
-    params, examples, reward_fn = rs.bench_task(MICRO)
+    calls = {"draw": 0, "multinomial": 0}
+    real_draw, real_multinomial = hf._draw, torch.multinomial
+
+    def counting_draw(probs, generator):
+        calls["draw"] += 1
+        return real_draw(probs, generator)
+
+    def counting_multinomial(*args, **kwargs):
+        calls["multinomial"] += 1
+        return real_multinomial(*args, **kwargs)
+
+    monkeypatch.setattr(hf, "_draw", counting_draw)
+    monkeypatch.setattr(torch, "multinomial", counting_multinomial)
+    runs = {}
+    for sampler in ("draw", "multinomial"):
+        calls.update(draw=0, multinomial=0)
+        floor = rs.FloorStep(copy.deepcopy(model), tok, ["1+2=", "10+20="], MICRO, sampler=sampler, seed=3)
+        rng = torch.get_rng_state()
+        floor.step()
+        runs[sampler] = (dict(calls), torch.equal(rng, torch.get_rng_state()), floor.name)
+    # one draw per decode step for the whole batch; the global RNG untouched
+    assert runs["draw"] == ({"draw": MICRO.new_tokens, "multinomial": 0}, True, "floor")
+    assert runs["multinomial"] == ({"draw": 0, "multinomial": MICRO.new_tokens}, False, "plain_hf")
+    with pytest.raises(ValueError, match="unknown sampler 'gumbel'; known: draw, multinomial"):
+        rs.FloorStep(model, tok, ["1+2="], MICRO, sampler="gumbel")
+
+
+TRL_SKIP_REASON = "TRL is not installed (the TRL side needs `pip install -e '.[bench]'`)"
+
+
+def _require_trl() -> None:
+    if rs.trl_versions() is None:
+        pytest.skip(TRL_SKIP_REASON)
+
+
+def test_posttrain_side_suppresses_eos(tiny, tmp_path):
+    """posttrain's trainer, configured by the bench, generates exactly new_tokens even when EOS dominates."""
+    model, tok = tiny
+    params, _, _ = rs.bench_task(MICRO)
     pt_model = copy.deepcopy(model)
     pt_model.get_output_embeddings().register_forward_hook(_PreferEOS(tok.eos_token_id))
     pt = rs.PosttrainStep(
@@ -243,8 +301,13 @@ def test_posttrain_and_trl_sides_suppress_eos(tiny, tmp_path):
         pt.close()
     assert pt.completion_lengths == [MICRO.new_tokens] * MICRO.batch_size
     assert metrics["length_mean"] == MICRO.new_tokens
-    if rs.trl_versions() is None:
-        return
+
+
+def test_trl_side_suppresses_eos(tiny, tmp_path):
+    """TRL's GRPOTrainer, configured by the bench, generates exactly new_tokens even when EOS dominates."""
+    _require_trl()
+    model, tok = tiny
+    _, examples, reward_fn = rs.bench_task(MICRO)
     trl_model = copy.deepcopy(model)
     trl_model.get_output_embeddings().register_forward_hook(_PreferEOS(tok.eos_token_id))
     trl = rs.TRLRun(
@@ -328,13 +391,15 @@ def _check_result(result: dict, *, with_trl: bool, repeats: int) -> None:
     assert result["matmul_gflops"] == pytest.approx(gflops)
     assert result["flop_limit_s"] == pytest.approx(result["flops"]["total"] / (gflops * 1e9))
     assert result["ratio_floor_over_flop_limit"] == pytest.approx(med["floor"] / result["flop_limit_s"])
+    assert len(times["plain_hf"]) == repeats
+    assert result["plain_hf_median_step_s"] == pytest.approx(med["plain_hf"])
+    assert result["ratio_floor_over_plain_hf"] == pytest.approx(med["floor"] / med["plain_hf"])
     n = result["config"]["new_tokens"]
-    sides = ("posttrain", "floor", "trl") if with_trl else ("posttrain", "floor")
-    for side in sides:  # EOS suppressed: every completion has exactly new_tokens tokens
+    sides = ("posttrain", "floor", "plain_hf") + (("trl",) if with_trl else ())
+    expected_count = (repeats + result["warmup"]) * result["config"]["batch_size"]
+    for side in sides:  # EOS suppressed: every completion of every step has exactly new_tokens tokens
         stats = result["completion_tokens"][side]
-        assert stats["min"] == stats["max"] == n
-    warm = result["warmup"]
-    assert stats["count"] == (repeats + warm) * result["config"]["batch_size"]
+        assert stats == {"min": n, "max": n, "count": expected_count}, side
     if with_trl:
         assert len(times["trl"]) == repeats
         assert result["trl_median_step_s"] == pytest.approx(med["trl"])
@@ -346,17 +411,21 @@ def _check_result(result: dict, *, with_trl: bool, repeats: int) -> None:
         assert result["trl_skipped_reason"]
 
 
-def test_bench_micro_end_to_end_with_trl_when_installed():
-    with_trl = rs.trl_versions() is not None
+def test_bench_micro_end_to_end_with_trl():
+    """All four sides; every side's sample count is checked (the old check looked at the last side of
+    the loop only, a leftover loop variable). Skipped, with the reason, when TRL is not installed."""
+    _require_trl()
     result = rs.run_rl_step_bench(
-        MICRO, repeats=1, warmup=1, with_trl=with_trl, matmul_size=128, matmul_repeats=2, threads=1
+        MICRO, repeats=1, warmup=1, with_trl=True, matmul_size=128, matmul_repeats=2, threads=1
     )
-    _check_result(result, with_trl=with_trl, repeats=1)
+    _check_result(result, with_trl=True, repeats=1)
     assert result["torch_threads"] == 1
     assert result["prompt_tokens"] and all(p > 0 for p in result["prompt_tokens"])
 
 
 def test_cli_rl_step_writes_json(tmp_path):
+    """Every side's completion count is checked. Mutant tried: posttrain's recorded lengths cut to the
+    first step -> fails here; the old check (the leftover loop variable, i.e. the last side only) passed."""
     from typer.testing import CliRunner
 
     from posttrain.cli import app
@@ -368,6 +437,7 @@ def test_cli_rl_step_writes_json(tmp_path):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "posttrain / floor" in res.output and "FLOP limit" in res.output
+    assert "posttrain / plain HF" in res.output and "floor / plain HF" in res.output
     result = json.loads(out.read_text())
     _check_result(result, with_trl=False, repeats=2)
     assert result["preset"] == "tiny" and result["config"]["num_prompts"] == 2
@@ -381,3 +451,19 @@ def test_cli_rl_step_rejects_unknown_preset():
     res = CliRunner().invoke(app, ["bench", "rl-step", "--preset", "huge"], env={"COLUMNS": "200"})
     assert res.exit_code == 2
     assert "unknown rl-step preset 'huge'; known: small, tiny" in res.output
+
+
+def test_cli_rl_step_without_trl_prints_the_install_hint_verbatim(monkeypatch):
+    """Through the real CLI with TRL unavailable: the hint names the extra, `posttrain[bench]`.
+    Mutant (the old code): rich markup ate `[bench]` and printed `pip install 'posttrain'`."""
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    monkeypatch.setattr(rs, "trl_versions", lambda: None)
+    args = ["bench", "rl-step", "--preset", "tiny", "--prompts", "2", "--group-size", "2"]
+    args += ["--new-tokens", "2", "--repeats", "1", "--warmup", "0", "--matmul-size", "64"]
+    args += ["--threads", "1", "--quiet"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "TRL skipped: trl is not installed (pip install 'posttrain[bench]')" in res.output

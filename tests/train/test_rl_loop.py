@@ -1,8 +1,10 @@
 """The RL loop end to end with the tiny preset: learning, every objective, variable groups, KL,
-entropy bonus, gradient accumulation, off-policy updates, hooks, timeouts, warnings, resume."""
+entropy bonus, gradient accumulation, off-policy updates (checked against a hand-written update),
+replay importance weights, hooks, timeouts, warnings, resume."""
 
 from __future__ import annotations
 
+import copy
 import sys
 import warnings
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.algos import agg_loss, list_policy_losses
+from posttrain.algos import agg_loss, get_advantage, get_policy_loss, list_policy_losses
 from posttrain.models import sequence_logprobs
 from posttrain.rollout import EpisodeRunner, FunctionRewardSource, RewardSource, ScoredBatch
 from posttrain.rollout.reward_source import _Ready
@@ -72,7 +74,9 @@ def test_reward_rises_on_a_learnable_reward(tmp_path):
 
 @pytest.mark.parametrize("objective", list_policy_losses())
 def test_every_objective_runs_one_step(tmp_path, objective):
-    tr = trainer(tmp_path, f"objective.name={objective}", reward=FirstCharDigit())
+    """Every group has reward variance (alternating rewards), so every objective must move the weights.
+    (The old test asserted that only `if advantage_abs_mean > 0`, which may be false.)"""
+    tr = RLTrainer(cfg(tmp_path, f"objective.name={objective}"), reward_source=_ParityWithComponents())
     before = [p.detach().clone() for p in tr.model.parameters()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
@@ -96,8 +100,8 @@ def test_every_objective_runs_one_step(tmp_path, objective):
     ):
         assert k in m and m[k] == m[k], k
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # one on-policy update: ratio exactly 1
-    if m["advantage_abs_mean"] > 0:
-        assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
+    assert m["advantage_abs_mean"] > 0 and m["zero_var_frac"] == 0.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
 
 
 def test_single_on_policy_update_does_no_extra_forward(tmp_path, monkeypatch):
@@ -205,12 +209,141 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, objective):
         torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-7)
 
 
-def test_off_policy_minibatches_and_epochs(tmp_path):
-    tr = trainer(tmp_path, "minibatches=2", "ppo_epochs=2", "optimizer.lr=1e-2", reward=FirstCharDigit())
+# ---------------------------------------------------------------- hand-written reference updates
+# Computed independently of the trainer: one unpadded forward per sequence, the algos' GRPO advantage
+# and PPO loss, torch's clipping and a copy of the trainer's AdamW (same hyper-parameters and state).
+
+
+class _FirstCharParity:
+    """Reward = parity of the first character's code point (0 for an empty completion); records every
+    reward it gives, in call order (in-process: the reward source runs with num_workers=0)."""
+
+    name = "first_char_parity"
+
+    def __init__(self):
+        self.given = []
+
+    def __call__(self, completion, example) -> float:
+        r = float(ord(completion[0]) % 2) if completion else 0.0
+        self.given.append(r)
+        return r
+
+
+def _record_generations(tr):
+    """Wrap the trainer's engine: keep every RolloutBatch it returns (observe only)."""
+    seen = []
+    real = tr.engine.generate
+
+    def generate(*args, **kwargs):
+        batch = real(*args, **kwargs)
+        seen.append(batch)
+        return batch
+
+    tr.engine.generate = generate
+    return seen
+
+
+def _rows(batch):
+    """[(prompt ids, completion ids)] of a RolloutBatch, padding removed."""
+    out = []
+    for i in range(len(batch)):
+        prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+        comp = batch.completion_ids[i][batch.completion_mask[i].bool()].tolist()
+        out.append((prompt, comp))
+    return out
+
+
+def _completion_logp(model, prompt, completion):
+    """log pi(completion token | prefix) for one sequence, no padding, temperature 1."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+def _pad(vectors):
+    t = max(len(v) for v in vectors)
+    out = torch.zeros(len(vectors), t)
+    mask = torch.zeros(len(vectors), t)
+    for i, v in enumerate(vectors):
+        out[i, : len(v)] = v
+        mask[i, : len(v)] = 1
+    return out, mask
+
+
+def _stack_padded(vectors):
+    """Right-pad differentiable vectors into (B, T) without breaking the graph."""
+    t = max(len(v) for v in vectors)
+    return torch.stack([torch.nn.functional.pad(v, (0, t - len(v))) for v in vectors])
+
+
+def _copy_model_and_optimizer(tr):
+    model = copy.deepcopy(tr.model)
+    index = {id(p): i for i, p in enumerate(tr.model.parameters())}
+    params = list(model.parameters())
+    groups = [
+        {
+            **{k: v for k, v in g.items() if k != "params"},
+            "params": [params[index[id(p)]] for p in g["params"]],
+        }
+        for g in tr.optimizer.param_groups
+    ]
+    opt = type(tr.optimizer)(groups)
+    opt.load_state_dict(copy.deepcopy(tr.optimizer.state_dict()))
+    return model, opt
+
+
+def _hand_update(model, opt, rows, adv, *, epochs, minibatches, grad_clip, is_weight_rows=None):
+    """PPO-clip (token-mean) updates: `epochs` passes over `minibatches` contiguous minibatches, each one
+    clipped AdamW step; old log-probs from the model before any update. `is_weight_rows[i]`, when given,
+    maps row i's current log-probs (detached) to its per-token importance weights."""
+    loss_fn = get_policy_loss("ppo")
+    with torch.no_grad():
+        old = [_completion_logp(model, p, c) for p, c in rows]
+    for _ in range(epochs):
+        for mb in torch.arange(len(rows)).tensor_split(minibatches):
+            opt.zero_grad(set_to_none=True)
+            logps = [_completion_logp(model, *rows[i]) for i in mb.tolist()]
+            lp = _stack_padded(logps)
+            old_mb, mask = _pad([old[i] for i in mb.tolist()])
+            w = None
+            if is_weight_rows is not None:
+                w, _ = _pad([is_weight_rows[i](logps[j].detach()) for j, i in enumerate(mb.tolist())])
+            loss, _ = loss_fn(lp, old_mb, adv[mb], mask, is_weights=w)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], grad_clip)
+            opt.step()
+
+
+@torch.no_grad()
+def _assert_same_weights(a, b, lr):
+    # AdamW moves each weight by ~lr per step; 1% of lr is far below any real difference in the update
+    for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-2 * lr, msg=n)
+
+
+HAND = ["objective.name=ppo", "optimizer.eps=1e-4", "optimizer.grad_clip=1.0"]
+
+
+def test_off_policy_minibatches_and_epochs_equal_a_hand_written_update(tmp_path):
+    """minibatches=2 x ppo_epochs=2 must be: old log-probs once, then twice over the two halves of the
+    batch, each half one clipped AdamW step with ratios against the old log-probs.
+    Mutants tried: `old = logp.detach()` (no off-policy ratio) and a single minibatch -> weights differ.
+    (optimizer.eps=1e-4 keeps AdamW from amplifying float noise in near-zero gradients.)"""
+    lr = 1e-2
+    reward = _FirstCharParity()
+    tr = trainer(tmp_path, "minibatches=2", "ppo_epochs=2", f"optimizer.lr={lr}", *HAND, reward=reward)
+    generations = _record_generations(tr)
+    model, opt = _copy_model_and_optimizer(tr)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m = tr.step()
-    assert m["grad_norm"] >= 0 and m["approx_kl"] == m["approx_kl"]
+    (batch,) = generations
+    rewards = torch.tensor(reward.given)
+    adv = get_advantage("grpo")(rewards, batch.group_ids)
+    assert len(rewards) == len(batch) == 16 and adv.abs().sum() > 0
+    _hand_update(model, opt, _rows(batch), adv, epochs=2, minibatches=2, grad_clip=1.0)
+    _assert_same_weights(tr.model, model, lr)
+    assert m["ratio_mean"] != pytest.approx(1.0, abs=1e-6)  # later updates really were off-policy
 
 
 def test_reward_timeouts_are_counted_and_score_zero(tmp_path):
@@ -294,14 +427,93 @@ def test_controller_temperature_drives_rollout_and_training(tmp_path):
     assert m["rollout_logp_diff"] < 1e-4
 
 
+class _ReplayFirstShifted(_ReplayFirst):
+    """_ReplayFirst whose stored past log-probs are 1 nat below the sampling ones (a "past policy" less
+    likely than the current one, so the importance weights are ~e, far from 1); records every
+    `is_weights` call (current log-probs, past log-probs, mask, weights)."""
+
+    SHIFT = 1.0
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def observe(self, episodes, rewards, correct, step):
+        super().observe(episodes, rewards, correct, step)
+        self.stored = Trajectory(
+            self.stored.completion_ids,
+            [lp - self.SHIFT for lp in self.stored.logp_past],
+            self.stored.finish_reason,
+        )
+
+    def is_weights(self, logp, logp_past, mask):
+        w = super().is_weights(logp, logp_past, mask)
+        self.calls.append((logp.detach().clone(), logp_past.clone(), mask.clone(), w.detach().clone()))
+        return w
+
+
+REPLAY_BUFFERS.register("test-first-shifted")(_ReplayFirstShifted)
+
+
 def test_replay_buffer_trajectories_join_groups_with_is_weights(tmp_path):
-    tr = trainer(tmp_path, "hooks.replay.name=test-first", reward=FirstCharDigit())
+    """The replayed row's importance weights are min(exp(logp_now - logp_past), 10) per token (checked
+    against an independent forward), fresh rows get weight 1, and the update uses them: the step equals
+    a hand-written update with those weights and differs from one without.
+    Mutants tried: the trainer passes `is_weights=None` to the loss; weights of 1 for the replayed row."""
+    lr = 1e-2
+    reward = _FirstCharParity()
+    tr = trainer(tmp_path, "hooks.replay.name=test-first-shifted", f"optimizer.lr={lr}", *HAND, reward=reward)
+    generations = _record_generations(tr)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m1 = tr.step()
+        stored = tr.replay.stored
+        model, opt = _copy_model_and_optimizer(tr)
+        no_w_model, no_w_opt = _copy_model_and_optimizer(tr)
+        reward.given.clear()
+        tr.replay.calls.clear()
         m2 = tr.step()
     assert m1["replayed"] == 0 and m2["replayed"] == 1
     assert m2["num_sequences"] == m1["num_sequences"]  # replayed slot replaces one fresh sample
+    fresh = generations[-1]
+    assert len(fresh) == 15 and fresh.group_ids.tolist()[:3] == [0, 0, 0]
+    # the trainer's batch: the fresh rows, then the replayed completion in group 0 (same prompt as row 0)
+    rows = [*_rows(fresh), (_rows(fresh)[0][0], stored.completion_ids)]
+    group_ids = torch.cat([fresh.group_ids, torch.tensor([0])])
+    past = torch.tensor(stored.logp_past)
+    with torch.no_grad():
+        logp_now = _completion_logp(model, *rows[-1])
+    expected_w = torch.exp(logp_now - past).clamp(max=10.0)
+    assert (expected_w > 2).all()  # far from 1: a loss that ignores the weights cannot match
+
+    # the weights the trainer computed for the replayed row (its last row, the only replayed one)
+    (call,) = tr.replay.calls
+    logp_seen, past_seen, mask_seen, w_seen = call
+    n = len(stored.completion_ids)
+    torch.testing.assert_close(past_seen[-1, :n], past)
+    torch.testing.assert_close(logp_seen[-1, :n], logp_now, rtol=0, atol=1e-5)
+    torch.testing.assert_close(w_seen[-1, :n], expected_w, rtol=1e-4, atol=1e-5)
+    assert mask_seen[-1, :n].all() and not mask_seen[-1, n:].any()
+
+    rewards = torch.tensor(reward.given)
+    assert len(rewards) == len(rows) == 16
+    adv = get_advantage("grpo")(rewards, group_ids)
+    assert adv[-1] != 0  # the replayed row's loss term matters
+
+    def ones(lp):
+        return torch.ones_like(lp)
+
+    def replay_weights(lp):
+        return torch.exp(lp - past).clamp(max=10.0)
+
+    weights = [ones] * (len(rows) - 1) + [replay_weights]
+    _hand_update(model, opt, rows, adv, epochs=1, minibatches=1, grad_clip=1.0, is_weight_rows=weights)
+    _assert_same_weights(tr.model, model, lr)
+    _hand_update(no_w_model, no_w_opt, rows, adv, epochs=1, minibatches=1, grad_clip=1.0)
+    with torch.no_grad():
+        pairs = zip(tr.model.parameters(), no_w_model.parameters(), strict=True)
+        diff = max(float((a - b).abs().max()) for a, b in pairs)
+    assert diff > 0.1 * lr  # without the weights the update is measurably different
 
 
 def test_resume_gives_identical_weights(tmp_path):
@@ -355,20 +567,35 @@ SAMPLERS.register("test-keep-mixed")(_KeepMixed)
 
 
 def test_group_filtering_sampler_resamples_and_keeps_only_informative_groups(tmp_path):
+    """Mutant tried: the loop ignores `keep_groups` (keeps every group) -> 1 round, zero_var_frac 0.5.
+    (The old test asserted zero_var_frac only inside an `if` that may be false.)"""
     tr = trainer(tmp_path, "hooks.sampler.name=test-keep-mixed", reward=Constant())
     with pytest.warns(DegenerateSettingWarning, match="kept no group"):
         m = tr.step()
     # a constant reward never gives variance: 3 rounds, then the last round is used as is
     assert m["sampling_rounds"] == 3 and tr.sampler.rounds_seen == 3 and m["num_groups"] == 4
-    tr = trainer(
-        tmp_path, "hooks.sampler.name=test-keep-mixed", "rollout.max_new_tokens=2", reward=FirstCharDigit()
-    )
+    # every other group (in order of appearance) has reward variance: rounds of 4, 2 and 1 prompts keep
+    # 2, 1 and 1 groups
+    tr = RLTrainer(cfg(tmp_path, "hooks.sampler.name=test-keep-mixed"), reward_source=_EveryOtherGroupMixed())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m = tr.step()
-    assert 1 <= m["sampling_rounds"] <= 3
-    if m["num_groups"] and m["zero_var_frac"] < 1:
-        assert m["zero_var_frac"] == 0.0  # every kept group is informative
+    assert m["sampling_rounds"] == 3 and tr.sampler.rounds_seen == 3
+    assert m["num_groups"] == 4 and m["num_sequences"] == 16
+    assert m["zero_var_frac"] == 0.0  # every kept group is informative
+    assert m["reward_mean"] == 0.5
+
+
+class _EveryOtherGroupMixed(RewardSource):
+    """Groups (contiguous rows of one example) alternate, in order of appearance, between rewards
+    0, 1, 0, 1 (variance) and all 1 (none)."""
+
+    def submit(self, completions, examples):
+        order = {}
+        for ex in examples:
+            order.setdefault(id(ex), len(order))
+        r = [float(i % 2) if order[id(ex)] % 2 == 0 else 1.0 for i, ex in enumerate(examples)]
+        return _Ready(ScoredBatch(rewards=r))
 
 
 class _ParityWithComponents(RewardSource):

@@ -9,7 +9,7 @@ per-token log-probs and entropies of softmax(h W^T) and back-propagate
 
 Each variant runs in its own fresh process (see `posttrain.bench.common`): first one measured
 fwd+bwd for peak memory above the baseline taken after the inputs exist, then `repeats` timed
-fwd+bwd calls (median reported). Targets (task spec): peak memory <= 1/4 of naive at V = 151,936,
+fwd+bwd calls (median reported). Targets: peak memory <= 1/4 of naive at V = 151,936,
 time <= 1.2x naive at every V.
 
 Optionally compares `posttrain.algos` policy losses with verl's registered functions when verl is

@@ -1,19 +1,23 @@
-"""`posttrain bench rl-step`: one RL step of posttrain vs TRL's `GRPOTrainer` vs the plain-HF compute floor.
+"""`posttrain bench rl-step`: one RL step of posttrain vs TRL's `GRPOTrainer` vs the compute floor.
 
-Three implementations run the SAME step in ONE process, interleaved round by round (warm-up rounds
+Four implementations run the SAME step in ONE process, interleaved round by round (warm-up rounds
 first, then `repeats` measured rounds), and the median wall time of each is compared:
 
 - **posttrain**: `posttrain.train.RLTrainer(config, model=..., tokenizer=...).step()` - generate ->
   reward -> advantage -> one optimizer step, the real training call path.
 - **TRL**: `trl.GRPOTrainer.train()` with a callback that times every optimizer step (`on_step_begin` ->
-  `on_step_end`) and runs the other two implementations between TRL steps, outside TRL's timed window.
-- **floor** (plain Hugging Face): `model.generate` of the same batch (prompts x completions, left-padded
-  prompts, KV cache, multinomial sampling at temperature 1, exactly `new_tokens` new tokens) plus one
-  forward (logits only for the completion positions), a policy-gradient surrogate loss, backward,
-  gradient clipping and one `torch.optim.AdamW` step. No reward, no advantage, no bookkeeping: the model
-  compute a GRPO step cannot avoid.
+  `on_step_end`) and runs the other implementations between TRL steps, outside TRL's timed window.
+- **floor**: Hugging Face `model.generate` of the same batch (prompts x completions, left-padded
+  prompts, KV cache, exactly `new_tokens` new tokens) whose tokens are drawn at temperature 1 by the
+  cheapest exact sampler available, posttrain's inverse-CDF draw (`posttrain.rollout.hf._draw`, the one
+  posttrain's engine uses) in a logits processor; plus one forward (logits only for the completion
+  positions), a policy-gradient surrogate loss, backward, gradient clipping and one `torch.optim.AdamW`
+  step. No reward, no advantage, no bookkeeping: the model compute a GRPO step cannot avoid. The target
+  (`TARGET_POSTTRAIN_OVER_FLOOR`) is judged against this floor.
+- **plain HF**: the floor with `model.generate(do_sample=True)`, i.e. HF's own sampler
+  (`torch.multinomial`), everything else identical: what a plain-HF loop costs, reported beside it.
 
-All three start from copies of the same weights and tokenizer, see the same prompts (the first
+All four start from copies of the same weights and tokenizer, see the same prompts (the first
 `num_prompts` examples of the `arithmetic` task's train split), use fp32, lr equal, no KL (beta = 0), one
 optimizer step per batch, `num_generations` = group size, and suppress EOS (`min_new_tokens =
 max_new_tokens`), so each completion has exactly `new_tokens` tokens on every side (checked and reported).
@@ -49,10 +53,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-#: posttrain's step must take at most this multiple of the plain-HF floor (the issue's target).
+#: posttrain's step must take at most this multiple of the floor (the issue's target).
 TARGET_POSTTRAIN_OVER_FLOOR = 1.05
 
-SIDES = ("posttrain", "trl", "floor")
+SIDES = ("posttrain", "trl", "floor", "plain_hf")
 
 #: A run whose ratio of medians and paired ratio differ by more than this is flagged as noisy.
 NOISY_GAP = 0.05
@@ -195,7 +199,7 @@ def matmul_gflops(size: int, seconds: float) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# The three implementations
+# The implementations
 # --------------------------------------------------------------------------------------------------
 
 
@@ -204,17 +208,59 @@ def _tokenize_prompts(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]
     return [list(ids) for ids in tokenizer(text=list(prompts))["input_ids"]]
 
 
-class FloorStep:
-    """The plain-HF compute floor of one RL step (see the module docstring)."""
+class _DrawSampler:
+    """A `LogitsProcessor` that samples the next token with posttrain's exact inverse-CDF draw
+    (`posttrain.rollout.hf._draw`, the one `HFEngine` uses) at `temperature` and returns a one-hot score
+    row, which `generate`'s greedy selection copies. No log-prob recording, no top-p: the cheapest exact
+    sampler available to the floor."""
 
-    name = "floor"
+    def __init__(self, temperature: float, generator: Any) -> None:
+        from posttrain.rollout.hf import _draw
 
-    def __init__(self, model: Any, tokenizer: Any, prompts: Sequence[str], preset: RLStepPreset) -> None:
+        self.temperature = temperature
+        self.generator = generator
+        self._draw = _draw
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
-        from transformers import GenerationConfig
+
+        probs = torch.softmax(scores.float() / self.temperature, dim=-1)
+        tok = self._draw(probs, self.generator)
+        return torch.full_like(scores, float("-inf")).scatter_(1, tok, 0.0)
+
+
+#: The floor's samplers: `draw` = posttrain's inverse-CDF draw (the floor), `multinomial` = HF
+#: `generate(do_sample=True)`, i.e. `torch.multinomial` (the "plain HF" reference).
+FLOOR_SAMPLERS = {"draw": "floor", "multinomial": "plain_hf"}
+
+
+class FloorStep:
+    """The compute floor of one RL step (see the module docstring).
+
+    `sampler="draw"` (the floor): `model.generate` whose tokens are drawn by posttrain's inverse-CDF
+    sampler in a logits processor. `sampler="multinomial"` ("plain HF"): `model.generate(do_sample=True)`,
+    which samples with `torch.multinomial`. Everything else is identical.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        prompts: Sequence[str],
+        preset: RLStepPreset,
+        *,
+        sampler: str = "draw",
+        seed: int = 0,
+    ) -> None:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList
 
         from posttrain.rollout import pad_left
 
+        if sampler not in FLOOR_SAMPLERS:
+            raise ValueError(f"FloorStep: unknown sampler {sampler!r}; known: {', '.join(FLOOR_SAMPLERS)}")
+        self.name = FLOOR_SAMPLERS[sampler]
+        self.sampler = sampler
         self.model, self.preset = model, preset
         pad = tokenizer.pad_token_id
         ids, mask = pad_left(_tokenize_prompts(tokenizer, prompts), pad)
@@ -222,17 +268,24 @@ class FloorStep:
         self.input_ids = ids.repeat_interleave(preset.group_size, dim=0)
         self.attention_mask = mask.repeat_interleave(preset.group_size, dim=0)
         eos = tokenizer.eos_token_id
-        self.generation_config = GenerationConfig(
-            do_sample=True,
-            temperature=preset.temperature,
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=preset.new_tokens,
-            min_new_tokens=preset.new_tokens,  # EOS suppressed until exactly new_tokens tokens exist
-            eos_token_id=eos,
-            pad_token_id=pad,
-            use_cache=True,
-        )
+        common = {
+            "max_new_tokens": preset.new_tokens,
+            "min_new_tokens": preset.new_tokens,  # EOS suppressed until exactly new_tokens tokens exist
+            "eos_token_id": eos,
+            "pad_token_id": pad,
+            "use_cache": True,
+        }
+        self.logits_processor = LogitsProcessorList()
+        if sampler == "multinomial":
+            self.generation_config = GenerationConfig(
+                do_sample=True, temperature=preset.temperature, top_p=1.0, top_k=0, **common
+            )
+        else:
+            # greedy selection of the one-hot row the draw returns; HF's min-new-tokens processor
+            # (EOS masking) runs before the custom one
+            self.generation_config = GenerationConfig(do_sample=False, num_beams=1, **common)
+            generator = torch.Generator().manual_seed(seed)
+            self.logits_processor.append(_DrawSampler(preset.temperature, generator))
         # A fixed +-1 per-sequence weight stands in for the advantage: same compute, no reward pass.
         sign = torch.ones(preset.batch_size)
         sign[1::2] = -1.0
@@ -250,6 +303,7 @@ class FloorStep:
                 input_ids=self.input_ids,
                 attention_mask=self.attention_mask,
                 generation_config=self.generation_config,
+                logits_processor=self.logits_processor,
             )
         completion = seq[:, self.input_ids.shape[1] :]
         self.completion_lengths.extend([int(completion.shape[1])] * completion.shape[0])
@@ -310,7 +364,7 @@ def trl_versions() -> dict[str, str] | None:
 
 
 class TRLRun:
-    """TRL's GRPOTrainer, configured like the other two sides, driven by `trainer.train()`."""
+    """TRL's GRPOTrainer, configured like the other sides, driven by `trainer.train()`."""
 
     name = "trl"
 
@@ -421,7 +475,7 @@ class TRLRun:
 
 
 def bench_task(preset: RLStepPreset, *, seed: int = 0) -> tuple[dict[str, Any], list[Any], Any]:
-    """(task params, the prompts' examples, reward fn) shared by all three implementations.
+    """(task params, the prompts' examples, reward fn) shared by all the implementations.
 
     The `arithmetic` task (2-digit addition, plain format) with `n_train = num_prompts`, so posttrain's
     prompt sampler (an epoch-wise pass over the train split), TRL's dataset and the floor all use exactly
@@ -445,7 +499,7 @@ def posttrain_config(
     preset: RLStepPreset, task_params: dict[str, Any], *, seed: int, steps: int, out_dir: str
 ) -> Any:
     """posttrain's `RLConfig` for the bench: the same batch, sampling, lr and clipping as the other
-    two sides; GRPO advantage, PPO-clip loss with token-mean aggregation (TRL's default `loss_type="dapo"`),
+    other sides; GRPO advantage, PPO-clip loss with token-mean aggregation (TRL's default `loss_type="dapo"`),
     one on-policy update per batch, no KL, no entropy bonus, no eval/checkpoint/progress output.
     The reward pool keeps posttrain's defaults (worker processes), as a user's run would."""
     from posttrain.train.config import RLConfig
@@ -574,20 +628,29 @@ def summarize(
         "posttrain_over_floor": (pt_floor, paired("posttrain", "floor")),
         "posttrain_over_trl": (_ratio(med["posttrain"], med["trl"]), paired("posttrain", "trl")),
         "trl_over_floor": (_ratio(med["trl"], med["floor"]), paired("trl", "floor")),
+        "posttrain_over_plain_hf": (
+            _ratio(med["posttrain"], med["plain_hf"]),
+            paired("posttrain", "plain_hf"),
+        ),
+        "floor_over_plain_hf": (_ratio(med["floor"], med["plain_hf"]), paired("floor", "plain_hf")),
     }
     gaps = [abs(r / q - 1.0) for r, q in pairs.values() if r is not None and q]
     return {
         "posttrain_median_step_s": med["posttrain"],
         "trl_median_step_s": med["trl"],
         "floor_s": med["floor"],
+        "plain_hf_median_step_s": med["plain_hf"],
         "flop_limit_s": flop_limit,
         "matmul_gflops": gflops,
         "ratio_posttrain_over_floor": pt_floor,
         "ratio_posttrain_over_trl": _ratio(med["posttrain"], med["trl"]),
         "ratio_trl_over_floor": _ratio(med["trl"], med["floor"]),
+        "ratio_posttrain_over_plain_hf": _ratio(med["posttrain"], med["plain_hf"]),
+        "ratio_floor_over_plain_hf": _ratio(med["floor"], med["plain_hf"]),
         "ratio_floor_over_flop_limit": _ratio(med["floor"], flop_limit),
         "ratio_posttrain_over_flop_limit": _ratio(med["posttrain"], flop_limit),
         "ratio_trl_over_flop_limit": _ratio(med["trl"], flop_limit),
+        "ratio_plain_hf_over_flop_limit": _ratio(med["plain_hf"], flop_limit),
         **{f"paired_ratio_{k}": q for k, (_, q) in pairs.items()},
         # largest relative gap between a ratio of medians and its paired ratio: > NOISY_GAP = noisy run
         "ratio_disagreement": max(gaps) if gaps else None,
@@ -608,14 +671,14 @@ def run_rl_step_bench(
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the three implementations interleaved; return the JSON-able result.
+    """Run the implementations interleaved; return the JSON-able result.
 
     `threads` sets torch's intra-op thread count for the run (restored afterwards); None keeps it.
     On a machine shared with other jobs, `threads=1` gives far steadier ratios than oversubscribed
     cores (every side and the matmul rate use the same setting, so the ratios stay comparable).
 
     Round i (warm-up rounds first, then `repeats` measured ones): one TRL step (when TRL runs), then
-    one posttrain step and one floor step (their order alternates between rounds), then, in measured
+    one posttrain, one floor and one plain-HF step (their order rotates between rounds), then, in measured
     rounds, `matmul_repeats` timed matmuls. Medians, ratios and the FLOP limit come from `summarize`.
     """
     import torch
@@ -652,7 +715,8 @@ def run_rl_step_bench(
         torch.set_num_threads(threads)
         stack.callback(torch.set_num_threads, threads_before)
         work_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="posttrain-bench-rl-step-"))
-        floor = FloorStep(copy.deepcopy(base_model), base_tok, prompts, preset)
+        floor = FloorStep(copy.deepcopy(base_model), base_tok, prompts, preset, sampler="draw", seed=seed)
+        plain_hf = FloorStep(copy.deepcopy(base_model), base_tok, prompts, preset, sampler="multinomial")
         posttrain = PosttrainStep(
             copy.deepcopy(base_model),
             copy.deepcopy(base_tok),
@@ -669,9 +733,12 @@ def run_rl_step_bench(
             side.step()
             return time.perf_counter() - t0
 
+        in_process: tuple[FloorStep | PosttrainStep, ...] = (posttrain, floor, plain_hf)
+
         def round_others(i: int) -> None:
-            # alternate the order of the two in-process steps so neither always follows TRL
-            for side in (posttrain, floor) if i % 2 == 0 else (floor, posttrain):
+            # rotate the order of the in-process steps so none always follows TRL or another one
+            k = i % len(in_process)
+            for side in in_process[k:] + in_process[:k]:
                 all_times[side.name].append(timed(side))
             if i >= warmup:
                 matmul_times.extend(time_matmul(matmul_size, repeats=matmul_repeats))
@@ -709,6 +776,7 @@ def run_rl_step_bench(
         "posttrain": posttrain.completion_lengths,
         "trl": trl_lengths,
         "floor": floor.completion_lengths,
+        "plain_hf": plain_hf.completion_lengths,
     }
     result: dict[str, Any] = {
         "preset": preset.name,
@@ -756,11 +824,17 @@ def _check_token_counts(result: dict[str, Any], new_tokens: int) -> None:
 def report_rows(result: dict[str, Any]) -> list[list[Any]]:
     """Rows of the step-time table: side, median, min, max, x floor, x FLOP limit, tokens per completion."""
     floor, limit = result["floor_s"], result["flop_limit_s"]
-    labels = {"posttrain": "posttrain", "trl": "TRL GRPO", "floor": "HF floor"}
+    labels = {
+        "posttrain": "posttrain",
+        "trl": "TRL GRPO",
+        "floor": "floor",
+        "plain_hf": "plain HF",
+    }
     medians = {
         "posttrain": result["posttrain_median_step_s"],
         "trl": result["trl_median_step_s"],
         "floor": floor,
+        "plain_hf": result.get("plain_hf_median_step_s"),
     }
     rows: list[list[Any]] = []
     for side in SIDES:
@@ -822,6 +896,18 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
             "",
         ],
         ["TRL / floor", result["ratio_trl_over_floor"], result["paired_ratio_trl_over_floor"], ""],
+        [
+            "posttrain / plain HF",
+            result.get("ratio_posttrain_over_plain_hf"),
+            result.get("paired_ratio_posttrain_over_plain_hf"),
+            "",
+        ],
+        [
+            "floor / plain HF",
+            result.get("ratio_floor_over_plain_hf"),
+            result.get("paired_ratio_floor_over_plain_hf"),
+            "",
+        ],
         ["floor / FLOP limit", result["ratio_floor_over_flop_limit"], None, ""],
     ]
     print_table(
@@ -837,4 +923,5 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
             "the machine load changed during the run. Rerun with more --repeats or --threads 1."
         )
     if result.get("trl_skipped_reason"):
-        console.print(f"TRL skipped: {result['trl_skipped_reason']}")
+        # not markup: the reason names `posttrain[bench]`, which rich would read as a style tag
+        console.print(f"TRL skipped: {result['trl_skipped_reason']}", markup=False, highlight=False)

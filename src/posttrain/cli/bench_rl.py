@@ -1,4 +1,4 @@
-"""`posttrain bench rl-step`: posttrain's RL step vs TRL's GRPOTrainer vs the plain-HF compute floor."""
+"""`posttrain bench rl-step`: posttrain's RL step vs TRL's GRPOTrainer vs the compute floor and plain HF."""
 
 from __future__ import annotations
 
@@ -37,9 +37,10 @@ def rl_step(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-round progress lines."),
 ) -> None:
-    """Median time of one RL step: posttrain vs TRL GRPOTrainer vs plain-HF generate+fwd/bwd/AdamW.
+    """Median time of one RL step: posttrain vs TRL GRPOTrainer vs the floor (HF generate with posttrain's
+    sampler + fwd/bwd/AdamW) vs plain HF (the same with HF's multinomial sampler).
 
-    All three run interleaved in this process: same weights, prompts, reward, lr, fp32, no KL, EOS off.
+    All run interleaved in this process: same weights, prompts, reward, lr, fp32, no KL, EOS off.
 
     Prints the ratios, the FLOP limit and pass/fail against posttrain <= 1.05x floor (docs/bench-rl-step.md).
     """
