@@ -33,3 +33,18 @@ class Constant:
 
     def __call__(self, completion, example) -> float:
         return 1.0
+
+
+# `posttrain rl` / `eval` overrides for a CLI run that takes seconds: tiny preset, 1-digit sums,
+# 2 prompts x 2 completions of 3 tokens, in-process rewards, one thread.
+CLI_TINY = [
+    "model.name=tiny",
+    "model.device=cpu",
+    'task.params={digits: 1, ops: "+", n_train: 40, n_heldout: 10}',
+    "reward.num_workers=0",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=3",
+    "eval.n=4",
+    "threads=1",
+]

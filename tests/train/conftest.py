@@ -1,5 +1,11 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# test modules import shared helpers (and reward-pool workers unpickle rewards) from `_train_helpers`
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _train_helpers import CLI_TINY
 from typer.testing import CliRunner
 
 from posttrain.cli import app
@@ -20,17 +21,7 @@ from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 runner = CliRunner()
 CFG = str(Path(__file__).resolve().parents[2] / "src/posttrain/configs/grpo-arithmetic.yaml")
 
-TINY = [
-    "model.name=tiny",
-    "model.device=cpu",
-    'task.params={digits: 1, ops: "+", n_train: 40, n_heldout: 10}',
-    "reward.num_workers=0",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=3",
-    "eval.n=4",
-    "threads=1",
-]
+TINY = CLI_TINY
 QUICK = [*TINY, "eval.at_start=false", "eval.at_end=false"]
 
 

@@ -6,6 +6,7 @@ import json
 import warnings
 
 import pytest
+from _train_helpers import CLI_TINY
 from typer.testing import CliRunner
 
 from posttrain.cli import app
@@ -13,17 +14,7 @@ from posttrain.train.rl import DegenerateSettingWarning
 
 runner = CliRunner()
 
-TINY = [
-    "model.name=tiny",
-    "model.device=cpu",
-    'task.params={digits: 1, ops: "+", n_train: 40, n_heldout: 10}',
-    "reward.num_workers=0",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=3",
-    "eval.n=4",
-    "threads=1",
-]
+TINY = CLI_TINY
 
 
 def _invoke(args):

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from _train_helpers import CLI_TINY
 from typer.testing import CliRunner
 
 from posttrain.cli import app
@@ -21,18 +22,7 @@ from posttrain.utils.registry import PluginError, Registry
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 cli = CliRunner()
 
-TINY = [
-    "model.name=tiny",
-    "model.device=cpu",
-    'task.params={digits: 1, ops: "+", n_train: 40, n_heldout: 10}',
-    "reward.num_workers=0",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=3",
-    "eval.n=4",
-    "eval.at_start=false",
-    "threads=1",
-]
+TINY = [*CLI_TINY[:-1], "eval.at_start=false", CLI_TINY[-1]]
 
 
 @pytest.fixture
