@@ -238,7 +238,7 @@ def test_bad_objective_param_is_a_config_error_before_any_model_loads(tmp_path, 
     def boom(*a, **k):
         raise AssertionError("the model was loaded before the config was checked")
 
-    monkeypatch.setattr(rl, "load_model_and_tokenizer", boom)
+    monkeypatch.setattr(rl, "load_adapter", boom)
     res = _invoke(["rl", "--config", CFG, f"objective.params.clip_low={value}", f"out_dir={tmp_path / 'r'}"])
     assert res.exit_code == 2, res.output
     assert "objective.params.clip_low" in res.output and "must be a number >= 0" in res.output

@@ -129,7 +129,7 @@ def test_env_tokens_are_attended_but_not_scored_and_logprobs_equal_one_plain_for
     assert torch.equal(ro.attention_mask[:, ro.prompt_width :], b.completion_mask)
     assert torch.equal(ro.actions, b.action_mask.float())
     with torch.no_grad():
-        lp, ent = tr._policy_forward(tr.model, ro, torch.arange(len(b)), False)
+        lp, ent = tr._policy_forward(tr.lm, ro, torch.arange(len(b)), False)
     for i in range(len(b)):
         conv, p, act = _conversation(b, i)
         with torch.no_grad():

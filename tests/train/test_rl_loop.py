@@ -105,14 +105,14 @@ def test_every_objective_runs_one_step(tmp_path, objective):
 
 
 def test_single_on_policy_update_does_no_extra_forward(tmp_path, monkeypatch):
-    import posttrain.train.rl as rl
+    import posttrain.models.adapter as adapter
 
     calls = []
-    real = rl.sequence_logprobs
-    monkeypatch.setattr(rl, "sequence_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = adapter.sequence_logprobs  # every trainer forward goes through the model adapter
+    monkeypatch.setattr(adapter, "sequence_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
     tr = trainer(tmp_path, reward=FirstCharDigit())
     tr.step()
-    assert len(calls) == 1 and tr.ref_model is None  # kl.coef = 0: no reference model at all
+    assert len(calls) == 1 and tr.ref_lm is None  # kl.coef = 0: no reference model at all
     calls.clear()
     tr = trainer(tmp_path, "ppo_epochs=2", reward=FirstCharDigit())
     tr.step()
@@ -143,7 +143,7 @@ def test_variable_group_sizes(tmp_path):
 
 def test_kl_to_reference_model(tmp_path):
     tr = trainer(tmp_path, "kl.coef=0.5", "kl.kind=k3", "optimizer.lr=1e-2", reward=FirstCharDigit())
-    assert tr.ref_model is not None and not any(p.requires_grad for p in tr.ref_model.parameters())
+    assert tr.ref_lm is not None and not any(p.requires_grad for p in tr.ref_lm.model.parameters())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m1 = tr.step()

@@ -146,7 +146,7 @@ def test_loss_receives_exactly_the_inputs_it_declares(tmp_path, test_losses):
         ro = tr.rollout()
         fw = tr.forward_without_rewards(ro)
         with torch.no_grad():
-            lp, ent = tr._policy_forward(tr.model, ro, torch.arange(len(ro.batch)), False)
+            lp, ent = tr._policy_forward(tr.lm, ro, torch.arange(len(ro.batch)), False)
         upd = tr.update(ro, fw, tr.score(ro))
     finally:
         ctx.__exit__(None, None, None)
@@ -181,7 +181,7 @@ def test_entropy_input_is_differentiable(tmp_path, test_losses):
 def test_loss_declaring_ref_logp_gets_a_reference_model_without_kl(tmp_path, test_losses):
     SEEN.clear()
     tr = make(tmp_path, "objective.name=test-ref")
-    assert tr.cfg.kl.coef == 0 and tr.ref_model is not None
+    assert tr.cfg.kl.coef == 0 and tr.ref_lm is not None
     ctx = _quiet()
     try:
         m = tr.step()

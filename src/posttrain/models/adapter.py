@@ -86,7 +86,15 @@ class ModelAdapter(Protocol):
 
 
 ADAPTERS: Registry[type] = Registry("model adapter")
-"""Adapter classes by kind; each has a ``load(spec, *, dtype, device, seed)`` class method."""
+"""Adapter classes by kind; each has a ``load(spec, *, dtype, device, seed)`` class method. A plug-in
+(``model.adapter: package.module:MyAdapter``) is any class with that ``load`` class method."""
+
+
+def _adapter_class(obj: Any) -> type | None:
+    return obj if isinstance(obj, type) and callable(getattr(obj, "load", None)) else None
+
+
+ADAPTERS.accept(_adapter_class, "a model adapter class with a load(spec, *, dtype, device, seed) classmethod")
 
 
 @ADAPTERS.register("causal-lm")

@@ -80,6 +80,16 @@ class ModelConfig(StrictModel):
     config time; whether this machine has the device, when the model is loaded (and by the CLI before
     anything is loaded), so a GPU config still validates on a laptop."""
     gradient_checkpointing: bool = False
+    adapter: str = "causal-lm"
+    """Model adapter kind (``posttrain.models.ADAPTERS``: how trainers load, score and sample the model)
+    or ``package.module:AdapterClass``; ``causal-lm`` is every decoder-only Hugging Face model."""
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapter(cls, v: str) -> str:
+        from posttrain.models import ADAPTERS
+
+        return _registry_name(v, ADAPTERS)
 
     @field_validator("dtype")
     @classmethod

@@ -42,7 +42,6 @@ evaluation, checkpoints and resume. Distributed concerns live in :mod:`posttrain
 from __future__ import annotations
 
 import copy
-import math
 import random
 import time
 import warnings
@@ -56,7 +55,7 @@ import torch
 
 from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stats, kl_clamped, kl_penalty
 from posttrain.algos.kl import KL_ESTIMATORS
-from posttrain.models import load_model_and_tokenizer, pick_device, sequence_logprobs
+from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
 from posttrain.rollout import (
     EngineContext,
     EpisodeRunner,
@@ -88,7 +87,7 @@ from posttrain.train import dist
 from posttrain.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from posttrain.train.config import RLConfig
 from posttrain.train.logger import MetricsLogger
-from posttrain.train.optim import build_adamw, lr_at, set_lr
+from posttrain.train.optim import build_adamw, clip_and_step, scheduled_lr, set_lr
 
 WARN_TRUNCATED = 0.9
 WARN_ZERO_VAR = 0.9
@@ -246,17 +245,21 @@ class RLTrainer:
         self.run_dir = Path(cfg.out_dir)
         self.device = pick_device() if cfg.model.device == "auto" else cfg.model.device
         ckpt = resolve_checkpoint(self.run_dir) if resume else None
-        if model is None:
+        if model is None:  # the model adapter (model.adapter) loads; a passed model is a causal LM
             spec = str(ckpt / "model") if ckpt is not None else cfg.model.name
-            model, tokenizer = load_model_and_tokenizer(
-                spec, dtype=cfg.model.dtype, device=self.device, seed=cfg.seed
+            lm = load_adapter(
+                spec, kind=cfg.model.adapter, dtype=cfg.model.dtype, device=self.device, seed=cfg.seed
             )
+            model, tokenizer = lm.model, lm.tokenizer
         elif tokenizer is None:
             raise ValueError("RLTrainer: pass the tokenizer together with the model")
         elif ckpt is not None:
             raise ValueError(
                 "RLTrainer: resume=True loads the model from the checkpoint; do not pass a model"
             )
+        else:
+            lm = CausalLMAdapter(model, tokenizer)
+        self.lm = lm  # everything that scores tokens goes through the adapter
         self.model, self.tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
         self.model.train()
@@ -300,15 +303,19 @@ class RLTrainer:
 
         self.loss_fn = get_policy_loss(cfg.objective.name)
         self.adv_fn = get_advantage(cfg.advantage.name)
-        self.ref_model = None
+        self.ref_lm = None
         if cfg.kl.coef > 0 or "ref_logp" in self.loss_fn.inputs:  # the INITIAL policy, never a resumed one
             if ckpt is None:
-                self.ref_model = copy.deepcopy(model)
+                self.ref_lm = CausalLMAdapter(copy.deepcopy(model), tokenizer)
             else:
-                self.ref_model, _ = load_model_and_tokenizer(
-                    cfg.model.name, dtype=cfg.model.dtype, device=str(self.device), seed=cfg.seed
+                self.ref_lm = load_adapter(
+                    cfg.model.name,
+                    kind=cfg.model.adapter,
+                    dtype=cfg.model.dtype,
+                    device=str(self.device),
+                    seed=cfg.seed,
                 )
-            self.ref_model.eval().requires_grad_(False)
+            self.ref_lm.model.eval().requires_grad_(False)
         self.optimizer = build_adamw(model, cfg.optimizer)
 
         h = cfg.hooks
@@ -497,16 +504,15 @@ class RLTrainer:
 
     # ---------------------------------------------------------------- 2. forwards without rewards
     def _policy_forward(
-        self, model: Any, ro: StepRollout, rows: torch.Tensor, grad: bool
+        self, lm: ModelAdapter, ro: StepRollout, rows: torch.Tensor, grad: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logp, entropy) (len(rows), T) over the completion positions at temperature τ; 0 except on
         action tokens (environment tokens are attended to, not scored)."""
         with torch.set_grad_enabled(grad):
-            lp, ent = sequence_logprobs(
-                model,
+            lp, ent = lm.logprobs(
                 ro.input_ids[rows],
                 ro.attention_mask[rows],
-                response_mask=ro.score_mask[rows],
+                ro.score_mask[rows],
                 temperature=ro.temperature,
                 chunk_size=self.cfg.logprob_chunk_size,
             )
@@ -520,12 +526,12 @@ class RLTrainer:
         micro = self.cfg.micro_batch_size or len(ro.batch)
         chunks = torch.arange(len(ro.batch)).split(micro)
 
-        def no_grad_logp(model: Any) -> torch.Tensor:
-            return torch.cat([self._policy_forward(model, ro, rows, False)[0] for rows in chunks])
+        def no_grad_logp(lm: ModelAdapter) -> torch.Tensor:
+            return torch.cat([self._policy_forward(lm, ro, rows, False)[0] for rows in chunks])
 
-        old_logp = no_grad_logp(self.model) if self.cfg.off_policy else None
-        ref_logp = no_grad_logp(self.ref_model) if self.ref_model is not None else None
-        first = self._policy_forward(self.model, ro, ro.micro_batches[0][0], True)
+        old_logp = no_grad_logp(self.lm) if self.cfg.off_policy else None
+        ref_logp = no_grad_logp(self.ref_lm) if self.ref_lm is not None else None
+        first = self._policy_forward(self.lm, ro, ro.micro_batches[0][0], True)
         return StepForwards(old_logp, ref_logp, first, time.perf_counter() - t0)
 
     # ------------------------------------------------------------ 3. rewards -> shaping -> advantages
@@ -551,14 +557,7 @@ class RLTrainer:
         """For each epoch and minibatch: accumulate gradients over micro-batches, clip, AdamW step."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        lr = lr_at(
-            self.step_idx,
-            lr=cfg.optimizer.lr,
-            total_steps=max(1, cfg.steps),
-            schedule=cfg.optimizer.schedule,
-            warmup_steps=cfg.optimizer.warmup_steps,
-            min_lr_ratio=cfg.optimizer.min_lr_ratio,
-        )
+        lr = scheduled_lr(cfg.optimizer, self.step_idx, cfg.steps)
         set_lr(self.optimizer, lr)
         adv = scores.advantages.to(self.device)
         mask = ro.actions
@@ -574,10 +573,10 @@ class RLTrainer:
                     if fw.first is not None and epoch == 0 and rows is first_rows:
                         (logp, ent), fw.first = fw.first, None
                     else:
-                        logp, ent = self._policy_forward(self.model, ro, rows, True)
+                        logp, ent = self._policy_forward(self.lm, ro, rows, True)
                     micro = _Micro(rows, logp, ent, ro, fw)
                     self._micro_step(micro, adv[rows], g_tokens, g_seqs, sums, first_epoch=epoch == 0)
-                grad_norms.append(self._clip_and_step())
+                grad_norms.append(clip_and_step(self.model, self.optimizer, cfg.optimizer.grad_clip))
         seconds = time.perf_counter() - t0
         self.engine.sync_weights(self.model)
         n_updates = cfg.ppo_epochs * len(ro.minibatches)
@@ -677,13 +676,6 @@ class RLTrainer:
         return metrics
 
     # ----------------------------------------------------------------------------------- internals
-    def _clip_and_step(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.cfg.optimizer.grad_clip if self.cfg.optimizer.grad_clip > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-        self.optimizer.step()
-        return float(norm)
-
     def _outcomes(self, episodes: Episodes, raw: torch.Tensor) -> list[GroupOutcome]:
         correct = raw >= self.cfg.reward.success_threshold
         gids = episodes.batch.group_ids

@@ -202,7 +202,13 @@ class SFTTrainer:
         if adapter is None:
             if model is None:
                 spec = str(ckpt / "model") if ckpt is not None else cfg.model.name
-                adapter = load_adapter(spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+                adapter = load_adapter(
+                    spec,
+                    kind=cfg.model.adapter,
+                    dtype=cfg.model.dtype,
+                    device=cfg.model.device,
+                    seed=cfg.seed,
+                )
             else:
                 adapter = CausalLMAdapter(model, tokenizer)
         self.lm = adapter
