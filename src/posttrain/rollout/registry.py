@@ -34,6 +34,7 @@ from posttrain.rollout.base import RolloutEngine
 from posttrain.rollout.episodes import EpisodeRunner, PromptFormatter, SingleTurnRunner
 from posttrain.rollout.hf import HFEngine
 from posttrain.rollout.reward_source import FunctionRewardSource, RewardSource
+from posttrain.rollout.vllm import vllm_engine
 from posttrain.utils.registry import PluginError, Registry, any_callable, check_params
 
 
@@ -113,6 +114,10 @@ def hf_engine(ctx: EngineContext, *, eos_token_ids: list[int] | None = None) -> 
         max_batch_size=ctx.max_batch_size,
         eos_token_ids=eos_token_ids,
     )
+
+
+# colocated vLLM (vllm extra; vLLM is imported when the engine is built). Written for, not yet run on, a GPU.
+ENGINES.register("vllm")(vllm_engine)
 
 
 @RUNNERS.register("single-turn")
