@@ -602,9 +602,8 @@ class RLTrainer:
             replayed = ro.episodes.replayed.to(self.device)[rows]
             w = self.replay.is_weights(logp.detach(), ro.batch.logprobs[rows], m)
             is_weights = torch.where(replayed[:, None], w, torch.ones_like(w))
-        tis = getattr(self.engine, "rollout_is_weights", None)  # sampler/trainer mismatch (rollout/vllm.py)
-        if tis is not None and ro.batch.logprobs is not None:
-            w = tis(old, ro.batch.logprobs[rows], m)
+        if ro.batch.logprobs is not None:  # sampler/trainer mismatch (e.g. truncated IS, rollout/vllm.py)
+            w = self.engine.rollout_is_weights(old, ro.batch.logprobs[rows], m)
             if w is not None:  # fresh rows only: replayed rows carry past-policy log-probs
                 w = torch.where(ro.episodes.replayed.to(self.device)[rows][:, None], torch.ones_like(w), w)
                 is_weights = w if is_weights is None else is_weights * w
