@@ -163,6 +163,7 @@ def compare(
     out: Path,
     *,
     sft_steps: int = 300,
+    sft_batch: int = 16,
     rl_steps: int = 20,
     n_heldout: int = 40,
     seed: int = 0,
@@ -172,6 +173,7 @@ def compare(
     import yaml
 
     from posttrain.models import load_model_and_tokenizer
+    from posttrain.train.checkpoint import save_model_dir
     from posttrain.train.config import load_rl_config
     from posttrain.train.rl import RLTrainer
 
@@ -185,6 +187,8 @@ def compare(
         *(overrides or []),
     ]
     cfg0 = load_rl_config(str(CONFIG), [*base, f"out_dir={out / 'sft'}"])
+    if cfg0.threads:
+        torch.set_num_threads(cfg0.threads)
     torch.manual_seed(seed)
     model, tok = load_model_and_tokenizer(cfg0.model.name, device="cpu", seed=seed)
     from posttrain.envs.sales import SalesTask
@@ -193,7 +197,12 @@ def compare(
     runner_params = {k: v for k, v in cfg0.rollout.runner.params.items()}
     max_new = cfg0.rollout.max_new_tokens
     eps = teacher_episodes(tok, task.split("train"), runner_params, max_new_tokens=max_new, seed=seed)
-    losses = sft_on_episodes(model, eps, steps=sft_steps, batch_size=16, lr=1e-3, seed=seed)
+    print(f"[duca-demo] warm start: {len(eps)} teacher conversations, {sft_steps} SFT steps", flush=True)
+    losses = sft_on_episodes(model, eps, steps=sft_steps, batch_size=sft_batch, lr=1e-3, seed=seed)
+    if losses:
+        print(f"[duca-demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+    # the warm start, reusable as `posttrain rl --config duca-sales.yaml model.name=<out>/sft/model`
+    save_model_dir(model, tok, out / "sft" / "model")
     teacher = MultiTurnRunner(
         TeacherEngine(tok, NoisySeller(seed=seed + 1), user_turn=runner_params["user_turn"]),
         PromptFormatter(tok),
@@ -206,6 +215,7 @@ def compare(
     results: dict[str, Any] = {
         "seed": seed,
         "sft_steps": sft_steps,
+        "sft_batch": sft_batch,
         "rl_steps": rl_steps,
         "n_heldout": n_heldout,
         "sft_loss_first_last": [losses[0], losses[-1]] if losses else None,
@@ -215,14 +225,17 @@ def compare(
         "variants": {},
     }
     transcripts = []
-    for name, extra in VARIANTS.items():
-        cfg = load_rl_config(str(CONFIG), [*base, *extra, f"out_dir={out / name}"])
+    for j, (name, extra) in enumerate(VARIANTS.items()):
+        # every variant starts from the same warm start: evaluate it once (with the first variant)
+        at_start = [] if j == 0 else ["eval.at_start=false"]
+        cfg = load_rl_config(str(CONFIG), [*base, *extra, *at_start, f"out_dir={out / name}"])
+        print(f"[duca-demo] RL {name}: {rl_steps} steps", flush=True)
         trainer = RLTrainer(cfg, copy.deepcopy(model), tok)
         summary = trainer.train(progress=False)
         rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
         evals = [r for r in rows if r["kind"] == "eval"]
         results["variants"][name] = {
-            "start": _row(evals[0]),
+            "start": _row(evals[0]) if j == 0 else results["variants"]["duca"]["start"],
             "end": _row(evals[-1]),
             "wall_s": summary.get("wall_s"),
         }
@@ -287,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/duca-compare")
     ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--sft-batch", type=int, default=16)
     ap.add_argument("--rl-steps", type=int, default=20)
     ap.add_argument("--n-heldout", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
@@ -294,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("overrides", nargs="*", help="RL config overrides, key=value")
     a = ap.parse_args(argv)
     if a.quick:
-        a.sft_steps, a.rl_steps, a.n_heldout = 5, 1, 4
+        a.sft_steps, a.sft_batch, a.rl_steps, a.n_heldout = 5, 4, 1, 4
         a.overrides = [
             "rollout.prompts_per_step=2",
             "rollout.group_size=2",
@@ -304,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     res = compare(
         Path(a.out),
         sft_steps=a.sft_steps,
+        sft_batch=a.sft_batch,
         rl_steps=a.rl_steps,
         n_heldout=a.n_heldout,
         seed=a.seed,
