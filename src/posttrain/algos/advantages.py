@@ -14,6 +14,8 @@ name             A_i (g = group of i, n = |g|, μ_g = mean, s_g = unbiased std o
 ``rloo``         R_i − (Σ_g R − R_i)/(n − 1)  = n/(n−1)·(R_i − μ_g);  n = 1: A = R             verl rloo
 ``reinforce_pp`` x_i = R_i − μ_g (n = 1: x = R), then whitened over the batch:                 verl
                  (x_i − mean(x)) / sqrt(var_unbiased(x) + ε)                                   REINFORCE++
+``duca``         per token: w_turn·A^turn_{i,k(t)} + w_sess·A^sess_i, each horizon z-scored     2603.01481
+                 on its own (HIAN, proposed design; multi-turn runner inputs; returns (B, T))  (proposed)
 ===============  ===========================================================================  ===========
 
 We keep verl's singleton rule (a one-member group has baseline 0, so its
@@ -366,3 +368,119 @@ def hian_advantages(
         fused = w_turn * a_turn[idx] + w_sess * a_sess.unsqueeze(-1)
         out = torch.where(inside, fused, out)
     return out
+
+
+def _validate_duca(name: str, p: dict) -> None:
+    require(is_number(p["eps"]) and p["eps"] >= 0, KIND, name, "eps", "a number >= 0", p["eps"])
+    for key in ("w_turn", "w_sess"):
+        require(is_number(p[key]), KIND, name, key, "a number", p[key])
+    require(
+        p["turn_grouping"] in ("pool", "turn_index"),
+        KIND,
+        name,
+        "turn_grouping",
+        "'pool' or 'turn_index'",
+        p["turn_grouping"],
+    )
+    for key in ("turn_index", "turn_rewards", "num_turns"):
+        require(
+            p[key] is None or isinstance(p[key], Tensor),
+            KIND,
+            name,
+            key,
+            "a tensor passed by the multi-turn runner (advantage_inputs), not a config value",
+            p[key],
+        )
+
+
+def turn_spans_from_index(turn_index: Tensor, num_turns: Tensor) -> list[list[tuple[int, int]]]:
+    """Per row i, the ``num_turns[i]`` token spans ``(start, end)`` (end exclusive) of turns 1..K_i in
+    a (B, T) 1-based ``turn_index`` (0 = not a policy token). A turn with no token gets ``(0, 0)``;
+    a turn whose tokens are not contiguous is an error."""
+    out = []
+    for i, (row, k_i) in enumerate(zip(turn_index.tolist(), num_turns.tolist(), strict=True)):
+        firsts: dict[int, int] = {}
+        lasts: dict[int, int] = {}
+        counts: dict[int, int] = {}
+        for t, k in enumerate(row):
+            if k > 0:
+                firsts.setdefault(k, t)
+                lasts[k] = t
+                counts[k] = counts.get(k, 0) + 1
+        if any(k > k_i for k in counts):
+            raise ValueError(f"duca: row {i} has tokens of turn {max(counts)} but num_turns = {k_i}")
+        spans = []
+        for k in range(1, k_i + 1):
+            if k not in counts:
+                spans.append((0, 0))
+                continue
+            s, e = firsts[k], lasts[k] + 1
+            if e - s != counts[k]:
+                raise ValueError(f"duca: row {i}: the tokens of turn {k} are not contiguous in turn_index")
+            spans.append((s, e))
+        out.append(spans)
+    return out
+
+
+@register_advantage("duca", validate=_validate_duca)
+def duca(
+    r: Tensor,
+    inv: Tensor,
+    n_groups: int,
+    *,
+    turn_index: Tensor | None = None,
+    turn_rewards: Tensor | None = None,
+    num_turns: Tensor | None = None,
+    w_turn: float = 1.0,
+    w_sess: float = 1.0,
+    turn_grouping: str = "pool",
+    eps: float = 1e-6,
+) -> Tensor:
+    """DuCA dual-horizon advantage over a multi-turn runner's inputs — HIAN is a PROPOSED DESIGN
+    (DuCA, arXiv 2603.01481, states only that turn- and session-level advantages are normalised
+    separately before fusion; see :func:`hian_advantages` for the formula).
+
+    ``r`` (B,) are the session rewards (the runner's ``reward: session``); the runner's
+    ``advantage_inputs`` give ``turn_index`` (B, T) 1-based turn of each policy token (0 elsewhere),
+    ``turn_rewards`` (B, K_max, C) the C criteria per turn and ``num_turns`` (B,). Each criterion is
+    z-scored on its own (``turn_grouping``: "pool" = all turns of the group, "turn_index" = turns with
+    the same index), summed, and fused with the group-normalised session advantage:
+    A_{i,t} = w_turn · A^turn_{i,k(t)} + w_sess · A^sess_i. Returns (B, T); 0 on non-policy tokens.
+    """
+    missing = [
+        k
+        for k, v in (("turn_index", turn_index), ("turn_rewards", turn_rewards), ("num_turns", num_turns))
+        if v is None
+    ]
+    if missing:
+        raise ValueError(
+            f"advantage estimator 'duca' needs the per-turn inputs {missing} of a multi-turn episode runner "
+            "(rollout.runner.name=multi-turn with turn_inputs=true)"
+        )
+    b = r.shape[0]
+    if turn_index.dim() != 2 or turn_index.shape[0] != b:
+        raise ValueError(f"duca: turn_index must have shape ({b}, T), got {tuple(turn_index.shape)}")
+    if turn_rewards.dim() not in (2, 3) or turn_rewards.shape[0] != b:
+        raise ValueError(
+            f"duca: turn_rewards must have shape ({b}, K, C) or ({b}, K), got {tuple(turn_rewards.shape)}"
+        )
+    if tuple(num_turns.shape) != (b,):
+        raise ValueError(f"duca: num_turns must have shape ({b},), got {tuple(num_turns.shape)}")
+    k_max = turn_rewards.shape[1]
+    if bool((num_turns < 0).any()) or bool((num_turns > k_max).any()):
+        raise ValueError(
+            f"duca: num_turns must be in [0, {k_max}] (the turn_rewards width), got {num_turns.tolist()}"
+        )
+    spans = turn_spans_from_index(turn_index.cpu(), num_turns.cpu())
+    per_row = [turn_rewards[i, : int(k)] for i, k in enumerate(num_turns.tolist())]
+    return hian_advantages(
+        r,
+        inv,
+        per_row,
+        spans,
+        int(turn_index.shape[1]),
+        w_turn=w_turn,
+        w_sess=w_sess,
+        turn_grouping=turn_grouping,
+        eps=eps,
+    ).to(r.device)

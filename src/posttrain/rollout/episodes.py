@@ -187,6 +187,12 @@ class EpisodeRunner(ABC):
     @abstractmethod
     def run(self, examples: list[Any], n_per_prompt: list[int], params: SamplingParams) -> Episodes: ...
 
+    def eval_metrics(self, episodes: Episodes) -> dict[str, Any]:
+        """Extra evaluation results for ``episodes`` (this runner's last ``run``), merged into the
+        output of :func:`posttrain.train.evaluate.run_eval` (a multi-turn runner reports e.g. its
+        environment's conversion rate and transcripts). Default: none."""
+        return {}
+
 
 class SingleTurnRunner(EpisodeRunner):
     """One prompt -> one completion per trajectory (the standard RLVR setting)."""

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from posttrain.rollout.base import RolloutEngine
 from posttrain.rollout.episodes import EpisodeRunner, PromptFormatter, SingleTurnRunner
 from posttrain.rollout.hf import HFEngine
+from posttrain.rollout.multiturn import multi_turn_runner
 from posttrain.rollout.reward_source import FunctionRewardSource, RewardSource
 from posttrain.rollout.vllm import vllm_engine
 from posttrain.utils.registry import PluginError, Registry, any_callable, check_params
@@ -124,6 +125,9 @@ ENGINES.register("vllm")(vllm_engine)
 def single_turn_runner(ctx: RunnerContext) -> EpisodeRunner:
     """One prompt, one completion per trajectory (:class:`~posttrain.rollout.SingleTurnRunner`)."""
     return SingleTurnRunner(ctx.engine, ctx.formatter)
+
+
+RUNNERS.register("multi-turn")(multi_turn_runner)  # conversations with an environment (posttrain.envs)
 
 
 @REWARD_SOURCES.register("function")

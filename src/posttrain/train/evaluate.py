@@ -79,6 +79,7 @@ def run_eval(
         "max_new_tokens": max_new_tokens,
         "reward_timeouts": timeouts,
         "reward_errors": errors,
+        **runner.eval_metrics(eps),
     }
     if k > 1:
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, logprobs=False)

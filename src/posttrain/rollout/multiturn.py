@@ -1,0 +1,334 @@
+"""Multi-turn episodes: G conversations per scenario between the policy and an environment.
+
+:class:`MultiTurnRunner` (registered as ``multi-turn``) plays every conversation of a step turn by
+turn. At each turn the contexts of ALL active conversations (every scenario, every group member) go
+to the engine in one ``engine.generate`` call; each sampled turn is decoded and handed to its own
+:class:`~posttrain.envs.Env` instance, whose reply is tokenised and appended. A row of the returned
+:class:`~posttrain.rollout.RolloutBatch` is one whole conversation after the prompt::
+
+    completion = [agent turn 1][env reply 1][agent turn 2][env reply 2] ... [agent turn K]
+    completion_mask  1 on all of them (the policy attends to the environment's replies)
+    action_mask      1 on the agent turns only (the only tokens with loss, KL, entropy, metrics)
+    logprobs         the engine's sampling log-probs on every agent token (0 on environment tokens)
+
+Rendering: with the plain template (``task.chat_template: false``, the presets) the prompt is the
+formatted example prompt followed by ``user_turn`` with the first observation, and each reply is
+``user_turn`` again (default ``"\\nUser: {observation}\\nAgent:"``). With the model's chat template the
+prompt is ``[system: example prompt, user: first observation]`` with the generation prompt, and each
+reply is exactly the text the chat template puts after the agent's turn (end-of-turn, the user
+message, the next generation prompt). An agent turn cut by ``max_new_tokens`` (no EOS sampled) gets
+an EOS appended as an environment token, so every turn ends the way the template expects.
+
+Context cap: a conversation whose context (prompt + completion) plus the next turn's
+``max_new_tokens`` would exceed ``max_context`` is cut before that turn: its row gets finish reason
+``"length"`` (``RolloutBatch.truncated``, the trainer's ``truncated_frac``) and the environment's
+:meth:`~posttrain.envs.Env.abort` session reward. Never silent.
+
+Rewards (``Episodes.rewards``, what the loop's shaper and a standard estimator such as ``grpo`` see):
+``reward="session"`` the session reward R_i; ``reward="sum"`` R_i + Σ_k Σ_c r_{i,k,c} (session plus
+every turn criterion of every turn). With ``turn_inputs=true`` the runner also passes, as
+``advantage_inputs`` (they follow their rows through group filtering):
+
+* ``turn_index`` (N, T) long: 1-based turn k of each agent token, 0 on environment tokens / padding;
+* ``turn_rewards`` (N, max_turns, C) float: the C named criteria of each turn (0 beyond the last);
+* ``num_turns`` (N,) long.
+
+``duca`` (:func:`posttrain.algos.advantages.duca`) consumes them; estimators that take only outcome
+rewards (``grpo``) need ``turn_inputs=false``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from posttrain.envs import Env, check_step, env_factory  # the package: built-in envs registered
+from posttrain.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, RolloutEngine, SamplingParams
+from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter
+
+REWARD_MODES = ("session", "sum")
+
+
+@dataclass
+class Session:
+    """One conversation being played (what the runner records per row)."""
+
+    group: int
+    example: Any
+    env: Env
+    seed: int
+    prompt: list[int]
+    completion: list[int] = field(default_factory=list)
+    actions: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_index: list[int] = field(default_factory=list)
+    turn_rewards: list[list[float]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    session_reward: float | None = None
+    done: bool = False
+    truncated: bool = False
+    turns_cut: int = 0
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.completion
+
+    def transcript(self) -> dict[str, Any]:
+        return {
+            "example_id": getattr(self.example, "id", None),
+            "seed": self.seed,
+            "session_reward": self.session_reward,
+            "truncated": self.truncated,
+            "turns": len(self.turn_rewards),
+            "summary": self.env.summary(),
+            "messages": self.messages,
+        }
+
+
+class MultiTurnRunner(EpisodeRunner):
+    """Runs ``n_per_prompt[i]`` conversations of example i against fresh environments (module
+    docstring). ``env`` / ``env_params``: the environment (``posttrain.envs.ENVS`` name or import
+    path); ``max_context``: cap on prompt + conversation tokens; ``reward``: what ``Episodes.rewards``
+    holds ("session" or "sum"); ``turn_inputs``: pass the per-turn advantage inputs; ``user_turn``:
+    the plain-template rendering of an observation; ``seed``: seeds the environments (session j of
+    example i in the c-th ``run`` call gets a seed derived from (seed, c, example id, j));
+    ``transcripts``: how many conversations :meth:`eval_metrics` returns verbatim."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        formatter: PromptFormatter,
+        *,
+        env: str,
+        env_params: dict[str, Any] | None = None,
+        max_context: int = 2048,
+        reward: Literal["session", "sum"] = "session",
+        turn_inputs: bool = True,
+        user_turn: str = "\nUser: {observation}\nAgent:",
+        seed: int = 0,
+        transcripts: int = 3,
+    ) -> None:
+        if reward not in REWARD_MODES:
+            raise ValueError(
+                f"runner 'multi-turn': reward must be one of {list(REWARD_MODES)}, got {reward!r}"
+            )
+        if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
+            raise ValueError(f"runner 'multi-turn': max_context must be an int >= 2, got {max_context!r}")
+        if "{observation}" not in user_turn:
+            raise ValueError(
+                f"runner 'multi-turn': user_turn must contain '{{observation}}', got {user_turn!r}"
+            )
+        self.engine = engine
+        self.formatter = formatter
+        self.tokenizer = formatter.tokenizer
+        self.make_env = env_factory(env, env_params)
+        probe = self.make_env()
+        self.criteria: tuple[str, ...] = tuple(probe.criteria)
+        self.max_turns = int(probe.max_turns)
+        self.max_context = max_context
+        self.reward = reward
+        self.turn_inputs = turn_inputs
+        self.user_turn = user_turn
+        self.seed = seed
+        self.n_transcripts = transcripts
+        self._calls = 0
+        self.last_sessions: list[Session] = []
+        self._last: Episodes | None = None
+
+    # ------------------------------------------------------------------------------- rendering
+    def _encode(self, text: str) -> list[int]:
+        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def _prompt(self, example: Any, first_obs: str) -> tuple[list[int], list[dict[str, Any]]]:
+        system = self.formatter.text(example.prompt)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": first_obs}]
+        if not self.formatter.chat:
+            return self._encode(system + self.user_turn.replace("{observation}", first_obs)), messages
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids], messages
+
+    def _reply(self, s: Session, observation: str) -> list[int]:
+        """Environment tokens after the agent's last turn (``s.messages`` ends with that turn)."""
+        if not self.formatter.chat:
+            return self._encode(self.user_turn.replace("{observation}", observation))
+        msgs = [{"role": m["role"], "content": m["content"]} for m in s.messages]
+        full = self.tokenizer.apply_chat_template(
+            [*msgs, {"role": "user", "content": observation}], add_generation_prompt=True, tokenize=False
+        )
+        anchor = msgs[-1]["content"] + (self.tokenizer.eos_token or "")
+        at = full.rfind(anchor)
+        if at < 0:
+            raise ValueError(
+                "runner 'multi-turn': the chat template does not render the agent's turn verbatim followed "
+                f"by the EOS token {self.tokenizer.eos_token!r}, so the environment's reply cannot be "
+                "tokenised after it; use the plain template (task.chat_template=false)"
+            )
+        return self._encode(full[at + len(anchor) :])
+
+    # ------------------------------------------------------------------------------------- run
+    def _env_seed(self, example: Any, j: int) -> int:
+        key = f"{self.seed}:{self._calls}:{getattr(example, 'id', '')}:{j}"
+        return random.Random(key).getrandbits(31)
+
+    def run(self, examples: list[Any], n_per_prompt: list[int], params: SamplingParams) -> Episodes:
+        if len(examples) != len(n_per_prompt):
+            raise ValueError(
+                f"runner 'multi-turn': {len(examples)} examples but {len(n_per_prompt)} group sizes"
+            )
+        sessions: list[Session] = []
+        for g, (ex, n) in enumerate(zip(examples, n_per_prompt, strict=True)):
+            for j in range(n):
+                env = self.make_env()
+                seed = self._env_seed(ex, j)
+                first = env.reset(ex, seed)
+                prompt, messages = self._prompt(ex, first)
+                sessions.append(Session(g, ex, env, seed, prompt, messages=messages))
+        self._calls += 1
+        have_lp = params.logprobs
+        eos = self.tokenizer.eos_token_id
+        for turn in range(1, self.max_turns + 1):
+            for s in sessions:
+                if not s.done and len(s.context) + params.max_new_tokens > self.max_context:
+                    s.done, s.truncated, s.session_reward = True, True, float(s.env.abort())
+            active = [s for s in sessions if not s.done]
+            if not active:
+                break
+            b = self.engine.generate([s.context for s in active], [1] * len(active), params)
+            have_lp = have_lp and b.logprobs is not None
+            texts = self.tokenizer.batch_decode(b.completion_lists(), skip_special_tokens=True)
+            for j, (s, ids) in enumerate(zip(active, b.completion_lists(), strict=True)):
+                lps = b.logprobs[j, : len(ids)].tolist() if b.logprobs is not None else [0.0] * len(ids)
+                s.completion += ids
+                s.actions += [1] * len(ids)
+                s.logprobs += lps
+                s.turn_index += [turn] * len(ids)
+                res = check_step(s.env, s.env.step(texts[j]), turn)
+                s.turn_rewards.append([float(res.turn_rewards[c]) for c in self.criteria])
+                s.messages.append(
+                    {"role": "assistant", "content": texts[j], "turn_rewards": res.turn_rewards}
+                )
+                cut = b.finish_reasons[j] == FINISH_LENGTH
+                s.turns_cut += int(cut)
+                if cut and eos is not None:  # close the turn the way the template expects
+                    self._append_env(s, [int(eos)])
+                if res.done:
+                    s.done, s.session_reward = True, float(res.session_reward)
+                    if res.observation:
+                        s.messages.append({"role": "user", "content": res.observation, "final": True})
+                    continue
+                reply = self._reply(s, res.observation)
+                s.messages.append({"role": "user", "content": res.observation})
+                self._append_env(s, reply)
+        for s in sessions:  # check_step guarantees done by max_turns; belt and braces
+            if not s.done:
+                raise RuntimeError("runner 'multi-turn': a session neither ended nor was cut")
+        self.last_sessions = sessions
+        self._last = self._episodes(sessions, have_lp)
+        return self._last
+
+    @staticmethod
+    def _append_env(s: Session, ids: list[int]) -> None:
+        s.completion += ids
+        s.actions += [0] * len(ids)
+        s.logprobs += [0.0] * len(ids)
+        s.turn_index += [0] * len(ids)
+
+    def _episodes(self, sessions: list[Session], have_lp: bool) -> Episodes:
+        batch = RolloutBatch.from_token_lists(
+            [s.prompt for s in sessions],
+            [s.completion for s in sessions],
+            pad_token_id=self.engine.pad_token_id,
+            group_ids=[s.group for s in sessions],
+            finish_reasons=[FINISH_LENGTH if s.truncated else FINISH_STOP for s in sessions],
+            actions=[s.actions for s in sessions],
+            logprobs=[s.logprobs for s in sessions] if have_lp else None,
+        )
+        n, t, c = len(sessions), batch.completion_ids.shape[1], len(self.criteria)
+        turn_r = torch.zeros(n, self.max_turns, c)
+        turn_idx = torch.zeros(n, t, dtype=torch.long)
+        for i, s in enumerate(sessions):
+            if s.turn_rewards:
+                turn_r[i, : len(s.turn_rewards)] = torch.tensor(s.turn_rewards)
+            turn_idx[i, : len(s.turn_index)] = torch.tensor(s.turn_index, dtype=torch.long)
+        sess = torch.tensor([float(s.session_reward) for s in sessions])
+        rewards = sess if self.reward == "session" else sess + turn_r.sum(dim=(1, 2))
+        inputs: dict[str, torch.Tensor] = {}
+        if self.turn_inputs:
+            num = torch.tensor([len(s.turn_rewards) for s in sessions], dtype=torch.long)
+            inputs = {"turn_index": turn_idx, "turn_rewards": turn_r, "num_turns": num}
+        texts = self.tokenizer.batch_decode([s.completion for s in sessions], skip_special_tokens=True)
+        return Episodes(
+            batch=batch,
+            texts=list(texts),
+            examples=[s.example for s in sessions],
+            rewards=rewards,
+            advantage_inputs=inputs,
+        )
+
+    # ------------------------------------------------------------------------------ evaluation
+    def eval_metrics(self, episodes: Episodes) -> dict[str, Any]:
+        """Over the conversations of ``episodes`` (this runner's last run): ``session_reward_mean``,
+        ``avg_turns``, ``truncated_rate``, per criterion c ``<c>_rate`` (fraction of agent turns with a
+        negative score) and ``<c>_session_rate`` (fraction of conversations with at least one), for
+        every boolean fact of ``Env.summary()`` (sales: ``conversion``) ``<fact>_rate``, and
+        ``transcripts``: the first ``transcripts`` conversations verbatim."""
+        if episodes is not self._last:
+            raise ValueError(
+                "runner 'multi-turn': eval_metrics() needs the Episodes of this runner's last run()"
+            )
+        ss = self.last_sessions
+        n = max(len(ss), 1)
+        turns = [len(s.turn_rewards) for s in ss]
+        out: dict[str, Any] = {
+            "session_reward_mean": sum(float(s.session_reward) for s in ss) / n,
+            "avg_turns": sum(turns) / n,
+            "truncated_rate": sum(s.truncated for s in ss) / n,
+            "turn_cut_rate": sum(s.turns_cut for s in ss) / max(sum(turns), 1),
+        }
+        for ci, c in enumerate(self.criteria):
+            bad = [sum(tr[ci] < 0 for tr in s.turn_rewards) for s in ss]
+            out[f"{c}_rate"] = sum(bad) / max(sum(turns), 1)
+            out[f"{c}_session_rate"] = sum(b > 0 for b in bad) / n
+        summaries = [s.env.summary() for s in ss]
+        for key in summaries[0] if summaries else ():
+            if all(isinstance(sm.get(key), bool) for sm in summaries):
+                out[f"{key}_rate"] = sum(sm[key] for sm in summaries) / n
+        out["transcripts"] = [s.transcript() for s in ss[: self.n_transcripts]]
+        return out
+
+
+def multi_turn_runner(
+    ctx: Any,
+    *,
+    env: str = "sales",
+    env_params: dict[str, Any] | None = None,
+    max_context: int = 2048,
+    reward: Literal["session", "sum"] = "session",
+    turn_inputs: bool = True,
+    user_turn: str = "\nUser: {observation}\nAgent:",
+    seed: int | None = None,
+    transcripts: int = 3,
+) -> MultiTurnRunner:
+    """Registry factory (``rollout.runner: {name: multi-turn, params: {...}}``): a
+    :class:`MultiTurnRunner` over the context's engine and formatter; the environments are seeded from
+    the run seed (``ctx.seed``, the evaluation seed when evaluating) unless ``seed`` is given."""
+    return MultiTurnRunner(
+        ctx.engine,
+        ctx.formatter,
+        env=env,
+        env_params=env_params,
+        max_context=max_context,
+        reward=reward,
+        turn_inputs=turn_inputs,
+        user_turn=user_turn,
+        seed=ctx.seed if seed is None else seed,
+        transcripts=transcripts,
+    )
+
+
+__all__ = ["REWARD_MODES", "MultiTurnRunner", "Session", "multi_turn_runner"]
