@@ -83,6 +83,15 @@ class Knobs:
     temperature: float
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What a controller may need to know about the run (given once via :meth:`Controller.bind`):
+    the policy's vocabulary size and the number of steps the run is configured for."""
+
+    vocab_size: int
+    total_steps: int
+
+
 @dataclass
 class Trajectory:
     """A stored completion: token ids, per-token log-probs under the policy that produced it.
@@ -127,6 +136,10 @@ class PromptSampler(ABC):
     def observe(self, outcomes: list[GroupOutcome], step: int) -> None:  # noqa: B027 - optional hook
         """Statistics after each step (difficulty ranks, curriculum)."""
 
+    def metrics(self) -> dict[str, float]:
+        """Numbers about the latest step's plan, logged as ``sampler/<key>`` (e.g. budgets, rounds)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -136,6 +149,9 @@ class PromptSampler(ABC):
 
 class Controller(ABC):
     """Updates a knob from the metrics of the finished step; applies it before the next one."""
+
+    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+        """Called once by the trainer before the first step (vocabulary size, configured steps)."""
 
     @abstractmethod
     def apply(self, knobs: Knobs, step: int) -> None: ...
