@@ -207,14 +207,15 @@ class E3Temperature(Controller):
     over the step's action tokens) becomes the target; after every step
     :func:`e3_temperature_step` moves τ towards it. The new τ is set on the loop's
     :class:`~posttrain.sampling.Knobs`, which the trainer uses for sampling AND the training
-    log-probs (logits / τ). ``anneal=True`` lowers the target to ``eta · H_init`` over the last 40 %
+    log-probs (logits / τ). ``init`` is the first τ (None: ``rollout.temperature``); τ stays in
+    ``[min_temperature, max_temperature]`` (a guard, not in the paper). ``anneal=True`` lowers the target to ``eta · H_init`` over the last 40 %
     of the run (cosine, :func:`e3_annealed_target`).
     """
 
     def __init__(
         self,
         *,
-        init: float = 1.0,
+        init: float | None = None,
         anneal: bool = False,
         eta: float = 0.9,
         min_temperature: float = 0.05,
@@ -223,7 +224,7 @@ class E3Temperature(Controller):
         self.validate_params(
             {"init": init, "eta": eta, "min_temperature": min_temperature, "max_temperature": max_temperature}
         )
-        self.tau = float(init)
+        self.tau = None if init is None else float(init)
         self.anneal, self.eta = anneal, eta
         self.lo, self.hi = min_temperature, max_temperature
         self.h_init: float | None = None
@@ -232,14 +233,15 @@ class E3Temperature(Controller):
 
     @staticmethod
     def validate_params(params: dict[str, Any]) -> None:
-        init = params.get("init", 1.0)
+        init = params.get("init")
         eta = params.get("eta", 0.9)
         lo, hi = params.get("min_temperature", 0.05), params.get("max_temperature", 5.0)
-        if not (isinstance(init, int | float) and init > 0):
-            raise ValueError(f"init must be a temperature > 0, got {init!r}")
+        if init is not None and not (isinstance(init, int | float) and init > 0):
+            raise ValueError(f"init must be a temperature > 0 (or null: rollout.temperature), got {init!r}")
         if not (isinstance(eta, int | float) and 0 < eta <= 1):
             raise ValueError(f"eta must lie in (0, 1], got {eta!r}")
-        if not (isinstance(lo, int | float) and isinstance(hi, int | float) and 0 < lo <= init <= hi):
+        mid = lo if init is None else init
+        if not (isinstance(lo, int | float) and isinstance(hi, int | float) and 0 < lo <= mid <= hi):
             raise ValueError(
                 f"min_temperature / max_temperature must satisfy 0 < min_temperature <= init <= "
                 f"max_temperature, got {lo!r}, {init!r}, {hi!r}"
@@ -256,6 +258,8 @@ class E3Temperature(Controller):
         return e3_annealed_target(self.h_init, step, self.total_steps, eta=self.eta)
 
     def apply(self, knobs: Knobs, step: int) -> None:
+        if self.tau is None:  # init: null -> start from rollout.temperature
+            self.tau = float(knobs.temperature)
         knobs.temperature = self.tau
 
     def update(self, metrics: dict[str, float], step: int) -> dict[str, float]:
@@ -275,5 +279,5 @@ class E3Temperature(Controller):
         return {"tau": self.tau, "h_init": self.h_init}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.tau = float(state["tau"])
+        self.tau = None if state["tau"] is None else float(state["tau"])
         self.h_init = None if state["h_init"] is None else float(state["h_init"])
