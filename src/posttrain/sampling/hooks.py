@@ -20,6 +20,13 @@ GroupRewardShaper   after rewards, before the advantage,    ASRR accuracy-gated 
 ==================  ======================================  ==============================================
 
 State for checkpoints: ``state_dict()`` returns JSON-serialisable data (no pickle anywhere).
+Samplers may report numbers about their latest plan via ``metrics()`` (logged as ``sampler/<key>``);
+controllers get the vocabulary size and configured steps once via ``bind(RunInfo)`` and read the
+step's metrics (``entropy_pre_update``: no-grad entropy of the sampling policy at τ) in ``update``.
+A hook class may define ``validate_params(params)`` (raise ValueError naming the key): the config
+calls it when it is loaded, so bad values are config errors. Implementations of the methods above:
+:mod:`posttrain.sampling.e3`, :mod:`posttrain.sampling.asrr`, :mod:`posttrain.sampling.dapo`
+(``docs/sampling-methods.md``).
 """
 
 from __future__ import annotations

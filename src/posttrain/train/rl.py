@@ -31,8 +31,10 @@
    AdamW steps with the scheduled learning rate.
 5. :meth:`~RLTrainer.report` (**metrics + hooks**) — reward / accuracy / zero-variance groups / lengths
    / truncation / entropy / clip fractions / KL / grad norm / throughput / time split, all over action
-   tokens; controllers update their knobs (e.g. the temperature used for BOTH the next rollout and the
-   training log-probs, E3, arXiv:2505.18573); sampler and replay buffer observe the scored groups.
+   tokens, plus ``entropy_pre_update`` (no-grad entropy of the sampling policy at τ) and the sampler's
+   ``sampler/*`` numbers; controllers update their knobs (e.g. the temperature used for BOTH the next
+   rollout and the training log-probs, E3, arXiv:2505.18573); sampler and replay buffer observe the
+   scored groups.
    Per-micro-batch metric sums live in one helper, :class:`MetricSums`.
 
 :meth:`RLTrainer.train` wraps steps with logging (JSONL always, TensorBoard / W&B optional),
