@@ -4,6 +4,15 @@ Each registry also accepts a plug-in ``package.module:Name`` naming a subclass o
 (e.g. ``hooks.shaper.name: my_lab.shaping:LengthPenalty``).
 """
 
+from posttrain.sampling.asrr import NO_THINKING_PREFIX, NO_THINKING_TEMPLATE, ASRRShaper, asrr_length_penalty
+from posttrain.sampling.dapo import DAPOOverlongShaper, DAPOSampler, dapo_overlong_penalty
+from posttrain.sampling.e3 import (
+    E3Sampler,
+    E3Temperature,
+    allocate_rollouts,
+    e3_annealed_target,
+    e3_temperature_step,
+)
 from posttrain.sampling.hooks import (
     CONTROLLERS,
     GROUP_SHAPERS,
@@ -19,6 +28,7 @@ from posttrain.sampling.hooks import (
     PromptPlan,
     PromptSampler,
     ReplayBuffer,
+    RunInfo,
     Trajectory,
     UniformSampler,
 )
@@ -35,10 +45,17 @@ for _reg, _base in (
 __all__ = [
     "CONTROLLERS",
     "GROUP_SHAPERS",
+    "NO_THINKING_PREFIX",
+    "NO_THINKING_TEMPLATE",
     "REPLAY_BUFFERS",
     "SAMPLERS",
+    "ASRRShaper",
     "ConstantTemperature",
     "Controller",
+    "DAPOOverlongShaper",
+    "DAPOSampler",
+    "E3Sampler",
+    "E3Temperature",
     "GroupOutcome",
     "GroupRewardShaper",
     "IdentityShaper",
@@ -47,6 +64,12 @@ __all__ = [
     "PromptPlan",
     "PromptSampler",
     "ReplayBuffer",
+    "RunInfo",
     "Trajectory",
     "UniformSampler",
+    "allocate_rollouts",
+    "asrr_length_penalty",
+    "dapo_overlong_penalty",
+    "e3_annealed_target",
+    "e3_temperature_step",
 ]

@@ -20,6 +20,13 @@ GroupRewardShaper   after rewards, before the advantage,    ASRR accuracy-gated 
 ==================  ======================================  ==============================================
 
 State for checkpoints: ``state_dict()`` returns JSON-serialisable data (no pickle anywhere).
+Samplers may report numbers about their latest plan via ``metrics()`` (logged as ``sampler/<key>``);
+controllers get the vocabulary size and configured steps once via ``bind(RunInfo)`` and read the
+step's metrics (``entropy_pre_update``: no-grad entropy of the sampling policy at τ) in ``update``.
+A hook class may define ``validate_params(params)`` (raise ValueError naming the key): the config
+calls it when it is loaded, so bad values are config errors. Implementations of the methods above:
+:mod:`posttrain.sampling.e3`, :mod:`posttrain.sampling.asrr`, :mod:`posttrain.sampling.dapo`
+(``docs/sampling-methods.md``).
 """
 
 from __future__ import annotations
@@ -83,6 +90,15 @@ class Knobs:
     temperature: float
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What a controller may need to know about the run (given once via :meth:`Controller.bind`):
+    the policy's vocabulary size and the number of steps the run is configured for."""
+
+    vocab_size: int
+    total_steps: int
+
+
 @dataclass
 class Trajectory:
     """A stored completion: token ids, per-token log-probs under the policy that produced it.
@@ -127,6 +143,10 @@ class PromptSampler(ABC):
     def observe(self, outcomes: list[GroupOutcome], step: int) -> None:  # noqa: B027 - optional hook
         """Statistics after each step (difficulty ranks, curriculum)."""
 
+    def metrics(self) -> dict[str, float]:
+        """Numbers about the latest step's plan, logged as ``sampler/<key>`` (e.g. budgets, rounds)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -136,6 +156,9 @@ class PromptSampler(ABC):
 
 class Controller(ABC):
     """Updates a knob from the metrics of the finished step; applies it before the next one."""
+
+    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+        """Called once by the trainer before the first step (vocabulary size, configured steps)."""
 
     @abstractmethod
     def apply(self, knobs: Knobs, step: int) -> None: ...

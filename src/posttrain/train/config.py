@@ -386,9 +386,19 @@ class CheckpointConfig(StrictModel):
 def _hook(registry_attr: str, v: ComponentSpec) -> ComponentSpec:
     import posttrain.sampling as sampling
 
+    registry = getattr(sampling, registry_attr)
     if registry_attr == "SAMPLERS":  # the trainer passes the training examples and the run's seed
-        return _check_spec(v, sampling.SAMPLERS, skip_positional=1, reserved=("seed",))
-    return _check_spec(v, getattr(sampling, registry_attr))
+        _check_spec(v, registry, skip_positional=1, reserved=("seed",))
+    else:
+        _check_spec(v, registry)
+    # a hook may check its parameter VALUES at config time too (``validate_params(params)``)
+    validate = getattr(registry.get(v.name), "validate_params", None)
+    if callable(validate):
+        try:
+            validate(dict(v.params))
+        except ValueError as e:
+            raise ValueError(f"params: {v.name}: {e}") from None
+    return v
 
 
 class HooksConfig(StrictModel):

@@ -41,6 +41,42 @@ def demo_overrides(out: Path, *, objective: str, rl_steps: int, seed: int) -> li
     ]
 
 
+def sft_warm_start(
+    cfg: Any,
+    model: Any,
+    tok: Any,
+    *,
+    steps: int,
+    lr: float = 3e-3,
+    style: str | None = None,
+    seed: int = 0,
+    out_dir: str | Path,
+    progress: bool | None = None,
+    save: bool = True,
+) -> dict[str, Any]:
+    """The demo's SFT warm start, in place on ``model``: batch 32 on the reference completions of the
+    RL config's task (scratchpad tasks in the ``long`` style), ``steps`` steps at ``lr``. Also used by
+    ``posttrain bench ablation``, so every arm starts from the same warm start."""
+    from posttrain.train.sft import SFTConfig, SFTTrainer
+
+    sft_cfg = SFTConfig(
+        model=cfg.model,
+        task=cfg.task,
+        steps=steps,
+        batch_size=32,
+        lr=lr,
+        style=style or ("long" if cfg.task.params.get("format") == "scratchpad" else "short"),
+        threads=cfg.threads,
+        seed=seed,
+        out_dir=str(out_dir),
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        progress=progress,
+        save=save,
+    )
+    sft_cfg.eval.at_end = False
+    return SFTTrainer(sft_cfg, model, tok).train()
+
+
 def run_demo(
     out_dir: str | Path = "runs/demo",
     *,
@@ -63,7 +99,6 @@ def run_demo(
     from posttrain.train.plot import plot_run
     from posttrain.train.rl import RLTrainer
     from posttrain.train.run_dir import prepare_run_dir
-    from posttrain.train.sft import SFTConfig, SFTTrainer
     from posttrain.utils.config import build_config
     from posttrain.utils.tables import print_table
 
@@ -87,23 +122,17 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model_and_tokenizer(cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=seed)
 
-    sft_cfg = SFTConfig(
-        model=cfg.model,
-        task=cfg.task,
+    sft_summary = sft_warm_start(
+        cfg,
+        model,
+        tok,
         steps=sft_steps,
-        batch_size=32,
         lr=sft_lr,
-        style=sft_style or ("long" if cfg.task.params.get("format") == "scratchpad" else "short"),
-        threads=cfg.threads,
+        style=sft_style,
         seed=seed,
-        out_dir=str(out / "sft"),
-        max_new_tokens=cfg.rollout.max_new_tokens,
+        out_dir=out / "sft",
         progress=progress,
-        save=True,
     )
-    sft_cfg.eval.at_end = False
-    sft = SFTTrainer(sft_cfg, model, tok)
-    sft_summary = sft.train()
     t_sft = time.perf_counter() - t0
 
     cfg.eval.at_start = True

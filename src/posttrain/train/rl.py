@@ -31,8 +31,10 @@
    AdamW steps with the scheduled learning rate.
 5. :meth:`~RLTrainer.report` (**metrics + hooks**) — reward / accuracy / zero-variance groups / lengths
    / truncation / entropy / clip fractions / KL / grad norm / throughput / time split, all over action
-   tokens; controllers update their knobs (e.g. the temperature used for BOTH the next rollout and the
-   training log-probs, E3, arXiv:2505.18573); sampler and replay buffer observe the scored groups.
+   tokens, plus ``entropy_pre_update`` (no-grad entropy of the sampling policy at τ) and the sampler's
+   ``sampler/*`` numbers; controllers update their knobs (e.g. the temperature used for BOTH the next
+   rollout and the training log-probs, E3, arXiv:2505.18573); sampler and replay buffer observe the
+   scored groups.
    Per-micro-batch metric sums live in one helper, :class:`MetricSums`.
 
 :meth:`RLTrainer.train` wraps steps with logging (JSONL always, TensorBoard / W&B optional),
@@ -81,6 +83,7 @@ from posttrain.sampling import (
     GroupOutcome,
     Knobs,
     PromptPlan,
+    RunInfo,
     Trajectory,
 )
 from posttrain.train import dist
@@ -135,12 +138,14 @@ class StepRollout:
 @dataclass
 class StepForwards:
     """Phase 2: (N, T) old / reference log-probs (None when not needed) and ``first``, the (logp,
-    entropy) with gradient of the first micro-batch, computed early and consumed by :meth:`update`."""
+    entropy) with gradient of the first micro-batch, computed early and consumed by :meth:`update`.
+    ``old_entropy``: (N, T) no-grad entropy at τ from the old-log-prob forward (off-policy only)."""
 
     old_logp: torch.Tensor | None
     ref_logp: torch.Tensor | None
     first: tuple[torch.Tensor, torch.Tensor] | None
     seconds: float
+    old_entropy: torch.Tensor | None = None
 
 
 @dataclass
@@ -321,6 +326,11 @@ class RLTrainer:
         h = cfg.hooks
         self.sampler = SAMPLERS.get(h.sampler.name)(self.train_examples, seed=cfg.seed, **h.sampler.params)
         self.controllers = [CONTROLLERS.get(c.name)(**c.params) for c in h.controllers]
+        run_info = RunInfo(
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]), total_steps=cfg.steps
+        )
+        for c in self.controllers:
+            c.bind(run_info)
         self.replay = REPLAY_BUFFERS.get(h.replay.name)(**h.replay.params)
         self.shaper = GROUP_SHAPERS.get(h.shaper.name)(**h.shaper.params)
         self.knobs = Knobs(temperature=cfg.rollout.temperature)
@@ -526,13 +536,14 @@ class RLTrainer:
         micro = self.cfg.micro_batch_size or len(ro.batch)
         chunks = torch.arange(len(ro.batch)).split(micro)
 
-        def no_grad_logp(lm: ModelAdapter) -> torch.Tensor:
-            return torch.cat([self._policy_forward(lm, ro, rows, False)[0] for rows in chunks])
+        def no_grad_forward(lm: ModelAdapter) -> tuple[torch.Tensor, torch.Tensor]:
+            parts = [self._policy_forward(lm, ro, rows, False) for rows in chunks]
+            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
-        old_logp = no_grad_logp(self.lm) if self.cfg.off_policy else None
-        ref_logp = no_grad_logp(self.ref_lm) if self.ref_lm is not None else None
+        old_logp, old_ent = no_grad_forward(self.lm) if self.cfg.off_policy else (None, None)
+        ref_logp = no_grad_forward(self.ref_lm)[0] if self.ref_lm is not None else None
         first = self._policy_forward(self.lm, ro, ro.micro_batches[0][0], True)
-        return StepForwards(old_logp, ref_logp, first, time.perf_counter() - t0)
+        return StepForwards(old_logp, ref_logp, first, time.perf_counter() - t0, old_ent)
 
     # ------------------------------------------------------------ 3. rewards -> shaping -> advantages
     def score(self, ro: StepRollout) -> StepScores:
@@ -670,6 +681,15 @@ class RLTrainer:
             time_step=wall,
             tokens_per_s=gen_tokens / max(wall, 1e-9),
         )
+        # entropy of the policy that sampled, at τ, without gradient (E3's controller reads it): on-policy
+        # the update's forwards all precede its single optimizer step, so its entropy metric is that
+        if fw.old_entropy is not None:
+            metrics["entropy_pre_update"] = float(
+                (fw.old_entropy * ro.actions).sum() / ro.actions.sum().clamp(min=1)
+            )
+        else:
+            metrics["entropy_pre_update"] = metrics["entropy"]
+        metrics.update({f"sampler/{k}": v for k, v in self.sampler.metrics().items()})
         outcomes = self._outcomes(ro.episodes, scores.raw)
         self.sampler.observe(outcomes, self.step_idx)
         self.replay.observe(ro.episodes, scores.shaped, scores.correct, self.step_idx)

@@ -1,0 +1,73 @@
+"""`posttrain bench ablation`: sampling / reward-shaping methods against GRPO from one SFT warm start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from posttrain.cli.app import bench_app
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected comma-separated integers, got {text!r}", param_hint=option
+        ) from None
+
+
+@bench_app.command("ablation")
+def ablation(
+    arms: str = typer.Option(
+        "grpo,dgpo,maspo,e3,asrr,dapo,e3-asrr-dgpo", "--arms", help="Comma-separated arms to run."
+    ),
+    seeds: str | None = typer.Option(
+        None, "--seeds", help="Comma-separated seeds, mean ± std over them (default 0,1; --quick: 0)."
+    ),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="RL steps per arm (default 60)."),
+    sft_steps: int | None = typer.Option(
+        None, "--sft-steps", min=0, help="SFT warm-start steps (default 350)."
+    ),
+    n_train: int | None = typer.Option(
+        None,
+        "--n-train",
+        min=1,
+        help="Training questions (default 320: an epoch = 20 steps, E3 ranks per epoch).",
+    ),
+    eval_every: int | None = typer.Option(None, "--eval-every", min=1, help="Held-out eval every N steps."),
+    quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke run (2 steps, tiny batches)."),
+    out: Path = typer.Option(
+        Path("runs/ablation"), "--out", help="Output folder (each run in its own subfolder)."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the runs of an earlier ablation in --out."
+    ),
+) -> None:
+    """Run the arms from the same SFT warm start, seeds and rollout budget; print the table and write
+    ablation.json, ablation.md and ablation.png into --out (docs/sampling-methods.md)."""
+    from rich.console import Console
+
+    from posttrain.bench.ablation import AblationSettings, print_ablation, run_ablation
+
+    given = {
+        "arms": [a.strip() for a in arms.split(",") if a.strip()],
+        "seeds": _ints(seeds, "--seeds") if seeds is not None else None,
+        "steps": steps,
+        "sft_steps": sft_steps,
+        "n_train": n_train,
+        "eval_every": eval_every,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    try:
+        settings = AblationSettings.quick(**given) if quick else AblationSettings(**given)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    err = Console(stderr=True)
+    try:
+        result = run_ablation(settings, out, overwrite=overwrite, log=lambda m: err.print(m, highlight=False))
+    except FileExistsError as e:
+        raise typer.BadParameter(str(e), param_hint="--out") from None
+    print_ablation(result)
+    typer.echo(f"wrote {out / 'ablation.json'}, {out / 'ablation.md'}, {result['plot']}")

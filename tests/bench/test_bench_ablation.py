@@ -1,0 +1,103 @@
+"""`posttrain bench ablation`: the quick mode end to end (runs, table, JSON, Markdown, PNG), the CLI,
+bad arguments, fresh run folders, and the per-run summary / claim checks on synthetic metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from posttrain.bench.ablation import (
+    ARMS,
+    AblationSettings,
+    aggregate,
+    check_claims,
+    run_ablation,
+    summarise_run,
+)
+from posttrain.cli import app
+
+runner = CliRunner()
+
+
+def test_quick_ablation_runs_every_selected_arm_from_one_warm_start(tmp_path):
+    res = run_ablation(AblationSettings.quick(arms=["grpo", "dapo"], sft_steps=4), tmp_path)
+    assert list(res["table"]) == ["grpo", "dapo"]
+    data = json.loads((tmp_path / "ablation.json").read_text())
+    assert set(data["claims"]) == {"dapo_no_zero_variance_group"}
+    assert "| dapo |" in (tmp_path / "ablation.md").read_text()
+    assert (tmp_path / "ablation.png").read_bytes()[:4] == b"\x89PNG"
+    runs = {r["run_dir"] for arm in data["runs"].values() for r in arm}
+    assert len(runs) == 2  # each arm in its own folder
+    # same warm start: every arm's first held-out eval (before any RL step) is identical
+    starts = {arm: data["runs"][arm][0]["heldout_acc_start"] for arm in data["runs"]}
+    assert len(set(starts.values())) == 1
+    # DAPO draws extra rounds; the others spend exactly the per-step budget
+    assert data["runs"]["grpo"][0]["rollouts_total"] == 2 * 4 * 4
+    assert data["runs"]["dapo"][0]["rollouts_total"] >= 2 * 4 * 4
+    # a second ablation into the same folder is refused unless asked to overwrite
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        run_ablation(AblationSettings.quick(arms=["grpo"]), tmp_path)
+
+
+def test_cli_quick_and_bad_arm(tmp_path):
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "ablation",
+            "--quick",
+            "--arms",
+            "grpo",
+            "--sft-steps",
+            "2",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "a"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "a" / "ablation.md").is_file()
+    r = runner.invoke(
+        app, ["bench", "ablation", "--quick", "--arms", "grpo,nope", "--out", str(tmp_path / "b")]
+    )
+    assert r.exit_code != 0 and "nope" in r.output and "choose from" in r.output
+
+
+def test_arms_cover_the_issue_list():
+    assert set(ARMS) == {"grpo", "dgpo", "maspo", "e3", "asrr", "dapo", "e3-asrr-dgpo"}
+
+
+def _rows(entropies, *, zero_var=0.0, hard=None):
+    rows = [{"kind": "eval", "step": 0, "accuracy": 0.5, "length_mean": 40.0}]
+    for i, h in enumerate(entropies):
+        r = {
+            "kind": "step",
+            "step": i + 1,
+            "entropy_pre_update": h,
+            "length_mean": 40.0 - i,
+            "temperature": 1.0,
+            "num_sequences": 8,
+            "zero_var_frac": zero_var,
+        }
+        if hard:
+            r.update({"sampler/n_hard": hard[0], "sampler/n_easy": hard[1]})
+        rows.append(r)
+    rows.append({"kind": "eval", "step": len(entropies), "accuracy": 0.6, "length_mean": 30.0})
+    return rows
+
+
+def test_summary_measures_entropy_drift_after_warmup_and_claims_use_it():
+    e3 = summarise_run(_rows([1.0, 3.0, 1.05, 0.95, 1.02], hard=(10, 6)), warmup_frac=0.4)
+    grpo = summarise_run(_rows([1.0, 1.0, 0.8, 0.7, 0.6]), warmup_frac=0.4)
+    assert e3["entropy_dev_max"] == pytest.approx(0.05)  # the warm-up spike at step 2 is excluded
+    assert grpo["entropy_dev_max"] == pytest.approx(0.4)
+    dapo = summarise_run(_rows([1.0, 1.0], zero_var=0.0))
+    table = aggregate({"grpo": [grpo], "e3": [e3], "dapo": [dapo]})
+    claims = check_claims(table)
+    assert claims["e3_entropy_within_10pct"]["holds"] is True
+    assert claims["e3_hard_prompts_get_more_rollouts"]["holds"] is True
+    assert claims["dapo_no_zero_variance_group"]["holds"] is True
+    assert "asrr_length_cut_25pct_acc_drop_2pts" not in claims  # ASRR not run
