@@ -8,12 +8,15 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from posttrain.envs import SalesEnv, SalesLLMEnv, SalesTask, check_step, env_factory
 from posttrain.envs.sales_llm import CUSTOMER_PROMPT, endpoint_failures
@@ -240,3 +243,67 @@ def test_config_errors_name_the_param(params, names):
 def test_missing_endpoint_param_is_named():
     with pytest.raises(ValueError, match=r"missing required parameter.*'model'"):
         env_factory("sales-llm", {"base_url": "http://127.0.0.1:9/v1"})
+
+
+# ---------------------------------------------------------------------------------------- docs
+DOC = Path(__file__).resolve().parents[2] / "docs" / "multi-turn.md"
+
+
+def _section() -> str:
+    text = DOC.read_text()
+    return text.split("## The `sales-llm` environment")[1].split("\n## ")[0]
+
+
+def test_docs_print_the_customer_prompt():
+    block = re.search(r"```text\n(.*?)```", _section(), re.S).group(1)
+    assert " ".join(block.split()) == " ".join(CUSTOMER_PROMPT.split())
+
+
+def test_docs_example_config_builds_the_env():
+    yaml_text = re.search(r"```yaml\n(.*?)```", _section(), re.S).group(1)
+    params = yaml.safe_load(yaml_text)["rollout"]["runner"]["params"]
+    assert params["env"] == "sales-llm"
+    env = env_factory(params["env"], params["env_params"])()
+    assert isinstance(env, SalesLLMEnv) and env.max_turns == params["env_params"]["max_turns"]
+
+
+# -------------------------------------------------------------------------------- the runner
+def test_runner_survives_a_failing_endpoint_and_reports_the_rate(stub, example):
+    """A training-step rollout over a 500-only endpoint: no exception, every conversation ends after
+    its first turn with reward 0, and the evaluation reports ``endpoint_failed_rate`` = 1."""
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.rollout import PromptFormatter, RolloutBatch, SamplingParams
+    from posttrain.rollout.multiturn import MultiTurnRunner
+
+    url, handler = stub
+    handler.mode = "500"
+    tok = load_model_and_tokenizer("tiny", device="cpu", seed=0)[1]
+
+    class Say:
+        pad_token_id = int(tok.pad_token_id)
+
+        def generate(self, prompt_ids, n_per_prompt, params):
+            ids = [*tok.encode("What do you need?", add_special_tokens=False), tok.eos_token_id]
+            n = len(prompt_ids)
+            return RolloutBatch.from_token_lists(
+                prompt_ids,
+                [ids] * n,
+                pad_token_id=self.pad_token_id,
+                group_ids=list(range(n)),
+                finish_reasons=["stop"] * n,
+                logprobs=[[-1.0] * len(ids)] * n,
+            )
+
+    runner = MultiTurnRunner(
+        Say(),
+        PromptFormatter(tok),
+        env="sales-llm",
+        env_params={"base_url": url, "model": "m", "max_retries": 0, "timeout_s": 5, "max_turns": 4},
+    )
+    before = endpoint_failures()
+    eps = runner.run([example], [2], SamplingParams(max_new_tokens=32))
+    assert eps.advantage_inputs["num_turns"].tolist() == [1, 1]
+    assert eps.rewards.tolist() == [0.0, 0.0]
+    m = runner.eval_metrics(eps)
+    assert m["endpoint_failed_rate"] == 1.0
+    assert endpoint_failures() == before + 2
