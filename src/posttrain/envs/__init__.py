@@ -3,6 +3,7 @@
 
 from posttrain.envs.base import ENVS, Env, StepResult, check_step, env_factory, list_envs, register_env
 from posttrain.envs.sales import CATALOG, CRITERIA, STORE_PROMPT, SalesEnv, SalesTask, ScriptedSeller
+from posttrain.envs.sales_llm import SalesLLMEnv  # registers 'sales-llm'
 
 __all__ = [
     "CATALOG",
@@ -11,6 +12,7 @@ __all__ = [
     "STORE_PROMPT",
     "Env",
     "SalesEnv",
+    "SalesLLMEnv",
     "SalesTask",
     "ScriptedSeller",
     "StepResult",
