@@ -110,7 +110,7 @@ def parse_pair(row: Any, where: str, *, default_task_type: str = "chat", index: 
     task_type = _str_field(row, "task_type", where, required=False) or _str_field(
         row, "domain", where, required=False
     )
-    task_type = (task_type or default_task_type).strip().lower()
+    task_type = (task_type or default_task_type).strip().lower().split("-")[0]  # RM-Bench: safety-refuse
     if task_type not in TASK_TYPES:
         raise PreferenceDataError(
             f"{where}: field 'task_type' is {task_type!r}; accepted: {', '.join(TASK_TYPES)}"
@@ -129,12 +129,55 @@ def parse_pair(row: Any, where: str, *, default_task_type: str = "chat", index: 
     )
 
 
+def _rmbench_level(i: int, j: int) -> str:
+    """RM-Bench accuracy matrix M[i][j] (chosen style i vs rejected style j, styles ordered concise,
+    detailed, detailed+markdown): diagonal normal, above it hard, below it easy."""
+    return "normal" if i == j else ("hard" if i < j else "easy")
+
+
+def expand_row(
+    row: Any, where: str, *, default_task_type: str = "chat", index: int = 0
+) -> list[PreferencePair]:
+    """One row -> its pairs: a plain row gives one; an RM-Bench row (``chosen`` and ``rejected`` lists
+    of the same length n) gives the n × n comparisons, labelled easy / normal / hard when n = 3."""
+    if isinstance(row, dict) and isinstance(row.get("chosen"), list | tuple):
+        ch, rj = row.get("chosen"), row.get("rejected")
+        if not isinstance(rj, list | tuple) or len(rj) != len(ch) or not ch:
+            raise PreferenceDataError(
+                f"{where}: 'chosen' is a list (RM-Bench format), so 'rejected' must be a list of the same "
+                f"non-zero length; got {type(rj).__name__}"
+            )
+        domain = row.get("domain") or row.get("task_type") or default_task_type
+        base = {k: v for k, v in row.items() if k not in ("chosen", "rejected", "task_type", "domain")}
+        base["task_type"] = str(domain).split("-")[0]
+        out = []
+        for i, c in enumerate(ch):
+            for j, r in enumerate(rj):
+                sub = _rmbench_level(i, j) if len(ch) == 3 else f"c{i}-r{j}"
+                one = {
+                    **base,
+                    "chosen": c,
+                    "rejected": r,
+                    "subset": sub,
+                    "id": f"{row.get('id', index)}:{i}{j}",
+                }
+                out.append(
+                    parse_pair(
+                        one, f"{where} (chosen[{i}] vs rejected[{j}])", default_task_type=default_task_type
+                    )
+                )
+        return out
+    return [parse_pair(row, where, default_task_type=default_task_type, index=index)]
+
+
 def load_preferences(path: str | Path, *, default_task_type: str = "chat") -> list[PreferencePair]:
-    """All pairs of a JSONL / parquet file; the first bad row raises :class:`PreferenceDataError`."""
+    """All pairs of a JSONL / parquet file (RM-Bench rows expanded, :func:`expand_row`); the first bad
+    row raises :class:`PreferenceDataError`."""
     p = Path(path)
     pairs = [
-        parse_pair(row, f"{p}:{n}", default_task_type=default_task_type, index=i)
+        pair
         for i, (n, row) in enumerate(_rows(p))
+        for pair in expand_row(row, f"{p}:{n}", default_task_type=default_task_type, index=i)
     ]
     if not pairs:
         raise PreferenceDataError(f"{p}: no preference rows")
