@@ -3,7 +3,8 @@
 * reward source ``judge`` — a pointwise generative judge (:class:`~posttrain.rm.judge.JudgeRewardSource`);
 * reward source ``par`` — PAR rewards of judge rollouts (:class:`~posttrain.rm.par_rl.PARRewardSource`);
 * episode runner ``par`` — n judgments of each side of a preference pair (:class:`~posttrain.rm.par_rl.PARRunner`);
-* task ``preferences`` — preference pairs (:class:`~posttrain.rm.par_rl.PreferenceTask`).
+The task ``preferences`` (:class:`~posttrain.rm.preference_task.PreferenceTask`) is registered by
+:mod:`posttrain.tasks`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any, Literal
 
 from posttrain.rm.prompts import DEFAULT_SCALE
 from posttrain.rollout.registry import REWARD_SOURCES, RUNNERS, RewardSourceContext, RunnerContext
-from posttrain.tasks.base import TASKS
 
 
 @REWARD_SOURCES.register("judge")
@@ -120,13 +120,3 @@ def par_runner(
     from posttrain.rm.par_rl import PARRunner
 
     return PARRunner(ctx.engine, ctx.formatter, rubric_style=rubric_style, scale=scale)
-
-
-def _register_task() -> None:
-    from posttrain.rm.par_rl import PreferenceTask
-
-    if "preferences" not in TASKS:
-        TASKS.register("preferences")(PreferenceTask)
-
-
-_register_task()
