@@ -249,3 +249,13 @@ def test_synthetic_pairs_from_arithmetic():
     long = synthetic_pairs(get_task("arithmetic", digits=2, n_train=5, format="scratchpad"), style="long")
     assert long[0].chosen.splitlines()[:-1] == long[0].rejected.splitlines()[:-1]  # only the answer differs
     assert long[0].chosen.splitlines()[-1] != long[0].rejected.splitlines()[-1]
+
+
+def test_par_reference_example_grpo_advantages_per_response_group():
+    import torch
+
+    from posttrain.algos import get_advantage
+
+    rc, rr = par_rewards([8, 7, 5, 9], [6, 7, 4, 8])
+    adv = get_advantage("grpo")(torch.tensor(rc + rr), torch.tensor([0] * 4 + [1] * 4))
+    assert adv.tolist() == pytest.approx([0.5, 0.5, -1.5, 0.5, 0.5, 0.5, 0.5, -1.5], abs=1e-5)
