@@ -97,8 +97,10 @@ def train(
     task_type: str = _TASK_TYPE,
     overwrite: bool = typer.Option(False, "--overwrite", help="par: delete a previous run in out_dir"),
 ) -> None:
-    """Train a reward model: ``--method par`` runs the RL trainer with the ``par`` runner and reward source
-    (task ``preferences``); ``--method bt`` trains a Bradley-Terry scalar model on ``--data``."""
+    """Train a reward model: PAR (RL of a judge) or Bradley-Terry.
+
+    ``--method par`` runs the RL trainer with the ``par`` runner and reward source (task
+    ``preferences``); ``--method bt`` trains a Bradley-Terry scalar model on ``--data``."""
     from posttrain.utils.config import ConfigError, build_config
 
     if method == "bt":
@@ -154,7 +156,9 @@ def evaluate(
     n_boot: int = typer.Option(1000, "--n-boot", help="bootstrap resamples for the 95% CIs"),
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
-    """Pairwise accuracy per subset and category (ties, position bias, bootstrap CIs): table, JSON, PNG."""
+    """Pairwise accuracy of reward models on RewardBench / RM-Bench-format files.
+
+    Per subset and category, with ties, position bias and bootstrap CIs: table, JSON, PNG."""
     from posttrain.rm.evaluate import evaluate_pairwise, evaluate_pointwise, table, write_reports
     from posttrain.rm.scorers import ScorerSpecError, build_scorer
 
@@ -207,8 +211,10 @@ def score(
     chat_template: bool = _CHAT,
     api_key_env: Optional[str] = _KEY_ENV,  # noqa: UP045
 ) -> None:
-    """Score responses with a judge or BT model: one JSON line per row with ``score`` (None when the
-    judge gave no parsable score); preference rows get ``chosen_score`` and ``rejected_score``."""
+    """Score responses with a judge or BT model (JSONL out).
+
+    One JSON line per row with ``score`` (None when the judge gave no parsable score); preference rows
+    get ``chosen_score`` and ``rejected_score``."""
     from posttrain.rm.scorers import build_scorer
 
     rows: list[dict] = []
@@ -271,7 +277,9 @@ def demo(
     seed: int = typer.Option(0, "--seed"),
     overwrite: bool = typer.Option(False, "--overwrite", help="delete a previous demo in --out"),
 ) -> None:
-    """Synthetic preference pairs from 2-digit addition -> untrained / SFT / PAR judges and a BT baseline
+    """Tiny PaTaRM demo: judges from synthetic pairs, BT baseline, RLHF with the judge.
+
+    Synthetic preference pairs from 2-digit addition -> untrained / SFT / PAR judges and a BT baseline
     (held-out pairwise accuracy), then RL of a tiny policy with the PAR judge as its only reward vs a
     random judge (verifiable held-out accuracy)."""
     from posttrain.rm.demo import run_rm_demo
