@@ -15,7 +15,8 @@ with a Bradley-Terry baseline, then use it as the only reward of an RL run (prop
    (``judge`` reward source), against the same run with a random judge; the verifiable held-out
    accuracy (exact match) before and after each run.
 
-Run directory: ``sft/``, ``par/``, ``bt/``, ``eval/`` (results.json, table.txt, accuracy.png),
+Run directory: ``heldout.jsonl`` (the held-out pairs), ``sft/``, ``par/``, ``bt/``, ``eval/``
+(results.json, table.txt, accuracy.png),
 ``policy-sft/``, ``policy-judge/``, ``policy-random/`` and ``summary.json``.
 """
 
@@ -118,6 +119,7 @@ def run_rm_demo(
 
     from posttrain.models import load_model_and_tokenizer
     from posttrain.rm.bt import BTConfig, load_bt_model, train_bt
+    from posttrain.rm.data import save_preferences
     from posttrain.rm.evaluate import evaluate_pointwise, table, write_reports
     from posttrain.tasks import get_task
     from posttrain.train.checkpoint import save_model_dir
@@ -148,6 +150,7 @@ def run_rm_demo(
     pref_task = get_task(par_cfg.task.name, **par_cfg.task.params)
     train_pairs = pref_task.pairs("train")
     held_pairs = pref_task.pairs("heldout")[:n_eval]
+    save_preferences(held_pairs, out / "heldout.jsonl")  # for `posttrain rm eval --data`
     rubric = par_cfg.rollout.runner.params.get("rubric_style", "none")
     max_judge = par_cfg.rollout.max_new_tokens
     timings: dict[str, float] = {}
