@@ -161,6 +161,6 @@ def build_reward_source(
     return _build(REWARD_SOURCES, name, params, ctx)
 
 
-# PaTaRM judge components (reward sources 'judge' / 'par', runner 'par', task 'preferences'); imported
+# PaTaRM judge components (reward sources 'judge' / 'par', runner 'par'; posttrain.rm.sources); imported
 # last because posttrain.rm.sources registers into the registries above
 from posttrain.rm import sources as _rm_sources  # noqa: E402,F401
