@@ -168,3 +168,8 @@ def build_reward_source(
 ) -> RewardSource:
     """The reward source registered (or importable) as ``name``, built with ``params``."""
     return _build(REWARD_SOURCES, name, params, ctx)
+
+
+# PaTaRM judge components (reward sources 'judge' / 'par', runner 'par'; posttrain.rm.sources); imported
+# last because posttrain.rm.sources registers into the registries above
+from posttrain.rm import sources as _rm_sources  # noqa: E402,F401

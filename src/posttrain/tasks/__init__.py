@@ -26,6 +26,8 @@ from posttrain.utils.registry import subclass_of
 
 TASKS.accept(subclass_of(Task), "a subclass of posttrain.tasks.Task")
 
+from posttrain.rm import preference_task as _preference_task  # noqa: E402,F401  (task "preferences")
+
 __all__ = [
     "DEFAULT_MARKER",
     "SPLITS",

@@ -1,0 +1,290 @@
+"""`posttrain rm sft | train | eval | score | demo`: PaTaRM-style generative reward models (arXiv 2510.24235)
+and the Bradley-Terry baseline (heavy imports happen inside the commands)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from posttrain.cli.app import HELP, app
+
+rm_app = typer.Typer(
+    help="Reward models: PaTaRM-style pointwise judges trained with PAR, Bradley-Terry baseline, evaluation.",
+    no_args_is_help=True,
+    context_settings=HELP,
+)
+app.add_typer(rm_app, name="rm")
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+def _pairs(data: Path, default_task_type: str) -> list:
+    from posttrain.rm.data import PreferenceDataError, load_preferences
+
+    try:
+        return load_preferences(data, default_task_type=default_task_type)
+    except PreferenceDataError as e:
+        _fail(str(e))
+    raise AssertionError  # unreachable
+
+
+_RUBRIC = typer.Option("full", "--rubric-style", help="judge prompt rubric block: full | names | none")
+_TASK_TYPE = typer.Option(
+    "chat", "--task-type", help="task type of rows without one: chat | math | code | safety"
+)
+_CHAT = typer.Option(False, "--chat-template/--plain", help="wrap judge prompts in the model's chat template")
+_KEY_ENV = typer.Option(None, "--api-key-env", help="environment variable holding the endpoint's API key")
+
+
+@rm_app.command("sft")
+def sft(
+    overrides: list[str] | None = typer.Argument(None, help="key=value overrides of the SFT config"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="SFT YAML config (see docs/sft.md)"),
+    traces: Path | None = typer.Option(
+        None, "--traces", help="JSONL of judgment traces (prompt/completion, text or messages rows)"
+    ),
+    pairs: Path | None = typer.Option(
+        None,
+        "--pairs",
+        help="preference JSONL whose chosen side is KNOWN correct: traces <score>7..10</score> / <score>1..4</score> "
+        "(proposed template for verifiable data)",
+    ),
+    rubric_style: str = _RUBRIC,
+    task_type: str = _TASK_TYPE,
+    overwrite: bool = typer.Option(False, "--overwrite", help="delete a previous run in out_dir"),
+) -> None:
+    """SFT cold start of a judge on judgment traces (the SFT trainer, its checkpoints and resume rules)."""
+    from posttrain.train.sft import SFTConfig, SFTTrainer
+    from posttrain.utils.config import ConfigError, build_config
+
+    if (traces is None) == (pairs is None):
+        _fail(
+            "give exactly one of --traces (a trace file) or --pairs (preference pairs with known-correct chosen)"
+        )
+    try:
+        cfg = build_config(SFTConfig, config, [*(overrides or []), *([f"data={traces}"] if traces else [])])
+    except ConfigError as e:
+        _fail(str(e))
+    if cfg.eval.at_end and cfg.data is None and pairs is not None:
+        cfg.eval.at_end = False  # held-out accuracy of the config's task is meaningless for a judge
+    rows = None
+    if pairs is not None:
+        from posttrain.rm.demo import judgment_traces
+
+        rows = judgment_traces(_pairs(pairs, task_type), rubric_style=rubric_style, seed=cfg.seed)
+    try:
+        trainer = SFTTrainer(cfg, pairs=rows)
+        summary = trainer.train(overwrite=overwrite)
+    except ValueError as e:
+        _fail(str(e))
+    typer.echo(json.dumps({"steps": summary.get("steps"), "out_dir": cfg.out_dir}, default=str))
+
+
+@rm_app.command("train")
+def train(
+    overrides: list[str] | None = typer.Argument(None, help="key=value overrides"),
+    method: str = typer.Option(
+        "par", "--method", help="par (RL of a judge with PAR rewards) | bt (Bradley-Terry)"
+    ),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (configs/rm-*.yaml)"),
+    data: Path | None = typer.Option(None, "--data", help="bt: preference JSONL / parquet"),
+    task_type: str = _TASK_TYPE,
+    overwrite: bool = typer.Option(False, "--overwrite", help="par: delete a previous run in out_dir"),
+) -> None:
+    """Train a reward model: PAR (RL of a judge) or Bradley-Terry.
+
+    ``--method par`` runs the RL trainer with the ``par`` runner and reward source (task
+    ``preferences``); ``--method bt`` trains a Bradley-Terry scalar model on ``--data``."""
+    from posttrain.utils.config import ConfigError, build_config
+
+    if method == "bt":
+        from posttrain.rm.bt import BTConfig, train_bt
+
+        if data is None:
+            _fail("--method bt needs --data (a preference file)")
+        try:
+            cfg = build_config(BTConfig, config, overrides or [])
+        except ConfigError as e:
+            _fail(str(e))
+        typer.echo(json.dumps(train_bt(cfg, _pairs(data, task_type), progress=True), default=str))
+        return
+    if method != "par":
+        _fail(f"unknown --method {method!r}; accepted: par, bt")
+    from posttrain.train.config import RLConfig
+    from posttrain.train.rl import RLTrainer
+
+    try:
+        rl_cfg = build_config(RLConfig, config, overrides or [])
+    except ConfigError as e:
+        _fail(str(e))
+    if rl_cfg.rollout.runner.name != "par" or rl_cfg.reward.source.name != "par":
+        _fail(
+            "--method par needs rollout.runner.name=par and reward.source.name=par (see configs/rm-par-demo.yaml)"
+        )
+    try:
+        with RLTrainer(rl_cfg) as trainer:
+            summary = trainer.train(overwrite=overwrite)
+    except ValueError as e:
+        _fail(str(e))
+    typer.echo(json.dumps({"steps": summary["steps"], "last": summary.get("last", {})}, default=str))
+
+
+@rm_app.command("eval")
+def evaluate(
+    data: Path = typer.Option(..., "--data", help="RewardBench / RM-Bench-format JSONL or parquet"),
+    model: list[str] = typer.Option(
+        ..., "--model", "-m", help="hf:<model> | endpoint:<base_url>#<model> | bt:<dir>; repeat to compare"
+    ),
+    mode: str = typer.Option("pointwise", "--mode", help="pointwise | pairwise (judges only; both orders)"),
+    out: Path = typer.Option(
+        Path("runs/rm-eval"), "--out", help="folder for results.json, table.txt, accuracy.png"
+    ),
+    limit: Optional[int] = typer.Option(None, "--limit", help="first N pairs only"),  # noqa: UP045
+    samples: int = typer.Option(1, "--samples", help="judgments per response (k; mean score)"),
+    temperature: float = typer.Option(0.0, "--temperature", help="judge sampling temperature (0 = greedy)"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    rubric_style: str = _RUBRIC,
+    task_type: str = _TASK_TYPE,
+    chat_template: bool = _CHAT,
+    api_key_env: Optional[str] = _KEY_ENV,  # noqa: UP045
+    n_boot: int = typer.Option(1000, "--n-boot", help="bootstrap resamples for the 95% CIs"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Pairwise accuracy of reward models on RewardBench / RM-Bench-format files.
+
+    Per subset and category, with ties, position bias and bootstrap CIs: table, JSON, PNG."""
+    from posttrain.rm.evaluate import evaluate_pairwise, evaluate_pointwise, table, write_reports
+    from posttrain.rm.scorers import ScorerSpecError, build_scorer
+
+    if mode not in ("pointwise", "pairwise"):
+        _fail(f"unknown --mode {mode!r}; accepted: pointwise, pairwise")
+    pairs = _pairs(data, task_type)[:limit]
+    results = {}
+    for spec in model:
+        try:
+            sc = build_scorer(
+                spec,
+                rubric_style=rubric_style,
+                samples=samples,
+                temperature=temperature,
+                max_new_tokens=max_new_tokens,
+                chat_template=chat_template,
+                api_key_env=api_key_env,
+                seed=seed,
+            )
+            if mode == "pointwise":
+                results[spec] = evaluate_pointwise(pairs, sc.pointwise, n_boot=n_boot, seed=seed)
+            else:
+                results[spec] = evaluate_pairwise(
+                    pairs,
+                    lambda items, sc=sc: sc.pairwise(items, rubric_style=rubric_style),
+                    n_boot=n_boot,
+                    seed=seed,
+                )
+        except ValueError as e:  # ScorerSpecError, model loading errors
+            _fail(str(e) if isinstance(e, ScorerSpecError) else f"{spec}: {e}")
+    paths = write_reports(results, out)
+    typer.echo(table(results))
+    typer.echo(json.dumps(paths))
+
+
+@rm_app.command("score")
+def score(
+    data: Path = typer.Option(
+        ..., "--data", help="JSONL rows {prompt, response[, task_type]} or preference pairs"
+    ),
+    model: str = typer.Option(
+        ..., "--model", "-m", help="hf:<model> | endpoint:<base_url>#<model> | bt:<dir>"
+    ),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSONL output (default: stdout)"),  # noqa: UP045
+    samples: int = typer.Option(1, "--samples"),
+    temperature: float = typer.Option(0.0, "--temperature"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    rubric_style: str = _RUBRIC,
+    task_type: str = _TASK_TYPE,
+    chat_template: bool = _CHAT,
+    api_key_env: Optional[str] = _KEY_ENV,  # noqa: UP045
+) -> None:
+    """Score responses with a judge or BT model (JSONL out).
+
+    One JSON line per row with ``score`` (None when the judge gave no parsable score); preference rows
+    get ``chosen_score`` and ``rejected_score``."""
+    from posttrain.rm.scorers import build_scorer
+
+    rows: list[dict] = []
+    try:
+        with open(data, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    _fail(f"{data}:{n}: invalid JSON ({e.msg})")
+                if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                    _fail(f"{data}:{n}: expected an object with a string 'prompt'")
+                if "response" not in row and not ("chosen" in row and "rejected" in row):
+                    _fail(f"{data}:{n}: expected 'response' (or 'chosen' and 'rejected')")
+                if "response" in row and not isinstance(row["response"], str):
+                    _fail(f"{data}:{n}: field 'response' must be a string")
+                rows.append(row)
+    except OSError as e:
+        _fail(f"{data}: {e}")
+    try:
+        sc = build_scorer(
+            model,
+            rubric_style=rubric_style,
+            samples=samples,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            chat_template=chat_template,
+            api_key_env=api_key_env,
+        )
+    except ValueError as e:
+        _fail(str(e))
+    items, where = [], []
+    for i, row in enumerate(rows):
+        tt = str(row.get("task_type") or task_type)
+        if "response" in row:
+            items.append((tt, row["prompt"], row["response"]))
+            where.append((i, "score"))
+        else:
+            for side in ("chosen", "rejected"):
+                items.append((tt, row["prompt"], str(row[side])))
+                where.append((i, f"{side}_score"))
+    scores = sc.score(items)
+    for (i, key), s in zip(where, scores, strict=True):
+        rows[i][key] = s
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {len(rows)} rows to {out}", err=True)
+
+
+@rm_app.command("demo")
+def demo(
+    out: Path = typer.Option(Path("runs/rm-demo"), "--out", help="run directory"),
+    quick: bool = typer.Option(False, "--quick", help="a smoke test: a few steps of every stage"),
+    seed: int = typer.Option(0, "--seed"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="delete a previous demo in --out"),
+) -> None:
+    """Tiny PaTaRM demo: judges from synthetic pairs, BT baseline, RLHF with the judge.
+
+    Synthetic preference pairs from 2-digit addition -> untrained / SFT / PAR judges and a BT baseline
+    (held-out pairwise accuracy), then RL of a tiny policy with the PAR judge as its only reward vs a
+    random judge (verifiable held-out accuracy)."""
+    from posttrain.rm.demo import run_rm_demo
+
+    try:
+        run_rm_demo(out, quick=quick, seed=seed, overwrite=overwrite)
+    except ValueError as e:
+        _fail(str(e))

@@ -1,0 +1,301 @@
+"""``posttrain rm demo``: train a tiny PaTaRM-style judge from synthetic preference pairs, compare it
+with a Bradley-Terry baseline, then use it as the only reward of an RL run (proposed design).
+
+1. Data: 2-digit addition in the scratchpad format (``arithmetic``, digit-by-digit with carries).
+   Chosen = the reference solution; rejected = the same solution with a near-miss final answer (off by
+   one, a carry slip, swapped digits): :func:`posttrain.rm.data.synthetic_pairs`.
+2. Judges (tiny preset, 0.94 M parameters, character tokenizer; judge prompt with ``rubric_style
+   = "none"`` to keep it short): the untrained judge; the **SFT** judge (cold start on judgment traces
+   ``<score>s</score>``, s drawn from 7..10 for a chosen and 1..4 for a rejected response — a proposed
+   trace template for verifiable data); the **PAR** judge (the SFT judge trained further through
+   :class:`~posttrain.train.rl.RLTrainer` with the ``par`` runner and reward source,
+   ``configs/rm-par-demo.yaml``); the **BT** baseline (same preset with a sequence-classification head).
+3. Held-out pairwise accuracy of the four (pointwise, greedy, ties = wrong), with bootstrap CIs.
+4. RLHF: a tiny policy (SFT warm start on the same task) trained with the PAR judge as its ONLY reward
+   (``judge`` reward source), against the same run with a random judge; the verifiable held-out
+   accuracy (exact match) before and after each run.
+
+Run directory: ``heldout.jsonl`` (the held-out pairs), ``sft/``, ``par/``, ``bt/``, ``eval/``
+(results.json, table.txt, accuracy.png),
+``policy-sft/``, ``policy-judge/``, ``policy-random/`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from posttrain.rm.data import PreferencePair
+
+
+def judgment_traces(
+    pairs: list[PreferencePair], *, rubric_style: str = "none", seed: int = 0
+) -> list[tuple[str, str]]:
+    """(judge prompt, trace) SFT rows for pairs whose chosen side is known correct (proposed trace
+    template): a chosen response gets ``<score>s</score>`` with s in 7..10, a rejected one s in 1..4."""
+    from posttrain.rm.prompts import pointwise_prompt
+
+    rng = random.Random(seed)
+    rows = []
+    for p in pairs:
+        for resp, lo, hi in ((p.chosen, 7, 10), (p.rejected, 1, 4)):
+            prompt = pointwise_prompt(p.prompt, resp, p.task_type, rubric_style=rubric_style)  # type: ignore[arg-type]
+            rows.append((prompt, f"<score>{rng.randint(lo, hi)}</score>"))
+    return rows
+
+
+def judge_scorer(model: Any, tokenizer: Any, *, rubric_style: str = "none", max_new_tokens: int = 20) -> Any:
+    """A ``score_fn(pairs, side)`` for :func:`posttrain.rm.evaluate.evaluate_pointwise` (greedy, k = 1)."""
+    from posttrain.rm.judge import HFJudge, JudgeRewardSource
+
+    judge = HFJudge(
+        model_obj=model,
+        tokenizer=tokenizer,
+        temperature=0.0,
+        max_new_tokens=max_new_tokens,
+        max_batch_size=256,
+    )
+    src = JudgeRewardSource(
+        judge,
+        rubric_style=rubric_style,
+        cache_size=0,
+        batch_size=256,
+        timeout_s=None,
+        retry_unparsable=False,
+        fallback=False,
+    )
+
+    def score(pairs: list[PreferencePair], side: str) -> list[float | None]:
+        items = [(p.task_type, p.prompt, p.chosen if side == "chosen" else p.rejected) for p in pairs]
+        out = []
+        for j in src.judge_scores(items):
+            vals = [v for v in j.scores if v is not None]
+            out.append(sum(vals) / len(vals) if vals else None)
+        return out
+
+    return score
+
+
+def bt_scorer(model: Any, tokenizer: Any) -> Any:
+    from posttrain.rm.bt import BTRewardModel
+
+    rm = BTRewardModel(model, tokenizer)
+
+    def score(pairs: list[PreferencePair], side: str) -> list[float | None]:
+        return rm.score(
+            [p.prompt for p in pairs], [p.chosen if side == "chosen" else p.rejected for p in pairs]
+        )  # type: ignore[return-value]
+
+    return score
+
+
+def _verifiable_eval(model: Any, tok: Any, task: Any, n: int, max_new_tokens: int) -> dict[str, Any]:
+    from posttrain.rewards import get_reward
+    from posttrain.rollout import FunctionRewardSource, HFEngine, PromptFormatter, SingleTurnRunner
+    from posttrain.train.evaluate import EVAL_SEED, run_eval
+
+    runner = SingleTurnRunner(HFEngine(model, tok, seed=EVAL_SEED, max_batch_size=512), PromptFormatter(tok))
+    src = FunctionRewardSource(get_reward(task.default_reward), num_workers=0)
+    ev = run_eval(runner, task.split("heldout")[:n], src, max_new_tokens=max_new_tokens)
+    return {k: v for k, v in ev.items() if k != "samples"}
+
+
+def run_rm_demo(
+    out_dir: str | Path = "runs/rm-demo",
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    judge_sft_steps: int | None = None,
+    par_steps: int | None = None,
+    bt_steps: int | None = None,
+    policy_sft_steps: int | None = None,
+    policy_rl_steps: int | None = None,
+    progress: bool | None = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    from importlib.resources import files
+
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.rm.bt import BTConfig, load_bt_model, train_bt
+    from posttrain.rm.data import save_preferences
+    from posttrain.rm.evaluate import evaluate_pointwise, table, write_reports
+    from posttrain.tasks import get_task
+    from posttrain.train.checkpoint import save_model_dir
+    from posttrain.train.config import RLConfig
+    from posttrain.train.rl import RLTrainer
+    from posttrain.train.run_dir import prepare_run_dir
+    from posttrain.train.sft import SFTConfig, SFTTrainer
+    from posttrain.utils.config import build_config
+    from posttrain.utils.io import atomic_write_json
+
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    prepare_run_dir(out, overwrite=overwrite, can_resume=False)
+    out.mkdir(parents=True, exist_ok=True)
+    judge_sft_steps = judge_sft_steps if judge_sft_steps is not None else (5 if quick else 300)
+    par_steps = par_steps if par_steps is not None else (2 if quick else 40)
+    bt_steps = bt_steps if bt_steps is not None else (5 if quick else 300)
+    policy_sft_steps = policy_sft_steps if policy_sft_steps is not None else (5 if quick else 350)
+    policy_rl_steps = policy_rl_steps if policy_rl_steps is not None else (2 if quick else 30)
+    n_eval = 40 if quick else 200
+
+    par_cfg: RLConfig = build_config(
+        RLConfig,
+        str(files("posttrain.configs") / "rm-par-demo.yaml"),
+        [f"out_dir={out / 'par'}", f"steps={par_steps}", f"seed={seed}"]
+        + (["rollout.prompts_per_step=4"] if quick else []),
+    )
+    pref_task = get_task(par_cfg.task.name, **par_cfg.task.params)
+    train_pairs = pref_task.pairs("train")
+    held_pairs = pref_task.pairs("heldout")[:n_eval]
+    save_preferences(held_pairs, out / "heldout.jsonl")  # for `posttrain rm eval --data`
+    rubric = par_cfg.rollout.runner.params.get("rubric_style", "none")
+    max_judge = par_cfg.rollout.max_new_tokens
+    timings: dict[str, float] = {}
+    results: dict[str, dict[str, Any]] = {}
+
+    def evaluate(name: str, score_fn: Any) -> None:
+        results[name] = evaluate_pointwise(held_pairs, score_fn, n_boot=1000, seed=seed)
+
+    # ---- untrained judge
+    judge0, jtok = load_model_and_tokenizer(par_cfg.model.name, device="cpu", seed=seed)
+    evaluate("untrained judge", judge_scorer(judge0, jtok, rubric_style=rubric, max_new_tokens=max_judge))
+
+    # ---- SFT cold start on judgment traces
+    t = time.perf_counter()
+    sft_cfg = SFTConfig(
+        model=par_cfg.model,
+        steps=judge_sft_steps,
+        batch_size=32,
+        lr=3e-3,
+        seed=seed,
+        threads=par_cfg.threads,
+        out_dir=str(out / "sft"),
+        progress=progress,
+    )
+    sft_cfg.eval.at_end = False
+    traces = judgment_traces(train_pairs, rubric_style=rubric, seed=seed)
+    sft = SFTTrainer(sft_cfg, judge0, jtok, pairs=traces)
+    sft.train()
+    timings["judge_sft_s"] = time.perf_counter() - t
+    evaluate("SFT judge", judge_scorer(sft.model, jtok, rubric_style=rubric, max_new_tokens=max_judge))
+
+    # ---- PAR RL of the judge (the ordinary RL trainer; runner + reward source 'par')
+    t = time.perf_counter()
+    par_cfg.model.name = str(out / "sft")
+    with RLTrainer(par_cfg, sft.model, jtok) as trainer:
+        par_summary = trainer.train(progress=progress)
+        par_dir = save_model_dir(trainer.model, trainer.tokenizer, out / "par" / "model")
+        evaluate(
+            "PAR judge", judge_scorer(trainer.model, jtok, rubric_style=rubric, max_new_tokens=max_judge)
+        )
+    timings["par_rl_s"] = time.perf_counter() - t
+
+    # ---- Bradley-Terry baseline
+    t = time.perf_counter()
+    bt_cfg = BTConfig(
+        model="tiny", steps=bt_steps, batch_size=32, lr=1e-3, seed=seed, device="cpu", out_dir=str(out / "bt")
+    )
+    bt_summary = train_bt(bt_cfg, train_pairs)
+    timings["bt_s"] = time.perf_counter() - t
+    bt_model, bt_tok = load_bt_model(bt_summary["model"], device="cpu")
+    evaluate("BT (scalar head)", bt_scorer(bt_model, bt_tok))
+
+    reports = write_reports(results, out / "eval")
+    judge_table = table(results)
+    print(judge_table)
+
+    # ---- RLHF: policy trained with the PAR judge as its only reward vs a random judge
+    t = time.perf_counter()
+    base_task_params = dict(par_cfg.task.params["synthetic_params"])
+    base_task_params["n_train"] = 5000
+    policy_task = get_task(par_cfg.task.params["synthetic_task"], **base_task_params)
+    policy, ptok = load_model_and_tokenizer("tiny", device="cpu", seed=seed + 1)
+    psft_cfg = SFTConfig(
+        steps=policy_sft_steps,
+        batch_size=32,
+        lr=3e-3,
+        seed=seed,
+        style="long",
+        threads=par_cfg.threads,
+        out_dir=str(out / "policy-sft"),
+        task={"name": "arithmetic", "params": base_task_params},
+        progress=progress,
+    )
+    psft_cfg.eval.at_end = False
+    psft = SFTTrainer(psft_cfg, policy, ptok)
+    psft.train()
+    policy_max_new = 72
+    before = _verifiable_eval(psft.model, ptok, policy_task, n_eval, policy_max_new)
+    runs: dict[str, Any] = {}
+    for name, source in (
+        (
+            "PAR judge",
+            {
+                "judge": "hf",
+                "model": str(par_dir),
+                "rubric_style": rubric,
+                "max_new_tokens": max_judge,
+                "default_task_type": "math",
+                "device": "cpu",
+                "fallback": False,
+            },
+        ),
+        ("random judge", {"judge": "random"}),
+    ):
+        pol, ptok2 = load_model_and_tokenizer(str(out / "policy-sft"), device="cpu")
+        overrides = [
+            f"out_dir={out / ('policy-' + name.split()[0].lower())}",
+            "task.name=arithmetic",
+            f"steps={policy_rl_steps}",
+            f"seed={seed}",
+            "rollout.max_new_tokens=72",
+            "rollout.group_size=8",
+            f"rollout.prompts_per_step={4 if quick else 16}",
+            "objective.name=ppo",
+            "kl.coef=0.0",
+            "reward.source.name=judge",
+            "reward.success_threshold=0.5",
+        ]
+        cfg: RLConfig = build_config(RLConfig, None, overrides)
+        cfg.task.params = base_task_params
+        cfg.reward.source.params = source
+        cfg.eval.at_start = cfg.eval.at_end = False
+        cfg.checkpoint.final = False
+        cfg.optimizer.lr = 1e-4
+        cfg.threads = par_cfg.threads
+        with RLTrainer(cfg, pol, ptok2) as tr:
+            s = tr.train(progress=progress)
+            after = _verifiable_eval(tr.model, ptok2, policy_task, n_eval, policy_max_new)
+        runs[name] = {"after": after, "last": s.get("last", {}), "wall_s": s["wall_s"]}
+    timings["policy_s"] = time.perf_counter() - t
+
+    slim = {k: {kk: vv for kk, vv in v.items() if kk != "per_pair"} for k, v in results.items()}
+    summary = {
+        "judges": slim,
+        "judge_table": judge_table,
+        "par_last_metrics": par_summary.get("last", {}),
+        "bt_last": bt_summary["last"],
+        "policy": {"before": before, **runs},
+        "steps": {
+            "judge_sft": judge_sft_steps,
+            "par": par_steps,
+            "bt": bt_steps,
+            "policy_sft": policy_sft_steps,
+            "policy_rl": policy_rl_steps,
+        },
+        "n_train_pairs": len(train_pairs),
+        "n_eval_pairs": len(held_pairs),
+        "timings": timings,
+        "wall_s": time.perf_counter() - t0,
+        "reports": reports,
+    }
+    atomic_write_json(out / "summary.json", summary)
+    print(
+        f"\npolicy held-out accuracy (exact match, greedy): after SFT {100 * before['accuracy']:.1f} %; "
+        + "; ".join(f"RL with {k}: {100 * v['after']['accuracy']:.1f} %" for k, v in runs.items())
+    )
+    print(f"wall {summary['wall_s']:.0f} s; summary: {out / 'summary.json'}; judge eval: {reports}")
+    return summary
