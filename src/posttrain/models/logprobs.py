@@ -245,7 +245,7 @@ def _decoder_and_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | Non
                 f"{type(model).__name__} post-processes logits ({attr}={getattr(config, attr)}); "
                 "sequence_logprobs computes plain lm_head logits and does not support it"
             )
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None or not hasattr(head, "weight"):
         raise ValueError(f"{type(model).__name__} has no output embedding (lm_head); not a causal LM")
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None

@@ -182,11 +182,13 @@ class SFTTrainer:
     ) -> None:
         from posttrain.models import CausalLMAdapter, load_adapter
         from posttrain.rollout import PromptFormatter
+        from posttrain.train import dist
         from posttrain.train.checkpoint import resolve_checkpoint
         from posttrain.train.optim import build_adamw
         from posttrain.train.rl import seed_everything
         from posttrain.utils.data import EpochShuffler
 
+        dist.require_single_process("SFTTrainer")  # distributed: SFT is single-process (docs/distributed.md)
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
