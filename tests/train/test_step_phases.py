@@ -1,6 +1,6 @@
 """RLTrainer.step in named phases, losses that declare extra per-token inputs, advantage inputs that
 follow their rows through group filtering and replay, and the dead-code satellites (kl_clamped logged,
-single-process guard, engines without sampling log-probs refused with a clear error)."""
+engines without sampling log-probs refused with a clear error)."""
 
 from __future__ import annotations
 
