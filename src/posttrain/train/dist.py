@@ -319,6 +319,36 @@ def shard_plan(plan: Any) -> Any:
     return type(plan)(plan.examples[lo : lo + k], plan.n_per_prompt[lo : lo + k])
 
 
+def align_micro_batches(micro_batches: list[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
+    """Give every rank the same number of micro-batches in each minibatch (``micro_batches[j]``: the
+    row indices of minibatch j's micro-batches). DDP all-reduces in every backward, so all ranks must
+    run the same number of them; with variable group sizes the ranks' row counts differ. A rank with
+    fewer micro-batches than the most any rank has splits its rows into that many smaller ones
+    (gradients are unchanged: losses use the minibatch's global counts). Identity in one process."""
+    if world_size() <= 1:
+        return micro_batches
+    counts = gather([len(s) for s in micro_batches])
+    if len({len(c) for c in counts}) > 1:
+        raise ValueError(
+            f"ranks split their rows into different numbers of minibatches ({[len(c) for c in counts]}): "
+            "some rank has fewer sequences than `minibatches`; lower `minibatches` or raise "
+            "rollout.prompts_per_step"
+        )
+    out = []
+    for j, splits in enumerate(micro_batches):
+        target = max(c[j] for c in counts)
+        if len(splits) < target:
+            rows = torch.cat(splits)
+            if len(rows) < target:
+                raise ValueError(
+                    f"minibatch {j}: this rank has {len(rows)} sequences, fewer than the {target} "
+                    "micro-batches another rank needs; raise micro_batch_size"
+                )
+            splits = tuple(rows.tensor_split(target))
+        out.append(splits)
+    return out
+
+
 def gather_list(items: list[T]) -> list[T]:
     """The concatenation of every rank's list, in rank order (``items`` in one process)."""
     if not is_distributed():

@@ -367,6 +367,8 @@ class RLTrainer:
         n = len(batch)
         minibatches = [mb for mb in torch.arange(n).tensor_split(min(cfg.minibatches, n)) if len(mb)]
         micro = cfg.micro_batch_size or n
+        # distributed: every rank needs as many backward passes (DDP all-reduces in each); no-op in one process
+        micro_batches = dist.align_micro_batches([mb.split(micro) for mb in minibatches])
         return StepRollout(
             episodes=episodes,
             handle=handle,
@@ -378,7 +380,7 @@ class RLTrainer:
             score_mask=score_mask,
             actions=batch.action_mask.float(),
             minibatches=minibatches,
-            micro_batches=[mb.split(micro) for mb in minibatches],
+            micro_batches=micro_batches,
             seconds=time.perf_counter() - t0,
         )
 
