@@ -83,7 +83,7 @@ def setup(device: str) -> str:
         return device
     if not torch.distributed.is_available():
         raise RuntimeError("launched with WORLD_SIZE > 1, but this torch build has no torch.distributed")
-    cuda = str(device).startswith("cuda")
+    cuda = str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if cuda:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if torch.cuda.device_count() <= local:
@@ -168,6 +168,28 @@ def wrap_model(model: torch.nn.Module) -> torch.nn.Module:
     device = next(model.parameters()).device
     ids = [device.index] if device.type == "cuda" else None
     return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, find_unused_parameters=False)
+
+
+def wrap_adapter(adapter: Any, *, batch_size: int) -> Any:
+    """SFT's counterpart of :func:`wrap_model`: ``adapter`` itself in one process, else a
+    :class:`~posttrain.models.CausalLMAdapter` over the DDP-wrapped model (its ``logprobs`` run through
+    the wrapper). Refuses adapters of other kinds and a ``batch_size`` that does not split evenly."""
+    n = world_size()
+    if n <= 1:
+        return adapter
+    from posttrain.models import CausalLMAdapter
+
+    if not isinstance(adapter, CausalLMAdapter):
+        raise ValueError(
+            f"multi-process SFT supports causal-LM adapters only, got {type(adapter).__name__}; run it in "
+            "one process"
+        )
+    if batch_size % n:
+        raise ValueError(
+            f"batch_size={batch_size} is not a multiple of the world size {n}; every rank trains on "
+            "batch_size / world_size sequences"
+        )
+    return CausalLMAdapter(wrap_model(adapter.model), adapter.tokenizer)
 
 
 def backward(loss: torch.Tensor) -> None:
@@ -302,6 +324,18 @@ def restore_rank_state(state: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------------------ sharding
+def shard(items: list[T]) -> list[T]:
+    """Rank r's contiguous block of ``items`` (all of them in one process); the length must be a
+    multiple of the world size."""
+    n = world_size()
+    if n <= 1:
+        return items
+    k, rem = divmod(len(items), n)
+    if rem:
+        raise ValueError(f"{len(items)} items cannot be split evenly over {n} ranks")
+    return items[rank() * k : (rank() + 1) * k]
+
+
 def shard_plan(plan: Any) -> Any:
     """Rank r's contiguous block of the global :class:`~posttrain.sampling.PromptPlan` (all of it in one
     process). Prompts of a block keep their order, so concatenating the ranks' outcomes in rank order
