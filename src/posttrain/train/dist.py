@@ -105,6 +105,9 @@ def teardown() -> None:
     """Leave the process group if :func:`setup` joined it (a group set up by the caller is left alone)."""
     global _OWN_GROUP
     if _OWN_GROUP and is_distributed():
+        # all ranks leave together: a rank destroying its gloo group while a peer still has traffic in
+        # flight aborted the process at exit ("terminate called without an active exception")
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     _OWN_GROUP = False
 
