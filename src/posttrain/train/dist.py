@@ -440,6 +440,7 @@ METRIC_RULES: dict[str, str] = {
     "sampling_rounds": "max",
     "zero_var_frac": "mean:num_groups",
     "advantage_abs_mean": "mean:advantage_numel",
+    "entropy_pre_update": "mean:action_tokens",  # a token-weighted mean over the rank's action tokens
     "reward_std": "std",
     "time_generation": "max",
     "time_forward_overlap": "max",
@@ -463,8 +464,8 @@ def reduce_metrics(
     global_keys: Iterable[str] = (),
 ) -> dict[str, float]:
     """Global step metrics from every rank's ``metrics`` by :data:`METRIC_RULES` (identity in one
-    process). ``weights`` are extra per-rank weights that rules refer to (``advantage_numel``); they
-    are not returned. ``global_keys`` are already global (reduced earlier) and kept as they are.
+    process). ``weights`` are extra per-rank weights that rules refer to (``advantage_numel``,
+    ``action_tokens``); they are not returned. ``global_keys`` are already global (reduced earlier) and kept as they are.
     Per-rank throughputs add up (``tokens_per_s``); times are the slowest rank's."""
     if not is_distributed():
         return metrics

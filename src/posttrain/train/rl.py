@@ -682,7 +682,12 @@ class RLTrainer:
         )
         # distributed: the global batch's metrics and outcomes, so every rank's hooks see the same
         metrics = dist.reduce_metrics(
-            metrics, weights={"advantage_numel": float(scores.advantages.numel())}, global_keys=upd.metrics
+            metrics,
+            weights={
+                "advantage_numel": float(scores.advantages.numel()),
+                "action_tokens": float(ro.actions.sum()),
+            },
+            global_keys=upd.metrics,
         )
         outcomes = dist.gather_list(self._outcomes(ro.episodes, scores.raw))
         self.sampler.observe(outcomes, self.step_idx)
