@@ -1,6 +1,6 @@
 """RLTrainer.step in named phases, losses that declare extra per-token inputs, advantage inputs that
 follow their rows through group filtering and replay, and the dead-code satellites (kl_clamped logged,
-single-process guard, engines without sampling log-probs refused with a clear error)."""
+engines without sampling log-probs refused with a clear error)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from posttrain.algos.advantages import ADVANTAGES, register_advantage
 from posttrain.algos.policy_losses import LOSS_INPUTS, POLICY_LOSSES, Terms, register_policy_loss
 from posttrain.rollout import EpisodeRunner, FunctionRewardSource
 from posttrain.sampling import REPLAY_BUFFERS, SAMPLERS, PromptPlan, PromptSampler, ReplayBuffer, Trajectory
-from posttrain.train import dist
 from posttrain.train import rl as rl_module
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer, StepForwards, StepRollout, StepScores
@@ -354,12 +353,6 @@ def test_kl_clamped_fraction_is_logged_for_k3_only(tmp_path):
         ctx.__exit__(None, None, None)
     assert m3["kl_clamped_frac"] == 0.0  # the reference is the policy itself at step 1
     assert "kl_clamped_frac" not in m1 and "kl_clamped_frac" not in m0
-
-
-def test_multi_process_runs_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(dist, "world_size", lambda: 4)
-    with pytest.raises(RuntimeError, match="world size 4, but multi-process training is not implemented"):
-        make(tmp_path)
 
 
 class _NoLogprobsRunner(EpisodeRunner):

@@ -20,7 +20,8 @@ This is the same recompute-in-backward idea as Liger-Kernel's fused linear cross
 entropy with its gradient (the E3 temperature controller and entropy bonuses need it).
 The softmax math runs in float32 (float64 for float64 inputs) whatever the input dtype.
 
-`sequence_logprobs` runs any Hugging Face causal LM's base model and applies `token_logprobs` at the
+`sequence_logprobs` runs any Hugging Face causal LM's base model (or, under data-parallel training,
+the wrapper's forward around it, :class:`CausalLMHidden`) and applies `token_logprobs` at the
 positions that matter. Position ids follow `transformers` generate (v5):
 `position_ids = cumsum(attention_mask) − 1`, set to 0 at padding, so a left-padded prompt gets the same
 positions during scoring as it got during generation.
@@ -244,7 +245,7 @@ def _decoder_and_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | Non
                 f"{type(model).__name__} post-processes logits ({attr}={getattr(config, attr)}); "
                 "sequence_logprobs computes plain lm_head logits and does not support it"
             )
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None or not hasattr(head, "weight"):
         raise ValueError(f"{type(model).__name__} has no output embedding (lm_head); not a causal LM")
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
@@ -253,6 +254,53 @@ def _decoder_and_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | Non
     if decoder is None:
         raise ValueError(f"{type(model).__name__}: cannot find the base decoder (get_decoder() / .model)")
     return decoder, head.weight, getattr(head, "bias", None)
+
+
+class CausalLMHidden(torch.nn.Module):
+    """A causal LM whose ``forward`` returns the decoder's final hidden states (B, T, H), not logits.
+
+    This is the module a data-parallel wrapper (``DistributedDataParallel``) wraps: the decoder then
+    runs inside the wrapper's forward and the backward goes through it (gradient all-reduce), while
+    the LM head is applied by :func:`token_logprobs` chunk by chunk, so the (B, T, V) logits are never
+    built. ``lm`` is the wrapped Hugging Face model (its parameters, shared, not copied)."""
+
+    def __init__(self, lm: Any) -> None:
+        super().__init__()
+        self.lm = lm
+        _decoder_and_head(lm)  # fail at wrap time, not at the first forward
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        decoder, _, _ = _decoder_and_head(self.lm)
+        out = decoder(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        return out[0] if isinstance(out, tuple) else out.last_hidden_state
+
+
+def _hidden_and_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+    """(function (input_ids, attention_mask, position_ids) -> hidden states, head weight, head bias).
+
+    A plain causal LM: its base decoder. A :class:`CausalLMHidden`, or a wrapper of one (any module with
+    ``.module``, e.g. ``DistributedDataParallel``): the wrapper's own forward (so DDP sees the forward
+    and all-reduces the gradients), with the head of the wrapped LM."""
+    inner = getattr(model, "module", None)
+    if isinstance(inner, CausalLMHidden) or isinstance(model, CausalLMHidden):
+        lm = (inner if isinstance(inner, CausalLMHidden) else model).lm
+        _, weight, bias = _decoder_and_head(lm)
+        return model, weight, bias
+    decoder, weight, bias = _decoder_and_head(model)
+
+    def run(
+        input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        out = decoder(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        return out[0] if isinstance(out, tuple) else out.last_hidden_state
+
+    return run, weight, bias
 
 
 def sequence_logprobs(
@@ -281,6 +329,10 @@ def sequence_logprobs(
 
     Works with left or right padding: `position_ids = cumsum(attention_mask) − 1` (0 at padding), the
     same ids `generate` used. Gradients flow to the model through both outputs.
+
+    `model` may also be a :class:`CausalLMHidden` or a data-parallel wrapper of one
+    (``DistributedDataParallel(CausalLMHidden(lm))``): the decoder then runs through the wrapper's
+    forward, so its backward all-reduces the gradients (docs/distributed.md).
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
@@ -315,7 +367,7 @@ def sequence_logprobs(
                 "tokens (attention_mask 1) preceded by a real token"
             )
         valid = resp
-    decoder, weight, bias = _decoder_and_head(model)
+    hidden_fn, weight, bias = _hidden_and_head(model)
     if t < 2:  # no position has a context: nothing to score (same output dtype as token_logprobs)
         zeros = torch.zeros(
             b, t, dtype=torch.promote_types(weight.dtype, torch.float32), device=input_ids.device
@@ -324,13 +376,7 @@ def sequence_logprobs(
     position_ids = position_ids_from_attention_mask(attention_mask)
     # The last position's hidden state predicts nothing, so the decoder runs on T−1 positions (causal
     # attention: the outputs at 0..T−2 are unchanged); saves 1/T of the forward and backward.
-    out = decoder(
-        input_ids=input_ids[:, :-1],
-        attention_mask=attention_mask[:, :-1],
-        position_ids=position_ids[:, :-1],
-        use_cache=False,
-    )
-    hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
+    hidden = hidden_fn(input_ids[:, :-1], attention_mask[:, :-1], position_ids[:, :-1])
     # hidden at position t−1 predicts the token at t
     pred = valid[:, 1:]
     h_sel = hidden[pred]

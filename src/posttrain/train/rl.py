@@ -191,6 +191,10 @@ class MetricSums:
     def share(self, key: str, value: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value
 
+    def all_reduce(self) -> None:
+        """Sum sums and weights over the ranks (distributed training; nothing in one process)."""
+        self.sums, self.weights = dist.sum_dicts(self.sums), dist.sum_dicts(self.weights)
+
     def result(self, n_updates: int) -> dict[str, float]:
         return {k: v / self.weights[k] if k in self.weights else v / n_updates for k, v in self.sums.items()}
 
@@ -243,12 +247,13 @@ class RLTrainer:
         runner: EpisodeRunner | None = None,
     ) -> None:
         self.cfg = cfg = config
-        dist.require_single_process("RLTrainer")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
         self.run_dir = Path(cfg.out_dir)
         self.device = pick_device() if cfg.model.device == "auto" else cfg.model.device
+        # distributed: join the torchrun process group; one device per rank (identity in one process)
+        self.device = dist.setup(self.device)
         ckpt = resolve_checkpoint(self.run_dir) if resume else None
         if model is None:  # the model adapter (model.adapter) loads; a passed model is a causal LM
             spec = str(ckpt / "model") if ckpt is not None else cfg.model.name
@@ -289,7 +294,7 @@ class RLTrainer:
                 tokenizer,
                 num_workers=cfg.reward.num_workers,
                 timeout_s=cfg.reward.timeout_s,
-                seed=cfg.seed,
+                seed=dist.rank_seed(cfg.seed),
             ),
         )
         self.formatter = PromptFormatter(
@@ -298,12 +303,14 @@ class RLTrainer:
         self.engine = build_engine(
             cfg.rollout.engine.name,
             cfg.rollout.engine.params,
-            EngineContext(model, tokenizer, seed=cfg.seed + 1, max_batch_size=cfg.rollout.max_batch_size),
+            EngineContext(
+                model, tokenizer, seed=dist.rank_seed(cfg.seed + 1), max_batch_size=cfg.rollout.max_batch_size
+            ),
         )
         self.runner = runner or build_runner(
             cfg.rollout.runner.name,
             cfg.rollout.runner.params,
-            RunnerContext(self.engine, self.formatter, tokenizer, seed=cfg.seed),
+            RunnerContext(self.engine, self.formatter, tokenizer, seed=dist.rank_seed(cfg.seed)),
         )
 
         self.loss_fn = get_policy_loss(cfg.objective.name)
@@ -322,6 +329,8 @@ class RLTrainer:
                 )
             self.ref_lm.model.eval().requires_grad_(False)
         self.optimizer = build_adamw(model, cfg.optimizer)
+        # forwards with gradient go through this: the adapter itself, or one over DDP around the model
+        self.train_lm = dist.wrap_adapter(self.lm, batch_size=cfg.rollout.prompts_per_step)
 
         h = cfg.hooks
         self.sampler = SAMPLERS.get(h.sampler.name)(self.train_examples, seed=cfg.seed, **h.sampler.params)
@@ -338,6 +347,7 @@ class RLTrainer:
         self._checkpointed_step = -1  # step of the checkpoint on disk that matches the weights
         self._last_warned: dict[str, int] = {}
         self._check_settings()
+        dist.check_rl_hooks(cfg.rollout.prompts_per_step, self.sampler, self.replay)
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -374,6 +384,8 @@ class RLTrainer:
         n = len(batch)
         minibatches = [mb for mb in torch.arange(n).tensor_split(min(cfg.minibatches, n)) if len(mb)]
         micro = cfg.micro_batch_size or n
+        # distributed: every rank needs as many backward passes (DDP all-reduces in each); no-op in one process
+        micro_batches = dist.align_micro_batches([mb.split(micro) for mb in minibatches])
         return StepRollout(
             episodes=episodes,
             handle=handle,
@@ -385,7 +397,7 @@ class RLTrainer:
             score_mask=score_mask,
             actions=batch.action_mask.float(),
             minibatches=minibatches,
-            micro_batches=[mb.split(micro) for mb in minibatches],
+            micro_batches=micro_batches,
             seconds=time.perf_counter() - t0,
         )
 
@@ -397,7 +409,8 @@ class RLTrainer:
         last: tuple[Episodes, ScoredBatch] | None = None
         while True:
             rounds += 1
-            plan = self.sampler.plan(self.step_idx, need, cfg.rollout.group_size)
+            # every rank plans the global batch and keeps its block of prompts (dist.shard_plan)
+            plan = dist.shard_plan(self.sampler.plan(self.step_idx, need, cfg.rollout.group_size))
             episodes = self._episodes_for(plan, params)
             if episodes.rewards is not None:  # the environment scored its own episodes
                 handle = _Ready(ScoredBatch(rewards=[float(r) for r in episodes.rewards]))
@@ -542,7 +555,7 @@ class RLTrainer:
 
         old_logp, old_ent = no_grad_forward(self.lm) if self.cfg.off_policy else (None, None)
         ref_logp = no_grad_forward(self.ref_lm)[0] if self.ref_lm is not None else None
-        first = self._policy_forward(self.lm, ro, ro.micro_batches[0][0], True)
+        first = self._policy_forward(self.train_lm, ro, ro.micro_batches[0][0], True)
         return StepForwards(old_logp, ref_logp, first, time.perf_counter() - t0, old_ent)
 
     # ------------------------------------------------------------ 3. rewards -> shaping -> advantages
@@ -584,13 +597,14 @@ class RLTrainer:
                     if fw.first is not None and epoch == 0 and rows is first_rows:
                         (logp, ent), fw.first = fw.first, None
                     else:
-                        logp, ent = self._policy_forward(self.lm, ro, rows, True)
+                        logp, ent = self._policy_forward(self.train_lm, ro, rows, True)
                     micro = _Micro(rows, logp, ent, ro, fw)
                     self._micro_step(micro, adv[rows], g_tokens, g_seqs, sums, first_epoch=epoch == 0)
                 grad_norms.append(clip_and_step(self.model, self.optimizer, cfg.optimizer.grad_clip))
         seconds = time.perf_counter() - t0
         self.engine.sync_weights(self.model)
         n_updates = cfg.ppo_epochs * len(ro.minibatches)
+        sums.all_reduce()  # distributed: the ranks' shares and token sums add up (no-op in one process)
         return StepUpdate(lr, sums.result(n_updates), grad_norms, seconds)
 
     def _micro_step(
@@ -640,7 +654,7 @@ class RLTrainer:
             terms["kl_loss"] = kl.detach()
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * agg_loss(ent, m, agg, **norm)
-        loss.backward()
+        dist.backward(loss)  # loss.backward(); times the world size under DDP (it averages gradients)
         # loss terms are already shares of the minibatch total; metrics are token-weighted means
         w_tok = float(m.sum())
         for k, v in terms.items():
@@ -690,7 +704,16 @@ class RLTrainer:
         else:
             metrics["entropy_pre_update"] = metrics["entropy"]
         metrics.update({f"sampler/{k}": v for k, v in self.sampler.metrics().items()})
-        outcomes = self._outcomes(ro.episodes, scores.raw)
+        # distributed: the global batch's metrics and outcomes, so every rank's hooks see the same
+        metrics = dist.reduce_metrics(
+            metrics,
+            weights={
+                "advantage_numel": float(scores.advantages.numel()),
+                "action_tokens": float(ro.actions.sum()),
+            },
+            global_keys=upd.metrics,
+        )
+        outcomes = dist.gather_list(self._outcomes(ro.episodes, scores.raw))
         self.sampler.observe(outcomes, self.step_idx)
         self.replay.observe(ro.episodes, scores.shaped, scores.correct, self.step_idx)
         for c in self.controllers:
@@ -798,6 +821,8 @@ class RLTrainer:
             )
 
     def _warn(self, key: str, msg: str, *, force: bool = False, every: int = 10) -> None:
+        if not dist.is_main():  # distributed: rank 0 warns for all
+            return
         last = self._last_warned.get(key)
         if not force and last is not None and self.step_idx - last < every:
             return
@@ -814,15 +839,18 @@ class RLTrainer:
             "knobs": {"temperature": self.knobs.temperature},
         }
         extra = {f"engine.{k}": v for k, v in self.engine.state_dict().items()}
-        path = save_checkpoint(
-            self.run_dir / "checkpoints",
-            self.step_idx,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            optimizer=self.optimizer,
-            trainer_state=state,
-            extra_tensors=extra,
-            keep=self.cfg.checkpoint.keep,
+        dist.add_rank_states(state, extra)  # distributed: every rank's sampling RNG (nothing in one process)
+        path = dist.on_main(  # rank 0 writes (the model and optimizer are replicated on every rank)
+            lambda: save_checkpoint(
+                self.run_dir / "checkpoints",
+                self.step_idx,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                trainer_state=state,
+                extra_tensors=extra,
+                keep=self.cfg.checkpoint.keep,
+            )
         )
         self._checkpointed_step = self.step_idx
         return path
@@ -836,7 +864,7 @@ class RLTrainer:
             c.load_state_dict(s)
         self.replay.load_state_dict(state["replay"])
         self.knobs = Knobs(temperature=state["knobs"]["temperature"])
-        ext = state["extra_tensors"]
+        ext = dist.restore_rank_state(state)  # this rank's RNG and extra tensors (rank 0: the saved ones)
         self.engine.load_state_dict(
             {k[len("engine.") :]: v for k, v in ext.items() if k.startswith("engine.")}
         )
@@ -860,15 +888,17 @@ class RLTrainer:
             cfg.rollout.runner.params,
             RunnerContext(engine, self.formatter, self.tokenizer, seed=EVAL_SEED),
         )
-        return run_eval(
-            runner,
-            self.task.split("heldout")[: e.n],
-            self.reward_source,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            success_threshold=cfg.reward.success_threshold,
-            k=e.k,
-            samples=e.samples,
-            temperature=e.temperature,
+        return dist.on_main(  # rank 0 evaluates; every rank gets the result
+            lambda: run_eval(
+                runner,
+                self.task.split("heldout")[: e.n],
+                self.reward_source,
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                success_threshold=cfg.reward.success_threshold,
+                k=e.k,
+                samples=e.samples,
+                temperature=e.temperature,
+            )
         )
 
     # ---------------------------------------------------------------------------------- full run
@@ -885,25 +915,31 @@ class RLTrainer:
         from posttrain.utils.progress import progress_bar
 
         cfg = self.cfg
-        self.resume_info = start_run(
-            self.run_dir,
-            cfg.model_dump(mode="json"),
-            step=self.step_idx,
-            overwrite=overwrite,
-            allow_config_change=allow_config_change,
-            defaults=type(cfg)().model_dump(mode="json"),
+        # distributed: rank 0 checks and writes the run folder and logs; the others get its answer
+        self.resume_info = dist.on_main(
+            lambda: start_run(
+                self.run_dir,
+                cfg.model_dump(mode="json"),
+                step=self.step_idx,
+                overwrite=overwrite,
+                allow_config_change=allow_config_change,
+                defaults=type(cfg)().model_dump(mode="json"),
+            )
         )
-        logger = MetricsLogger(
-            self.run_dir,
-            tensorboard=cfg.logging.tensorboard,
-            wandb=cfg.logging.wandb,
-            wandb_project=cfg.logging.wandb_project,
-            config=cfg.model_dump(mode="json"),
-            truncate_after=self.step_idx,
+        logger = dist.main_only(
+            lambda: MetricsLogger(
+                self.run_dir,
+                tensorboard=cfg.logging.tensorboard,
+                wandb=cfg.logging.wandb,
+                wandb_project=cfg.logging.wandb_project,
+                config=cfg.model_dump(mode="json"),
+                truncate_after=self.step_idx,
+            )
         )
         t0 = time.perf_counter()
         summary: dict[str, Any] = {"start_step": self.step_idx}
         show = cfg.logging.progress if progress is None else progress
+        main = dist.is_main()  # other ranks print nothing
         try:
             if self.step_idx == 0 and cfg.eval.at_start:
                 ev = self.evaluate()
@@ -911,7 +947,11 @@ class RLTrainer:
                 summary["eval_start"] = _strip(ev)
             last: dict[str, float] = {}
             with progress_bar(
-                "rl", total=cfg.steps, enabled=show, completed=self.step_idx, log_every=cfg.logging.every
+                "rl",
+                total=cfg.steps,
+                enabled=show if main else False,
+                completed=self.step_idx,
+                log_every=cfg.logging.every if main else 0,
             ) as bar:
                 while self.step_idx < cfg.steps:
                     last = self.step()
@@ -936,6 +976,7 @@ class RLTrainer:
     def close(self) -> None:
         if self._own_reward_source:
             self.reward_source.close()
+        dist.teardown()  # leaves the process group only if setup() joined it
 
     def __enter__(self) -> RLTrainer:
         return self

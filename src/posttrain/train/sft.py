@@ -21,6 +21,11 @@ bitwise-identically to an uninterrupted run. Held-out evaluation (``eval.every``
 ``eval.at_end``): greedy accuracy on the task's held-out split when training from a task, and the
 loss on ``eval_data`` when given. The model is reached only through a
 :class:`~posttrain.models.ModelAdapter` (load, log-probs, generate, save).
+
+Under ``torchrun`` (docs/distributed.md) every rank draws the same batch, trains on its contiguous
+block of ``batch_size / W`` sequences through DDP with the WHOLE batch's N_B as denominator and the
+loss multiplied by W (DDP averages gradients), so the update equals the single-process one; rank 0
+evaluates and writes the run folder. Causal-LM adapters only.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch
 from pydantic import Field, model_validator
 
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
+from posttrain.train import dist
 from posttrain.train.config import CheckpointConfig, EvalConfig, ModelConfig, OptimizerConfig, TaskConfig
 from posttrain.train.sft_data import (
     DataFields,
@@ -182,6 +188,7 @@ class SFTTrainer:
     ) -> None:
         from posttrain.models import CausalLMAdapter, load_adapter
         from posttrain.rollout import PromptFormatter
+        from posttrain.train import dist
         from posttrain.train.checkpoint import resolve_checkpoint
         from posttrain.train.optim import build_adamw
         from posttrain.train.rl import seed_everything
@@ -191,6 +198,7 @@ class SFTTrainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
+        device = dist.setup(cfg.model.device)  # distributed: join the torchrun group (no-op in one process)
         self.run_dir = Path(cfg.out_dir)
         ckpt = resolve_checkpoint(self.run_dir) if resume else None
         if ckpt is not None and (model is not None or adapter is not None):
@@ -206,7 +214,7 @@ class SFTTrainer:
                     spec,
                     kind=cfg.model.adapter,
                     dtype=cfg.model.dtype,
-                    device=cfg.model.device,
+                    device=device,
                     seed=cfg.seed,
                 )
             else:
@@ -227,6 +235,8 @@ class SFTTrainer:
                 read_sft_file(cfg.eval_data, cfg.data_fields), self.tokenizer, self.formatter
             )
         self.optimizer = build_adamw(self.model, cfg.optimizer)
+        # distributed: forwards with gradient go through DDP (dist.wrap_adapter); the adapter itself in one process
+        self.train_lm = dist.wrap_adapter(adapter, batch_size=cfg.batch_size)
         self.shuffler = EpochShuffler(len(self.examples), seed=cfg.seed, order="stream")
         self.step_idx = 0
         self._checkpointed_step = -1
@@ -280,10 +290,12 @@ class SFTTrainer:
         size = self.cfg.micro_batch_size or len(idx)
         return [idx[s : s + size] for s in range(0, len(idx), size)]
 
-    def _summed_nll(self, idx: list[int], examples: list[SFTExample] | None = None) -> torch.Tensor:
-        """− Σ m · log π over the rows ``idx`` (one forward)."""
+    def _summed_nll(
+        self, idx: list[int], examples: list[SFTExample] | None = None, adapter: Any = None
+    ) -> torch.Tensor:
+        """− Σ m · log π over the rows ``idx`` (one forward, through ``adapter``, default ``self.lm``)."""
         ids, am, lm = self.collate(idx, examples)
-        logp, _ = self.lm.logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
+        logp, _ = (adapter or self.lm).logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
         return -(logp * lm).sum()
 
     def accumulate_gradients(self, idx: list[int]) -> tuple[float, int]:
@@ -292,11 +304,12 @@ class SFTTrainer:
         (loss, target tokens)."""
         n_tok = sum(self.examples[i].n_loss_tokens for i in idx)
         loss = 0.0
-        for part in self._micro_batches(idx):
-            part_loss = self._summed_nll(part) / n_tok
-            part_loss.backward()
+        # distributed: this rank's block of the batch, DDP backward x world size (dist.backward)
+        for part in self._micro_batches(dist.shard(idx)):
+            part_loss = self._summed_nll(part, adapter=self.train_lm) / n_tok
+            dist.backward(part_loss)
             loss += float(part_loss.detach())
-        return loss, n_tok
+        return float(dist.global_sum(torch.tensor(loss, dtype=torch.float64))), n_tok
 
     def step(self) -> dict[str, float]:
         """One optimizer step on the next ``batch_size`` examples; returns its metrics."""
@@ -365,6 +378,9 @@ class SFTTrainer:
         return self.cfg.data is None or bool(self.eval_examples)
 
     def _evaluate_all(self) -> dict[str, Any]:
+        return dist.on_main(self._evaluate_here)  # distributed: rank 0 evaluates, every rank gets it
+
+    def _evaluate_here(self) -> dict[str, Any]:
         ev: dict[str, Any] = {}
         if self.cfg.data is None:
             ev.update(self.evaluate())
@@ -387,14 +403,16 @@ class SFTTrainer:
             "data": {"n": len(self.examples), "sha256": self.data_fingerprint},
             "shuffler": self.shuffler.state_dict(),
         }
-        path = save_checkpoint(
-            self.run_dir / "checkpoints",
-            self.step_idx,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            optimizer=self.optimizer,
-            trainer_state=state,
-            keep=self.cfg.checkpoint.keep,
+        path = dist.on_main(  # distributed: rank 0 writes the (replicated) model and optimizer
+            lambda: save_checkpoint(
+                self.run_dir / "checkpoints",
+                self.step_idx,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                trainer_state=state,
+                keep=self.cfg.checkpoint.keep,
+            )
         )
         self._checkpointed_step = self.step_idx
         return path
@@ -433,15 +451,17 @@ class SFTTrainer:
         cfg = self.cfg
         logger = None
         if cfg.save:
-            self.resume_info = start_run(
-                self.run_dir,
-                cfg.model_dump(mode="json"),
-                step=self.step_idx,
-                overwrite=overwrite,
-                allow_config_change=allow_config_change,
-                defaults=type(cfg)().model_dump(mode="json"),
+            self.resume_info = dist.on_main(  # distributed: rank 0 checks and writes the run folder
+                lambda: start_run(
+                    self.run_dir,
+                    cfg.model_dump(mode="json"),
+                    step=self.step_idx,
+                    overwrite=overwrite,
+                    allow_config_change=allow_config_change,
+                    defaults=type(cfg)().model_dump(mode="json"),
+                )
             )
-            logger = MetricsLogger(self.run_dir, truncate_after=self.step_idx)
+            logger = dist.main_only(lambda: MetricsLogger(self.run_dir, truncate_after=self.step_idx))
         t0 = time.perf_counter()
         start = self.step_idx
         summary: dict[str, Any] = {"start_step": start}
@@ -452,7 +472,9 @@ class SFTTrainer:
                 summary["eval_start"] = _strip(ev)
                 if logger:
                     logger.log_eval(0, ev)
-            with progress_bar("sft", total=cfg.steps, enabled=cfg.progress, completed=start) as bar:
+            with progress_bar(
+                "sft", total=cfg.steps, enabled=cfg.progress if dist.is_main() else False, completed=start
+            ) as bar:
                 while self.step_idx < cfg.steps:
                     last = self.step()
                     if logger:
@@ -474,7 +496,7 @@ class SFTTrainer:
             if cfg.save:
                 if cfg.checkpoint.final and self._checkpointed_step != self.step_idx:
                     self.save()
-                summary["model_dir"] = str(self.lm.save(self.run_dir / "model"))
+                summary["model_dir"] = str(dist.on_main(lambda: self.lm.save(self.run_dir / "model")))
         finally:
             if logger:
                 logger.close()
