@@ -320,6 +320,17 @@ class RolloutBatch:
         )
 
 
+def check_generate_args(prompt_ids: list[list[int]], n_per_prompt: list[int]) -> None:
+    """What every engine's ``generate`` refuses: mismatched lengths, an empty prompt, a negative count."""
+    if len(prompt_ids) != len(n_per_prompt):
+        raise ValueError(f"generate: {len(prompt_ids)} prompts but {len(n_per_prompt)} group sizes")
+    for i, (p, n) in enumerate(zip(prompt_ids, n_per_prompt, strict=True)):
+        if not p:
+            raise ValueError(f"generate: prompt {i} is empty")
+        if n < 0:
+            raise ValueError(f"generate: n_per_prompt[{i}] = {n} is negative")
+
+
 class RolloutEngine(ABC):
     """Generates completions. Implementations: :class:`posttrain.rollout.hf.HFEngine` (default);
     a vLLM engine implements the same ``generate`` and ``pad_token_id``, plus ``sync_weights`` (push

@@ -19,6 +19,7 @@ from posttrain.rollout.base import (
     RolloutBatch,
     RolloutEngine,
     SamplingParams,
+    check_generate_args,
     pad_left,
 )
 
@@ -124,13 +125,7 @@ class HFEngine(RolloutEngine):
     def generate(
         self, prompt_ids: list[list[int]], n_per_prompt: list[int], params: SamplingParams
     ) -> RolloutBatch:
-        if len(prompt_ids) != len(n_per_prompt):
-            raise ValueError(f"generate: {len(prompt_ids)} prompts but {len(n_per_prompt)} group sizes")
-        for i, (p, n) in enumerate(zip(prompt_ids, n_per_prompt, strict=True)):
-            if not p:
-                raise ValueError(f"generate: prompt {i} is empty")
-            if n < 0:
-                raise ValueError(f"generate: n_per_prompt[{i}] = {n} is negative")
+        check_generate_args(prompt_ids, n_per_prompt)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         rows = [p for p, n in zip(prompt_ids, n_per_prompt, strict=True) for _ in range(n)]

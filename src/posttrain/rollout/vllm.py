@@ -43,7 +43,14 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, RolloutEngine, SamplingParams
+from posttrain.rollout.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    RolloutBatch,
+    RolloutEngine,
+    SamplingParams,
+    check_generate_args,
+)
 
 #: ``tis_mode`` values: token- or sequence-level ratio, truncated (clamped at the cap) or masked (0
 #: outside [tis_min, tis_cap]); the names are TRL's ``vllm_importance_sampling_mode`` values.
@@ -273,13 +280,7 @@ class VLLMEngine(RolloutEngine):
     def generate(
         self, prompt_ids: list[list[int]], n_per_prompt: list[int], params: SamplingParams
     ) -> RolloutBatch:
-        if len(prompt_ids) != len(n_per_prompt):
-            raise ValueError(f"generate: {len(prompt_ids)} prompts but {len(n_per_prompt)} group sizes")
-        for i, (p, n) in enumerate(zip(prompt_ids, n_per_prompt, strict=True)):
-            if not p:
-                raise ValueError(f"generate: prompt {i} is empty")
-            if n < 0:
-                raise ValueError(f"generate: n_per_prompt[{i}] = {n} is negative")
+        check_generate_args(prompt_ids, n_per_prompt)
         if not any(n_per_prompt):
             raise ValueError("generate: no sequences requested (all n_per_prompt are 0)")
         if params.seed is not None:
