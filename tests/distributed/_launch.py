@@ -99,7 +99,8 @@ def sft(out: str) -> None:
         progress=False,
         out_dir=out,
     )
-    SFTTrainer(cfg).train()
+    with SFTTrainer(cfg) as trainer:
+        trainer.train()
 
 
 def rl(out: str, overrides: list[str], *, resume: bool = False, kill_after_save: int | None = None) -> None:

@@ -154,12 +154,13 @@ def sft(
         trainer = SFTTrainer(cfg, resume=resume)
     except (SFTDataError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
-    try:
-        summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
-    except KeyboardInterrupt:
-        _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [])
-    except (RunDirError, CheckpointError, SFTDataError, ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+    with trainer:
+        try:
+            summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
+        except KeyboardInterrupt:
+            _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [])
+        except (RunDirError, CheckpointError, SFTDataError, ValueError, FileNotFoundError) as e:
+            _fail(str(e))
     typer.echo(
         json.dumps({k: v for k, v in summary.items() if k != "last"} | {"loss": summary["last"].get("loss")})
     )

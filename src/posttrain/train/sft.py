@@ -502,6 +502,17 @@ class SFTTrainer:
                 logger.close()
         return summary
 
+    def close(self) -> None:
+        """Leave the torchrun process group if this process joined it (no-op in one process); every
+        rank must call it, or gloo aborts the process at exit."""
+        dist.teardown()
+
+    def __enter__(self) -> SFTTrainer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
 
 def _strip(ev: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ev.items() if k != "samples"}
