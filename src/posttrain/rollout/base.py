@@ -26,6 +26,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -318,6 +319,21 @@ class RolloutBatch:
             pad_token_id=pad,
             action_mask=torch.cat(amask) if with_env else None,
         )
+
+
+def eos_and_pad(tokenizer: Any, eos_token_ids: list[int] | None, engine: str) -> tuple[list[int], int]:
+    """An engine's stop ids (given, else the tokenizer's EOS) and its pad id (the tokenizer's pad,
+    else the first stop id); ``engine`` names the caller in the error when there is neither."""
+    if eos_token_ids is None:
+        eos = tokenizer.eos_token_id
+        eos_token_ids = [] if eos is None else [int(eos)]
+    eos_ids = list(eos_token_ids)
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        if not eos_ids:
+            raise ValueError(f"{engine}: the tokenizer has neither a pad nor an EOS token")
+        pad = eos_ids[0]
+    return eos_ids, int(pad)
 
 
 def check_generate_args(prompt_ids: list[list[int]], n_per_prompt: list[int]) -> None:

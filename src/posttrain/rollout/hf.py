@@ -20,6 +20,7 @@ from posttrain.rollout.base import (
     RolloutEngine,
     SamplingParams,
     check_generate_args,
+    eos_and_pad,
     pad_left,
 )
 
@@ -103,16 +104,7 @@ class HFEngine(RolloutEngine):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        if eos_token_ids is None:
-            eos = tokenizer.eos_token_id
-            eos_token_ids = [] if eos is None else [int(eos)]
-        self.eos_token_ids = list(eos_token_ids)
-        pad = tokenizer.pad_token_id
-        if pad is None:
-            if not self.eos_token_ids:
-                raise ValueError("HFEngine: the tokenizer has neither a pad nor an EOS token")
-            pad = self.eos_token_ids[0]
-        self._pad_token_id = int(pad)
+        self.eos_token_ids, self._pad_token_id = eos_and_pad(tokenizer, eos_token_ids, "HFEngine")
         device = next(model.parameters()).device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)

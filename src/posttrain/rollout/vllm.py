@@ -50,6 +50,7 @@ from posttrain.rollout.base import (
     RolloutEngine,
     SamplingParams,
     check_generate_args,
+    eos_and_pad,
 )
 
 #: ``tis_mode`` values: token- or sequence-level ratio, truncated (clamped at the cap) or masked (0
@@ -183,16 +184,7 @@ class VLLMEngine(RolloutEngine):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        if eos_token_ids is None:
-            eos = tokenizer.eos_token_id
-            eos_token_ids = [] if eos is None else [int(eos)]
-        self.eos_token_ids = list(eos_token_ids)
-        pad = tokenizer.pad_token_id
-        if pad is None:
-            if not self.eos_token_ids:
-                raise ValueError("VLLMEngine: the tokenizer has neither a pad nor an EOS token")
-            pad = self.eos_token_ids[0]
-        self._pad_token_id = int(pad)
+        self.eos_token_ids, self._pad_token_id = eos_and_pad(tokenizer, eos_token_ids, "VLLMEngine")
         self.tis_mode, self.tis_cap, self.tis_min = tis_mode, tis_cap, tis_min
         self.generator = torch.Generator()
         self.generator.manual_seed(seed)
