@@ -16,7 +16,6 @@ checkpoint step and saved settings (:func:`locate_model`, :func:`evaluate_cli_se
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,7 +183,7 @@ def locate_model(model: str) -> ModelLocation:
     """Resolve ``--model``: a preset name or Hugging Face model directory is used as is; an SFT run
     folder (``model/``) or an RL run folder / checkpoints folder / ``step_*`` checkpoint gives its
     model plus the run's saved config (``config.yaml``, else the checkpoint's trainer state)."""
-    from posttrain.train.checkpoint import resolve_checkpoint
+    from posttrain.train.checkpoint import read_trainer_state, resolve_checkpoint
     from posttrain.utils.config import load_yaml
 
     p = Path(model)
@@ -194,21 +193,17 @@ def locate_model(model: str) -> ModelLocation:
         settings, source = _saved_settings(p / "config.yaml", load_yaml)
         return ModelLocation(model, str(p / "model"), str(p), settings=settings, settings_from=source)
     ckpt = resolve_checkpoint(p)
-    try:
-        state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{ckpt / 'trainer_state.json'}: unreadable trainer state ({e})") from None
+    state = read_trainer_state(ckpt)  # CheckpointError (a ValueError) names the file
     run_dir = ckpt.parent.parent
     settings, source = _saved_settings(run_dir / "config.yaml", load_yaml)
     if settings is None and isinstance(state.get("config"), dict):
         settings, source = state["config"], str(ckpt / "trainer_state.json")
-    step = state.get("step")
     return ModelLocation(
         model,
         str(ckpt / "model"),
         str(run_dir),
         checkpoint=str(ckpt),
-        step=int(step) if isinstance(step, int) else None,
+        step=state["step"],
         settings=settings,
         settings_from=source,
     )
