@@ -32,7 +32,15 @@ pytestmark = [
 
 STEPS = 2
 # grad_clip 2: the step-1 gradient (norm ≈ 3.1) is clipped, the step-2 one (≈ 1.75) is not
-COMMON = [f"steps={STEPS}", "checkpoint.every=1", "distributed.strategy=fsdp", "optimizer.grad_clip=2.0"]
+# eval at the end: rank 0 alone generates, inside dist.full_params (no collective in the forwards)
+COMMON = [
+    f"steps={STEPS}",
+    "checkpoint.every=1",
+    "distributed.strategy=fsdp",
+    "optimizer.grad_clip=2.0",
+    "eval.at_end=true",
+    "eval.n=6",
+]
 
 
 def ckpt(run: Path, step: int) -> Path:
@@ -55,6 +63,15 @@ def assert_metrics_match(one: list[dict], other: list[dict]) -> None:
     for a, b in zip(one, other, strict=True):
         for k in COMPARED:
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (b["step"], k, a[k], b[k])
+
+
+def evals(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in r.items() if k != "wall_s" and "time" not in k and "per_s" not in k}
+        for r in rows
+        if r["kind"] == "eval"
+    ]
 
 
 def test_fsdp_killed_run_resumes_and_trains_like_one_process(tmp_path):
@@ -82,6 +99,7 @@ def test_fsdp_killed_run_resumes_and_trains_like_one_process(tmp_path):
     launch(2, killed, *COMMON, "--resume")  # FSDP2 loads the full checkpoint and shards it
     assert max_diff(weights_at(one, STEPS), weights_at(killed, STEPS)) < 1e-5
     assert_metrics_match(m1, steps(killed))
+    assert len(evals(one)) == 1 and evals(killed) == evals(one)
 
     in_process("rl", str(shrunk), COMMON, resume=True)  # the FSDP2 checkpoint, resumed by one process
     assert max_diff(weights_at(one, STEPS), weights_at(shrunk, STEPS)) < 1e-5

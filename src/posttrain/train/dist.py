@@ -138,13 +138,26 @@ def require_single_process(what: str) -> None:
         )
 
 
-def check_rl_hooks(prompts_per_step: int, sampler: Any, replay: Any) -> None:
+def check_rl_hooks(
+    prompts_per_step: int, sampler: Any, replay: Any, *, engine: Any = None, model: Any = None
+) -> None:
     """Refuse what data-parallel RL does not support yet (nothing to check in one process): a global
     batch that does not split evenly, group-filtering samplers (their extra sampling rounds would
-    differ per rank) and replay buffers (their stores would be per rank)."""
+    differ per rank), replay buffers (their stores would be per rank) and, with FSDP2, engines that
+    copy the weights into another runtime (``sync_weights``, e.g. vLLM: not wired to the sharded
+    parameters yet)."""
     n = world_size()
     if n <= 1:
         return
+    if engine is not None and model is not None and is_sharded(model):
+        from posttrain.rollout.base import RolloutEngine
+
+        if type(engine).sync_weights is not RolloutEngine.sync_weights:
+            raise ValueError(
+                f"rollout.engine {type(engine).__name__} copies the policy's weights into its own runtime "
+                "(sync_weights), which distributed.strategy=fsdp does not support yet; use "
+                "distributed.strategy=ddp or an in-process engine (hf)"
+            )
     if prompts_per_step % n:
         raise ValueError(
             f"rollout.prompts_per_step={prompts_per_step} is not a multiple of the world size {n}; every "
@@ -267,11 +280,19 @@ def full_params(model: torch.nn.Module) -> Iterator[None]:
     for m in modules:
         m.unshard()
     root.set_reshard_after_forward(False)
+    # fully_shard marks every module it manages; Hugging Face's generate() then runs "synced_gpus"
+    # (an all-reduce per token, so a rank generating alone, e.g. rank 0's evaluation, would hang)
+    managed = model.__dict__.get("_is_fsdp_managed_module")
+    model._is_fsdp_managed_module = False
     entry[1] += 1
     try:
         yield
     finally:
         entry[1] -= 1
+        if managed is None:
+            del model._is_fsdp_managed_module
+        else:
+            model._is_fsdp_managed_module = managed
         for m in modules:
             m.reshard()
         root.set_reshard_after_forward(True)  # the layers reshard after forward (FSDP's default) ...

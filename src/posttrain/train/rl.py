@@ -350,7 +350,9 @@ class RLTrainer:
         self._checkpointed_step = -1  # step of the checkpoint on disk that matches the weights
         self._last_warned: dict[str, int] = {}
         self._check_settings()
-        dist.check_rl_hooks(cfg.rollout.prompts_per_step, self.sampler, self.replay)
+        dist.check_rl_hooks(
+            cfg.rollout.prompts_per_step, self.sampler, self.replay, engine=self.engine, model=model
+        )
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -607,8 +609,7 @@ class RLTrainer:
                     self._micro_step(micro, adv[rows], g_tokens, g_seqs, sums, first_epoch=epoch == 0)
                 grad_norms.append(clip_and_step(self.model, self.optimizer, cfg.optimizer.grad_clip))
         seconds = time.perf_counter() - t0
-        with dist.full_params(self.model):
-            self.engine.sync_weights(self.model)
+        self.engine.sync_weights(self.model)  # (engines that sync weights are refused under FSDP2)
         n_updates = cfg.ppo_epochs * len(ro.minibatches)
         sums.all_reduce()  # distributed: the ranks' shares and token sums add up (no-op in one process)
         return StepUpdate(lr, sums.result(n_updates), grad_norms, seconds)
