@@ -446,7 +446,8 @@ def optimizer_loader(
     """How to load a full, index-numbered optimizer state dict (a checkpoint's) into ``optimizer``: None
     (``optimizer.load_state_dict``) unless ``model`` is FSDP2-sharded; then a function that renames
     the indices to parameter names and shards the state with ``set_optimizer_state_dict``
-    (``full_state_dict=True``; every rank reads the checkpoint)."""
+    (``full_state_dict=True``; every rank reads the checkpoint). Call it before the first backward:
+    torch initialises the optimizer state it fills only while no parameter has a gradient."""
     if not is_sharded(model):
         return None
 
