@@ -31,7 +31,7 @@ pytestmark = [
 ]
 
 STEPS = 2
-# grad_clip 2: the step-1 gradient (norm ≈ 3.1) is clipped, the step-2 one (≈ 1.75) is not
+# grad_clip 2: the step-1 gradient (norm ≈ 3.10) is clipped, the step-2 one (≈ 1.98) is not
 # eval at the end: rank 0 alone generates, inside dist.full_params (no collective in the forwards)
 COMMON = [
     f"steps={STEPS}",
