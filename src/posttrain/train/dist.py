@@ -548,8 +548,9 @@ def shard_plan(plan: Any) -> Any:
 
 def align_micro_batches(micro_batches: list[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
     """Give every rank the same number of micro-batches in each minibatch (``micro_batches[j]``: the
-    row indices of minibatch j's micro-batches). DDP all-reduces in every backward, so all ranks must
-    run the same number of them; with variable group sizes the ranks' row counts differ. A rank with
+    row indices of minibatch j's micro-batches). DDP all-reduces in every backward (FSDP2 all-gathers
+    in every forward and reduce-scatters in every backward), so all ranks must run the same number of
+    them; with variable group sizes the ranks' row counts differ. A rank with
     fewer micro-batches than the most any rank has splits its rows into that many smaller ones
     (gradients are unchanged: losses use the minibatch's global counts). Identity in one process."""
     if world_size() <= 1:

@@ -23,9 +23,9 @@ loss on ``eval_data`` when given. The model is reached only through a
 :class:`~posttrain.models.ModelAdapter` (load, log-probs, generate, save).
 
 Under ``torchrun`` (docs/distributed.md) every rank draws the same batch, trains on its contiguous
-block of ``batch_size / W`` sequences through DDP with the WHOLE batch's N_B as denominator and the
-loss multiplied by W (DDP averages gradients), so the update equals the single-process one; rank 0
-evaluates and writes the run folder. Causal-LM adapters only.
+block of ``batch_size / W`` sequences through DDP or FSDP2 with the WHOLE batch's N_B as denominator
+and the loss multiplied by W (both average gradients), so the update equals the single-process one;
+rank 0 evaluates and writes the run folder. Causal-LM adapters only.
 """
 
 from __future__ import annotations
