@@ -40,7 +40,6 @@ import contextlib
 import math
 import os
 import pickle
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -53,8 +52,9 @@ _OWN_GROUP = False  # True when setup() initialised the process group (teardown(
 STRATEGIES = ("ddp", "fsdp")
 """Data-parallel strategies (``distributed.strategy``): replicated DDP, or FSDP2 (``fully_shard``)."""
 
-# model -> its fully_shard'ed CausalLMHidden root (FSDP2 only); [root, depth of full_params nesting]
-_FSDP: weakref.WeakKeyDictionary[torch.nn.Module, list[Any]] = weakref.WeakKeyDictionary()
+# FSDP2: a sharded model's ``[root, depth of full_params nesting]``, kept in the model's __dict__ (not
+# a registered submodule: the root contains the model)
+_FSDP_ATTR = "_posttrain_fsdp"
 
 RANK_SEED_STRIDE = 1_000_003
 """Rank r samples with ``seed + r * RANK_SEED_STRIDE`` (a prime, so rank streams never coincide with
@@ -228,8 +228,8 @@ def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
     broadcast, so rank 0's weights are broadcast first (DDP's behaviour). The root is initialised at
     once (``_lazy_init``: torch's FSDP2 picks as root the first module that runs forward, and the
     first forward of a run is a generation that does not pass through the root)."""
-    if model in _FSDP:
-        return _FSDP[model][0]
+    if is_sharded(model):
+        return model.__dict__[_FSDP_ATTR][0]
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -246,13 +246,13 @@ def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
     fully_shard(root, mesh=mesh)
     state = root._get_fsdp_state()  # FSDPModule API; _lazy_init is torch-internal (2.6 .. 2.13)
     state._lazy_init()
-    _FSDP[model] = [root, 0]
+    model.__dict__[_FSDP_ATTR] = [root, 0]
     return root
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether ``model``'s parameters are FSDP2-sharded (:func:`wrap_model` with ``strategy="fsdp"``)."""
-    return model in _FSDP
+    return _FSDP_ATTR in getattr(model, "__dict__", {})
 
 
 @contextlib.contextmanager
@@ -263,7 +263,7 @@ def full_params(model: torch.nn.Module) -> Iterator[None]:
     one process and ranks may run different numbers of them. On exit the parameters are sharded again.
     Costs one full copy of the parameters per rank while inside. Nothing happens without FSDP2;
     nested uses gather once."""
-    entry = _FSDP.get(model)
+    entry = getattr(model, "__dict__", {}).get(_FSDP_ATTR)
     if entry is None or entry[1] > 0:
         if entry is not None:
             entry[1] += 1
