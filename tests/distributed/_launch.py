@@ -1,20 +1,22 @@
 """Worker script the multi-process tests launch with torchrun (``python -m torch.distributed.run``).
 
     python -m torch.distributed.run --nproc_per_node N tests/distributed/_launch.py OUT_DIR [key=value ...]
-        [--resume] [--kill-after-save STEP] [--sft]
+        [--resume] [--kill-after-save STEP] [--sft [--strategy fsdp]] [--report-shards]
 
 Trains the tiny preset with :class:`RLTrainer` (reward: the share of digits in the completion, so
 groups rarely tie; reward workers 0). The rollout engine :func:`prompt_seeded_engine` samples each prompt's group with a seed derived from
 the prompt's token ids and the call count only, so a prompt gets the same completions whichever rank
 samples it: one process and N processes then train on the same global batch, and the test can compare
 their weights. ``--kill-after-save STEP`` SIGKILLs every rank right after the checkpoint of STEP is on
-disk (a crash, not a clean exit).
+disk (a crash, not a clean exit). ``--report-shards`` makes every rank write ``OUT_DIR.rank<r>.json``:
+the number of parameter elements it holds locally and in the whole model (FSDP2 shards them).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import signal
 import zlib
@@ -85,7 +87,18 @@ def prompt_seeded_engine(ctx):
     return PromptSeededEngine(ctx.model, ctx.tokenizer, seed=ctx.seed, max_batch_size=ctx.max_batch_size)
 
 
-def sft(out: str) -> None:
+def report_shards(model, out: str) -> None:
+    """Write this rank's local and the model's total parameter element counts to ``OUT.rank<r>.json``."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
+    rank = int(os.environ.get("RANK", "0"))
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump({"local": local, "total": sum(p.numel() for p in params)}, f)
+
+
+def sft(out: str, strategy: str = "ddp", shards: bool = False) -> None:
     """Two SFT steps of 8 sequences (SGD-like AdamW as above) from the arithmetic task's completions."""
     cfg = SFTConfig(
         model={"name": "tiny", "device": "cpu"},
@@ -98,14 +111,26 @@ def sft(out: str) -> None:
         threads=1,
         progress=False,
         out_dir=out,
+        distributed={"strategy": strategy},
     )
     with SFTTrainer(cfg) as trainer:
+        if shards:
+            report_shards(trainer.model, out)
         trainer.train()
 
 
-def rl(out: str, overrides: list[str], *, resume: bool = False, kill_after_save: int | None = None) -> None:
+def rl(
+    out: str,
+    overrides: list[str],
+    *,
+    resume: bool = False,
+    kill_after_save: int | None = None,
+    shards: bool = False,
+) -> None:
     cfg = load_rl_config(None, [*BASE, f"out_dir={out}", *overrides])
     trainer = RLTrainer(cfg, resume=resume, reward_source=FunctionRewardSource(DigitShare(), num_workers=0))
+    if shards:
+        report_shards(trainer.model, out)
     if kill_after_save is not None:
         save = trainer.save
 
@@ -127,11 +152,19 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--kill-after-save", type=int, default=None)
     ap.add_argument("--sft", action="store_true", help="train SFT (task completions) instead of RL")
+    ap.add_argument("--strategy", default="ddp", help="SFT's distributed.strategy (RL: an override)")
+    ap.add_argument("--report-shards", action="store_true")
     args = ap.parse_args()
     if args.sft:
-        sft(args.out)
+        sft(args.out, args.strategy, args.report_shards)
         return
-    rl(args.out, args.overrides, resume=args.resume, kill_after_save=args.kill_after_save)
+    rl(
+        args.out,
+        args.overrides,
+        resume=args.resume,
+        kill_after_save=args.kill_after_save,
+        shards=args.report_shards,
+    )
 
 
 if __name__ == "__main__":

@@ -17,99 +17,25 @@ One-process references run in the test process itself (no torchrun), to keep the
 from __future__ import annotations
 
 import json
-import os
-import random
 import shutil
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from posttrain.models import load_model_and_tokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))  # the helpers next to this file (_procs, _launch)
+from _procs import COMPARED, in_process, launch, max_diff, steps, weights
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore::posttrain.train.rl.DegenerateSettingWarning"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
-LAUNCH = Path(__file__).with_name("_launch.py")
 STEPS = 2
 COMMON = [f"steps={STEPS}", "checkpoint.every=1"]
-# metrics that must agree between one process and two (times and throughput are per-machine)
-COMPARED = (
-    "reward_mean",
-    "reward_std",
-    "accuracy",
-    "zero_var_frac",
-    "length_mean",
-    "length_max",
-    "num_sequences",
-    "num_groups",
-    "advantage_abs_mean",
-    "pg_loss",
-    "kl_loss",
-    "entropy",
-    "kl",
-    "grad_norm",
-    "rollout_logp_diff",
-)
-
-
-def _free_port() -> int:
-    """A port that binds now, below Linux's ephemeral range (32768+), so that the outgoing connections
-    of other processes cannot take it while torchrun starts."""
-    rng = random.Random()
-    for _ in range(100):
-        port = rng.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
-
-
-def launch(nproc: int, out: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    for _ in range(3):  # a port taken between the check and torchrun's bind: retry on another one
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={_free_port()}",
-            str(LAUNCH),
-            str(out),
-            *args,
-        ]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-        if "address already in use" not in (res.stderr + res.stdout).lower():
-            break
-    if check and res.returncode != 0:
-        raise AssertionError(f"torchrun exited {res.returncode}:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
-    return res
-
-
-def weights(run: Path) -> dict[str, torch.Tensor]:
-    ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
-    return load_file(str(ckpt / "model" / "model.safetensors"))
-
-
-def steps(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == "step"]
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -118,17 +44,6 @@ def two_procs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp") / "two"
     launch(2, out, *COMMON)
     return out
-
-
-def in_process(fn, *args, **kwargs) -> None:
-    """Run a ``_launch`` function in this process (the one-process reference, without torchrun)."""
-    sys.path.insert(0, str(LAUNCH.parent))
-    try:
-        import _launch
-
-        getattr(_launch, fn)(*args, **kwargs)
-    finally:
-        sys.path.remove(str(LAUNCH.parent))
 
 
 def test_two_processes_train_like_one_on_the_same_global_batch(two_procs, tmp_path):

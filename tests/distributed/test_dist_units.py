@@ -206,3 +206,70 @@ def test_multi_process_sft_needs_a_causal_lm_adapter_and_an_even_batch(monkeypat
     with pytest.raises(ValueError, match="causal-LM adapters only, got object"):
         dist.wrap_adapter(object(), batch_size=4)
     assert dist.shard(list(range(6))) == [0, 1, 2]
+
+
+def test_unknown_strategy_is_refused_and_fsdp_helpers_are_no_ops_without_fsdp():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"distributed\.strategy: unknown value .zero3."):
+        dist.wrap_model(model, "zero3")
+    assert dist.wrap_model(model, "fsdp") is model  # one process: nothing to shard
+    assert not dist.is_sharded(model)
+    with dist.full_params(model):
+        pass
+    opt = torch.optim.AdamW(model.parameters())
+    assert dist.full_state_dicts(model, opt) == (None, None)
+    assert dist.optimizer_loader(model, opt) is None
+
+
+def test_fsdp2_pieces_on_one_rank_equal_the_plain_model(one_rank_group):
+    """FSDP2 on a 1-rank gloo mesh (the sharding code paths; 2 ranks: test_fsdp_processes.py): log-probs,
+    gradients, clipping, generation inside full_params and the gathered state dicts."""
+    import copy
+
+    from torch.distributed.tensor import DTensor
+
+    from posttrain.train.optim import clip_and_step
+
+    plain, _ = load_model_and_tokenizer("tiny", device="cpu", seed=0)
+    model = copy.deepcopy(plain)
+    root = dist._fully_shard(model)
+    assert dist.is_sharded(model) and isinstance(model.lm_head.weight, DTensor)
+    assert isinstance(root, CausalLMHidden) and root.lm is model
+    ids, am, resp = _batch()
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1) for m in (plain, model)]
+    norms = []
+    for m, opt in zip((plain, root), opts, strict=True):
+        lp, ent = sequence_logprobs(m, ids, am, response_mask=resp, temperature=0.7)
+        (lp.sum() + 0.1 * ent.sum()).backward()
+        norms.append(clip_and_step(m if m is plain else model, opt, 0.5))
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5) and norms[0] > 0.5  # the clip was active
+    for (n, p), q in zip(plain.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.full_tensor(), p.detach(), msg=n)
+
+    prompt = torch.tensor([[5, 6, 7]])
+    with dist.full_params(model):
+        assert not isinstance(model.lm_head.weight, DTensor)
+        out = model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False
+        )
+    ref = plain.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False)
+    assert torch.equal(out, ref)
+    assert isinstance(model.lm_head.weight, DTensor)  # sharded again
+
+    msd, osd = dist.full_state_dicts(model, opts[1])
+    ref_sd = plain.state_dict()
+    assert msd.keys() == ref_sd.keys()
+    for k, v in ref_sd.items():
+        torch.testing.assert_close(msd[k], v, msg=k)
+    sd0 = opts[0].state_dict()  # the one-process layout: parameters numbered, not named
+    assert osd["param_groups"] == sd0["param_groups"] and osd["state"].keys() == sd0["state"].keys()
+    for i, st in sd0["state"].items():
+        for k, v in st.items():
+            torch.testing.assert_close(osd["state"][i][k], v, msg=f"{i}.{k}")
+
+    model.zero_grad(set_to_none=True)  # as at resume: torch initialises the state only without grads
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.1)
+    dist.optimizer_loader(model, fresh)(sd0)  # a one-process checkpoint's optimizer into FSDP2
+    _, again = dist.full_state_dicts(model, fresh)
+    for i, st in sd0["state"].items():
+        torch.testing.assert_close(again["state"][i]["exp_avg"], st["exp_avg"], msg=str(i))

@@ -377,6 +377,9 @@ def sequence_logprobs(
     # The last position's hidden state predicts nothing, so the decoder runs on T−1 positions (causal
     # attention: the outputs at 0..T−2 are unchanged); saves 1/T of the forward and backward.
     hidden = hidden_fn(input_ids[:, :-1], attention_mask[:, :-1], position_ids[:, :-1])
+    # the head is read again AFTER the forward: under FSDP2 (fully_shard) the wrapper's forward swaps
+    # the sharded head weight for the all-gathered one, which stays in place until the backward
+    _, weight, bias = _hidden_and_head(model)
     # hidden at position t−1 predicts the token at t
     pred = valid[:, 1:]
     h_sel = hidden[pred]

@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,8 @@ def restore_rng(tensors: dict[str, torch.Tensor], js: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------- optimizer
-def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    sd = opt.state_dict()
+def _optimizer_to_files(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Files of an index-numbered optimizer state dict (``optimizer.state_dict()``)."""
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for idx, st in sd["state"].items():
@@ -110,7 +111,7 @@ def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Ten
 
 
 def _optimizer_from_files(
-    opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], js: dict[str, Any]
+    load: Callable[[dict[str, Any]], None], tensors: dict[str, torch.Tensor], js: dict[str, Any]
 ) -> None:
     state: dict[int, dict[str, Any]] = {}
     for key, t in tensors.items():
@@ -124,7 +125,7 @@ def _optimizer_from_files(
         if "betas" in g:
             g["betas"] = tuple(g["betas"])
         groups.append(g)
-    opt.load_state_dict({"state": state, "param_groups": groups})
+    load({"state": state, "param_groups": groups})
 
 
 # ---------------------------------------------------------------------------------------- save/load
@@ -168,8 +169,12 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     extra_tensors: dict[str, torch.Tensor] | None = None,
     keep: int | None = None,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a complete checkpoint atomically and point ``latest`` at it; prune to ``keep`` newest."""
+    """Write a complete checkpoint atomically and point ``latest`` at it; prune to ``keep`` newest.
+    ``model_state`` / ``optimizer_state``: full state dicts to write instead of the model's and the
+    optimizer's own (FSDP2: gathered on rank 0 by ``dist.full_state_dicts``; same files)."""
     root = Path(ckpt_root)
     root.mkdir(parents=True, exist_ok=True)
     name = step_dirname(step)
@@ -177,11 +182,13 @@ def save_checkpoint(
     try:
         make_public_dir(tmp)
         _quiet_transformers()
-        model.save_pretrained(tmp / "model", safe_serialization=True)
+        model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=model_state)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "model")
         if optimizer is not None:
-            t, js = _optimizer_to_files(optimizer)
+            t, js = _optimizer_to_files(
+                optimizer_state if optimizer_state is not None else optimizer.state_dict()
+            )
             save_file(t, str(tmp / "optimizer.safetensors"))
             (tmp / "optimizer.json").write_text(json.dumps(js), encoding="utf-8")
         rng_t, rng_js = capture_rng()
@@ -253,10 +260,14 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(
-    ckpt: str | os.PathLike, *, optimizer: torch.optim.Optimizer | None = None
+    ckpt: str | os.PathLike,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    load_optimizer: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Read trainer state (JSON) and RNG/extra tensors, restore the global RNGs and (optionally) the
-    optimizer. The model weights are in ``ckpt/model`` (load with ``load_model_and_tokenizer``).
+    optimizer (with ``load_optimizer`` when given, e.g. FSDP2's ``dist.optimizer_loader``; else
+    ``optimizer.load_state_dict``). The model weights are in ``ckpt/model`` (load with ``load_model_and_tokenizer``).
     Returns the trainer state dict with ``extra_tensors`` added."""
     ckpt = Path(ckpt)
     state = read_trainer_state(ckpt)
@@ -267,7 +278,8 @@ def load_checkpoint(
     state["extra_tensors"] = {k[len("extra.") :]: v for k, v in rng_t.items() if k.startswith("extra.")}
     if optimizer is not None:
         js = _read_json(ckpt / "optimizer.json")
-        _optimizer_from_files(optimizer, _load_tensors(ckpt / "optimizer.safetensors"), js)
+        load = load_optimizer or optimizer.load_state_dict
+        _optimizer_from_files(load, _load_tensors(ckpt / "optimizer.safetensors"), js)
     return state
 
 
@@ -280,15 +292,22 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: corrupt checkpoint file ({e})") from None
 
 
-def save_model_dir(model: torch.nn.Module, tokenizer: Any, path: str | os.PathLike) -> Path:
-    """``save_pretrained`` (safetensors) + tokenizer into ``path`` atomically (temp dir, then rename)."""
+def save_model_dir(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    path: str | os.PathLike,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """``save_pretrained`` (safetensors) + tokenizer into ``path`` atomically (temp dir, then rename);
+    ``state_dict``: the weights to write instead of the model's own (FSDP2: the gathered full ones)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
     try:
         make_public_dir(tmp)
         _quiet_transformers()
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _install_dir(tmp, path)

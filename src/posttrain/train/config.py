@@ -376,6 +376,16 @@ class LoggingConfig(StrictModel):
     (step/total, reward, accuracy, mean length, elapsed, ETA); 0 = none."""
 
 
+class DistributedConfig(StrictModel):
+    """Multi-process training under ``torchrun`` (ignored in one process); docs/distributed.md."""
+
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """``ddp``: every rank holds the whole model and optimizer (DistributedDataParallel). ``fsdp``:
+    FSDP2 (``torch.distributed.fsdp.fully_shard`` per decoder layer + root): parameters, gradients and
+    AdamW state sharded over the ranks, all-gathered layer by layer for the training forward and
+    backward, and whole for generation. Same results and checkpoint files either way."""
+
+
 class CheckpointConfig(StrictModel):
     every: int = Field(0, ge=0)
     """Save every this many steps (0 = only at the end when ``final``)."""
@@ -466,6 +476,7 @@ class RLConfig(StrictModel):
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     hooks: HooksConfig = HooksConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     @property
     def off_policy(self) -> bool:

@@ -1,4 +1,4 @@
-"""The one place for distributed concerns (torch.distributed, data-parallel DDP).
+"""The one place for distributed concerns (torch.distributed, data-parallel DDP and FSDP2).
 
 Launched by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment), the trainers call :func:`setup`
 first: it joins the process group (``gloo`` on CPU, ``nccl`` on CUDA, one GPU per local rank).
@@ -22,16 +22,25 @@ unchanged. What each piece does (docs/distributed.md has the full story):
   (replicated) state dict plus every rank's sampling RNG (:func:`gather`).
 * **Metrics** — :func:`reduce_metrics` combines per-rank step metrics by a per-key rule (sequence-
   weighted mean, sum, max, min, ...); hooks (sampler, controllers) see the global values.
+* **FSDP2** (``distributed.strategy: fsdp``) — :func:`wrap_model` applies ``fully_shard`` to every
+  decoder layer and to the :class:`~posttrain.models.logprobs.CausalLMHidden` root (embeddings, final
+  norm and head): parameters, gradients and AdamW state are sharded over the ranks. Its
+  reduce-scatter averages like DDP, so :func:`backward` is shared. Forwards outside the training
+  wrapper (generation, old log-probs, evaluation, weight sync) run inside :func:`full_params`
+  (every parameter all-gathered once, no collective inside, so ranks may generate different
+  lengths). Checkpoints hold the gathered full state dicts (:func:`full_state_dicts`), in the same
+  files as DDP and one process.
 * **Seeds** — :func:`rank_seed`: rank r's sampling / reward seeds are ``seed + r · RANK_SEED_STRIDE``
   (rank 0 keeps the single-process seeds); model initialisation uses the same seed on every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -39,6 +48,13 @@ import torch
 T = TypeVar("T")
 
 _OWN_GROUP = False  # True when setup() initialised the process group (teardown() destroys it)
+
+STRATEGIES = ("ddp", "fsdp")
+"""Data-parallel strategies (``distributed.strategy``): replicated DDP, or FSDP2 (``fully_shard``)."""
+
+# FSDP2: a sharded model's ``[root, depth of full_params nesting]``, kept in the model's __dict__ (not
+# a registered submodule: the root contains the model)
+_FSDP_ATTR = "_posttrain_fsdp"
 
 RANK_SEED_STRIDE = 1_000_003
 """Rank r samples with ``seed + r * RANK_SEED_STRIDE`` (a prime, so rank streams never coincide with
@@ -122,13 +138,26 @@ def require_single_process(what: str) -> None:
         )
 
 
-def check_rl_hooks(prompts_per_step: int, sampler: Any, replay: Any) -> None:
+def check_rl_hooks(
+    prompts_per_step: int, sampler: Any, replay: Any, *, engine: Any = None, model: Any = None
+) -> None:
     """Refuse what data-parallel RL does not support yet (nothing to check in one process): a global
     batch that does not split evenly, group-filtering samplers (their extra sampling rounds would
-    differ per rank) and replay buffers (their stores would be per rank)."""
+    differ per rank), replay buffers (their stores would be per rank) and, with FSDP2, engines that
+    copy the weights into another runtime (``sync_weights``, e.g. vLLM: not wired to the sharded
+    parameters yet)."""
     n = world_size()
     if n <= 1:
         return
+    if engine is not None and model is not None and is_sharded(model):
+        from posttrain.rollout.base import RolloutEngine
+
+        if type(engine).sync_weights is not RolloutEngine.sync_weights:
+            raise ValueError(
+                f"rollout.engine {type(engine).__name__} copies the policy's weights into its own runtime "
+                "(sync_weights), which distributed.strategy=fsdp does not support yet; use "
+                "distributed.strategy=ddp or an in-process engine (hf)"
+            )
     if prompts_per_step % n:
         raise ValueError(
             f"rollout.prompts_per_step={prompts_per_step} is not a multiple of the world size {n}; every "
@@ -159,21 +188,118 @@ def barrier() -> None:
 
 
 # ------------------------------------------------------------------------------------ model wrapping
-def wrap_model(model: torch.nn.Module) -> torch.nn.Module:
+def wrap_model(model: torch.nn.Module, strategy: str = "ddp") -> torch.nn.Module:
     """The module the trainer runs forward passes WITH gradient through: ``model`` itself in one process,
     else ``DistributedDataParallel(CausalLMHidden(model))`` (parameters shared with ``model``, which the
-    engine, optimizer and checkpoints keep using). DDP broadcasts rank 0's weights at construction."""
+    engine, optimizer and checkpoints keep using; DDP broadcasts rank 0's weights at construction) or,
+    with ``strategy="fsdp"``, the FSDP2-sharded ``CausalLMHidden(model)`` (:func:`_fully_shard`)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"distributed.strategy: unknown value {strategy!r}; accepted: {', '.join(STRATEGIES)}"
+        )
     if world_size() <= 1:
         return model
     from posttrain.models.logprobs import CausalLMHidden
 
+    if strategy == "fsdp":
+        return _fully_shard(model)
     module = CausalLMHidden(model)
     device = next(model.parameters()).device
     ids = [device.index] if device.type == "cuda" else None
     return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, find_unused_parameters=False)
 
 
-def wrap_adapter(adapter: Any, *, batch_size: int) -> Any:
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks to shard one by one: the modules whose class Hugging Face lists in
+    ``_no_split_modules`` (``LlamaDecoderLayer``, ``Qwen2DecoderLayer``, ...), else the longest
+    ``ModuleList`` in the model."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if layers:
+        return layers
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 over the ranks (a 1-D device mesh): ``fully_shard`` on every decoder layer, then on the
+    ``CausalLMHidden(model)`` root, which keeps the embeddings, final norm and head. The parameters
+    of ``model`` become sharded ``DTensor`` s in place (build the optimizer AFTER this). FSDP2 does not
+    broadcast, so rank 0's weights are broadcast first (DDP's behaviour). The root is initialised at
+    once (``_lazy_init``: torch's FSDP2 picks as root the first module that runs forward, and the
+    first forward of a run is a generation that does not pass through the root)."""
+    if is_sharded(model):
+        return model.__dict__[_FSDP_ATTR][0]
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from posttrain.models.logprobs import CausalLMHidden
+
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            torch.distributed.broadcast(t.data, src=0)
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (world_size(),))
+    root = CausalLMHidden(model)
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(root, mesh=mesh)
+    state = root._get_fsdp_state()  # FSDPModule API; _lazy_init is torch-internal (2.6 .. 2.13)
+    state._lazy_init()
+    model.__dict__[_FSDP_ATTR] = [root, 0]
+    return root
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s parameters are FSDP2-sharded (:func:`wrap_model` with ``strategy="fsdp"``)."""
+    return _FSDP_ATTR in getattr(model, "__dict__", {})
+
+
+@contextlib.contextmanager
+def full_params(model: torch.nn.Module) -> Iterator[None]:
+    """Inside: every parameter of a FSDP2-sharded ``model`` is all-gathered (a collective: every rank
+    enters together) and stays so, and FSDP's forward hooks do no communication, so forwards outside
+    the training wrapper (``model.generate``, no-grad log-probs, evaluation on rank 0 only) run as in
+    one process and ranks may run different numbers of them. On exit the parameters are sharded again.
+    Costs one full copy of the parameters per rank while inside. Nothing happens without FSDP2;
+    nested uses gather once."""
+    entry = getattr(model, "__dict__", {}).get(_FSDP_ATTR)
+    if entry is None or entry[1] > 0:
+        if entry is not None:
+            entry[1] += 1
+        try:
+            yield
+        finally:
+            if entry is not None:
+                entry[1] -= 1
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    root = entry[0]
+    modules = [m for m in root.modules() if isinstance(m, FSDPModule)]
+    for m in modules:
+        m.unshard()
+    root.set_reshard_after_forward(False)
+    # fully_shard marks every module it manages; Hugging Face's generate() then runs "synced_gpus"
+    # (an all-reduce per token, so a rank generating alone, e.g. rank 0's evaluation, would hang)
+    managed = model.__dict__.get("_is_fsdp_managed_module")
+    model._is_fsdp_managed_module = False
+    entry[1] += 1
+    try:
+        yield
+    finally:
+        entry[1] -= 1
+        if managed is None:
+            del model._is_fsdp_managed_module
+        else:
+            model._is_fsdp_managed_module = managed
+        for m in modules:
+            m.reshard()
+        root.set_reshard_after_forward(True)  # the layers reshard after forward (FSDP's default) ...
+        root.set_reshard_after_forward(False, recurse=False)  # ... the root does not (FSDP's root rule)
+
+
+def wrap_adapter(adapter: Any, *, batch_size: int, strategy: str = "ddp") -> Any:
     """SFT's counterpart of :func:`wrap_model`: ``adapter`` itself in one process, else a
     :class:`~posttrain.models.CausalLMAdapter` over the DDP-wrapped model (its ``logprobs`` run through
     the wrapper). Refuses adapters of other kinds and a ``batch_size`` that does not split evenly."""
@@ -192,12 +318,12 @@ def wrap_adapter(adapter: Any, *, batch_size: int) -> Any:
             f"batch_size={batch_size} is not a multiple of the world size {n}; every rank trains on "
             "batch_size / world_size sequences"
         )
-    return CausalLMAdapter(wrap_model(adapter.model), adapter.tokenizer)
+    return CausalLMAdapter(wrap_model(adapter.model, strategy), adapter.tokenizer)
 
 
 def backward(loss: torch.Tensor) -> None:
     """``loss.backward()`` for a local loss normalised by GLOBAL counts: DDP averages gradients over the
-    W ranks, so the loss is multiplied by W and the averaged gradient equals the sum of the ranks'
+    W ranks (FSDP2's reduce-scatter averages too), so the loss is multiplied by W and the averaged gradient equals the sum of the ranks'
     gradients, i.e. the gradient of the global batch (one process: plain ``loss.backward()``)."""
     n = world_size()
     (loss * n if n > 1 else loss).backward()
@@ -276,6 +402,70 @@ def sum_dicts(d: dict[str, float]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------- checkpoints
+def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The parameter name of every optimizer index (``optimizer.state_dict()`` numbers the parameters
+    of all groups in order)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def full_state_dicts(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
+    """(model state dict, optimizer state dict), full and on the CPU, on rank 0 of a FSDP2 run (other
+    ranks get empty dicts); ``(None, None)`` otherwise (the caller saves its own, replicated, state).
+    A collective: every rank calls it. Gathered with ``torch.distributed.checkpoint.state_dict``
+    (``full_state_dict=True, cpu_offload=True``); the optimizer's is renumbered from parameter names
+    to indices, exactly the layout of a one-process ``optimizer.state_dict()``, so the checkpoint files
+    do not depend on the strategy or the world size."""
+    if not is_sharded(model):
+        return None, None
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=opts)
+    if optimizer is None:
+        return msd, None
+    osd = get_optimizer_state_dict(model, optimizer, options=opts)
+    if not is_main():
+        return msd, {}
+    index = {name: i for i, name in enumerate(_param_names(model, optimizer))}
+    return msd, {
+        "state": {index[k]: v for k, v in osd["state"].items()},
+        "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in osd["param_groups"]],
+    }
+
+
+def optimizer_loader(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> Callable[[dict[str, Any]], None] | None:
+    """How to load a full, index-numbered optimizer state dict (a checkpoint's) into ``optimizer``: None
+    (``optimizer.load_state_dict``) unless ``model`` is FSDP2-sharded; then a function that renames
+    the indices to parameter names and shards the state with ``set_optimizer_state_dict``
+    (``full_state_dict=True``; every rank reads the checkpoint). Call it before the first backward:
+    torch initialises the optimizer state it fills only while no parameter has a gradient."""
+    if not is_sharded(model):
+        return None
+
+    def load(sd: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        names = _param_names(model, optimizer)
+        named = {
+            "state": {names[int(i)]: v for i, v in sd["state"].items()},
+            "param_groups": [
+                {**g, "params": [names[int(i)] for i in g["params"]]} for g in sd["param_groups"]
+            ],
+        }
+        set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))
+
+    return load
+
+
 def add_rank_states(trainer_state: dict[str, Any], extra_tensors: dict[str, torch.Tensor]) -> None:
     """Gather every rank's RNG states and ``extra_tensors`` (e.g. the engine's sampling generator) so
     rank 0 saves them all: rank r >= 1's tensors go into ``extra_tensors`` as ``rank<r>.<key>`` and
@@ -358,8 +548,9 @@ def shard_plan(plan: Any) -> Any:
 
 def align_micro_batches(micro_batches: list[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
     """Give every rank the same number of micro-batches in each minibatch (``micro_batches[j]``: the
-    row indices of minibatch j's micro-batches). DDP all-reduces in every backward, so all ranks must
-    run the same number of them; with variable group sizes the ranks' row counts differ. A rank with
+    row indices of minibatch j's micro-batches). DDP all-reduces in every backward (FSDP2 all-gathers
+    in every forward and reduce-scatters in every backward), so all ranks must run the same number of
+    them; with variable group sizes the ranks' row counts differ. A rank with
     fewer micro-batches than the most any rank has splits its rows into that many smaller ones
     (gradients are unchanged: losses use the minibatch's global counts). Identity in one process."""
     if world_size() <= 1:

@@ -328,9 +328,12 @@ class RLTrainer:
                     seed=cfg.seed,
                 )
             self.ref_lm.model.eval().requires_grad_(False)
+        # forwards with gradient go through this: the adapter itself, or one over DDP / FSDP2 around the
+        # model; FSDP2 shards the parameters in place, so the optimizer is built after it
+        self.train_lm = dist.wrap_adapter(
+            self.lm, batch_size=cfg.rollout.prompts_per_step, strategy=cfg.distributed.strategy
+        )
         self.optimizer = build_adamw(model, cfg.optimizer)
-        # forwards with gradient go through this: the adapter itself, or one over DDP around the model
-        self.train_lm = dist.wrap_adapter(self.lm, batch_size=cfg.rollout.prompts_per_step)
 
         h = cfg.hooks
         self.sampler = SAMPLERS.get(h.sampler.name)(self.train_examples, seed=cfg.seed, **h.sampler.params)
@@ -347,7 +350,9 @@ class RLTrainer:
         self._checkpointed_step = -1  # step of the checkpoint on disk that matches the weights
         self._last_warned: dict[str, int] = {}
         self._check_settings()
-        dist.check_rl_hooks(cfg.rollout.prompts_per_step, self.sampler, self.replay)
+        dist.check_rl_hooks(
+            cfg.rollout.prompts_per_step, self.sampler, self.replay, engine=self.engine, model=model
+        )
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -355,7 +360,8 @@ class RLTrainer:
     def step(self) -> dict[str, float]:
         """One full RL step (the five phases of the module docstring); returns its metrics."""
         t_start = time.perf_counter()
-        ro = self.rollout()  # 1. plan + rollout; rewards submitted
+        with dist.full_params(self.model):  # FSDP2: generate with gathered weights (no-op otherwise)
+            ro = self.rollout()  # 1. plan + rollout; rewards submitted
         fw = self.forward_without_rewards(ro)  # 2. overlaps with reward scoring
         scores = self.score(ro)  # 3. rewards -> group shaping -> advantages
         upd = self.update(ro, fw, scores)  # 4. optimizer updates
@@ -553,7 +559,8 @@ class RLTrainer:
             parts = [self._policy_forward(lm, ro, rows, False) for rows in chunks]
             return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
-        old_logp, old_ent = no_grad_forward(self.lm) if self.cfg.off_policy else (None, None)
+        with dist.full_params(self.model):
+            old_logp, old_ent = no_grad_forward(self.lm) if self.cfg.off_policy else (None, None)
         ref_logp = no_grad_forward(self.ref_lm)[0] if self.ref_lm is not None else None
         first = self._policy_forward(self.train_lm, ro, ro.micro_batches[0][0], True)
         return StepForwards(old_logp, ref_logp, first, time.perf_counter() - t0, old_ent)
@@ -602,7 +609,7 @@ class RLTrainer:
                     self._micro_step(micro, adv[rows], g_tokens, g_seqs, sums, first_epoch=epoch == 0)
                 grad_norms.append(clip_and_step(self.model, self.optimizer, cfg.optimizer.grad_clip))
         seconds = time.perf_counter() - t0
-        self.engine.sync_weights(self.model)
+        self.engine.sync_weights(self.model)  # (engines that sync weights are refused under FSDP2)
         n_updates = cfg.ppo_epochs * len(ro.minibatches)
         sums.all_reduce()  # distributed: the ranks' shares and token sums add up (no-op in one process)
         return StepUpdate(lr, sums.result(n_updates), grad_norms, seconds)
@@ -840,7 +847,8 @@ class RLTrainer:
         }
         extra = {f"engine.{k}": v for k, v in self.engine.state_dict().items()}
         dist.add_rank_states(state, extra)  # distributed: every rank's sampling RNG (nothing in one process)
-        path = dist.on_main(  # rank 0 writes (the model and optimizer are replicated on every rank)
+        msd, osd = dist.full_state_dicts(self.model, self.optimizer)  # FSDP2: gathered on rank 0
+        path = dist.on_main(  # rank 0 writes (DDP: its replica is the full state)
             lambda: save_checkpoint(
                 self.run_dir / "checkpoints",
                 self.step_idx,
@@ -850,13 +858,16 @@ class RLTrainer:
                 trainer_state=state,
                 extra_tensors=extra,
                 keep=self.cfg.checkpoint.keep,
+                model_state=msd,
+                optimizer_state=osd,
             )
         )
         self._checkpointed_step = self.step_idx
         return path
 
     def _restore(self, ckpt: Path) -> None:
-        state = load_checkpoint(ckpt, optimizer=self.optimizer)
+        load = dist.optimizer_loader(self.model, self.optimizer)  # FSDP2: shards the full state
+        state = load_checkpoint(ckpt, optimizer=self.optimizer, load_optimizer=load)
         self.step_idx = int(state["step"])
         self._checkpointed_step = self.step_idx
         self.sampler.load_state_dict(state["sampler"])
@@ -888,18 +899,19 @@ class RLTrainer:
             cfg.rollout.runner.params,
             RunnerContext(engine, self.formatter, self.tokenizer, seed=EVAL_SEED),
         )
-        return dist.on_main(  # rank 0 evaluates; every rank gets the result
-            lambda: run_eval(
-                runner,
-                self.task.split("heldout")[: e.n],
-                self.reward_source,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                success_threshold=cfg.reward.success_threshold,
-                k=e.k,
-                samples=e.samples,
-                temperature=e.temperature,
+        with dist.full_params(self.model):  # FSDP2: rank 0 alone generates with gathered weights
+            return dist.on_main(  # rank 0 evaluates; every rank gets the result
+                lambda: run_eval(
+                    runner,
+                    self.task.split("heldout")[: e.n],
+                    self.reward_source,
+                    max_new_tokens=cfg.rollout.max_new_tokens,
+                    success_threshold=cfg.reward.success_threshold,
+                    k=e.k,
+                    samples=e.samples,
+                    temperature=e.temperature,
+                )
             )
-        )
 
     # ---------------------------------------------------------------------------------- full run
     def train(

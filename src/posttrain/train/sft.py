@@ -23,9 +23,9 @@ loss on ``eval_data`` when given. The model is reached only through a
 :class:`~posttrain.models.ModelAdapter` (load, log-probs, generate, save).
 
 Under ``torchrun`` (docs/distributed.md) every rank draws the same batch, trains on its contiguous
-block of ``batch_size / W`` sequences through DDP with the WHOLE batch's N_B as denominator and the
-loss multiplied by W (DDP averages gradients), so the update equals the single-process one; rank 0
-evaluates and writes the run folder. Causal-LM adapters only.
+block of ``batch_size / W`` sequences through DDP or FSDP2 with the WHOLE batch's N_B as denominator
+and the loss multiplied by W (both average gradients), so the update equals the single-process one;
+rank 0 evaluates and writes the run folder. Causal-LM adapters only.
 """
 
 from __future__ import annotations
@@ -42,7 +42,14 @@ from pydantic import Field, model_validator
 
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
 from posttrain.train import dist
-from posttrain.train.config import CheckpointConfig, EvalConfig, ModelConfig, OptimizerConfig, TaskConfig
+from posttrain.train.config import (
+    CheckpointConfig,
+    DistributedConfig,
+    EvalConfig,
+    ModelConfig,
+    OptimizerConfig,
+    TaskConfig,
+)
 from posttrain.train.sft_data import (
     DataFields,
     SFTDataError,
@@ -116,6 +123,8 @@ class SFTConfig(StrictModel):
     save: bool = True
     """Write the run folder (metrics.jsonl, config.yaml, checkpoints, model/); False writes nothing."""
     progress: bool | None = None
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """``strategy``: ``ddp`` or ``fsdp`` (FSDP2) under ``torchrun`` (docs/distributed.md)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -234,9 +243,12 @@ class SFTTrainer:
             self.eval_examples = encode_rows(
                 read_sft_file(cfg.eval_data, cfg.data_fields), self.tokenizer, self.formatter
             )
+        # distributed: forwards with gradient go through DDP / FSDP2 (dist.wrap_adapter); the adapter itself
+        # in one process. FSDP2 shards the parameters in place, so the optimizer is built after it
+        self.train_lm = dist.wrap_adapter(
+            adapter, batch_size=cfg.batch_size, strategy=cfg.distributed.strategy
+        )
         self.optimizer = build_adamw(self.model, cfg.optimizer)
-        # distributed: forwards with gradient go through DDP (dist.wrap_adapter); the adapter itself in one process
-        self.train_lm = dist.wrap_adapter(adapter, batch_size=cfg.batch_size)
         self.shuffler = EpochShuffler(len(self.examples), seed=cfg.seed, order="stream")
         self.step_idx = 0
         self._checkpointed_step = -1
@@ -378,7 +390,8 @@ class SFTTrainer:
         return self.cfg.data is None or bool(self.eval_examples)
 
     def _evaluate_all(self) -> dict[str, Any]:
-        return dist.on_main(self._evaluate_here)  # distributed: rank 0 evaluates, every rank gets it
+        with dist.full_params(self.model):  # FSDP2: gathered weights, so rank 0 can run forwards alone
+            return dist.on_main(self._evaluate_here)  # distributed: rank 0 evaluates, every rank gets it
 
     def _evaluate_here(self) -> dict[str, Any]:
         ev: dict[str, Any] = {}
@@ -403,7 +416,8 @@ class SFTTrainer:
             "data": {"n": len(self.examples), "sha256": self.data_fingerprint},
             "shuffler": self.shuffler.state_dict(),
         }
-        path = dist.on_main(  # distributed: rank 0 writes the (replicated) model and optimizer
+        msd, osd = dist.full_state_dicts(self.model, self.optimizer)  # FSDP2: gathered on rank 0
+        path = dist.on_main(  # distributed: rank 0 writes (DDP: its replica is the full state)
             lambda: save_checkpoint(
                 self.run_dir / "checkpoints",
                 self.step_idx,
@@ -412,15 +426,27 @@ class SFTTrainer:
                 optimizer=self.optimizer,
                 trainer_state=state,
                 keep=self.cfg.checkpoint.keep,
+                model_state=msd,
+                optimizer_state=osd,
             )
         )
         self._checkpointed_step = self.step_idx
         return path
 
+    def _save_model(self, path: Path) -> Path:
+        """The adapter's ``save`` on rank 0; FSDP2: the full state dict gathered on rank 0 instead."""
+        from posttrain.train.checkpoint import save_model_dir
+
+        msd, _ = dist.full_state_dicts(self.model, None)  # a collective under FSDP2; (None, None) otherwise
+        if msd is None:
+            return dist.on_main(lambda: self.lm.save(path))
+        return dist.on_main(lambda: save_model_dir(self.model, self.tokenizer, path, state_dict=msd))
+
     def _restore(self, ckpt: Path) -> None:
         from posttrain.train.checkpoint import load_checkpoint
 
-        state = load_checkpoint(ckpt, optimizer=self.optimizer)
+        load = dist.optimizer_loader(self.model, self.optimizer)  # FSDP2: shards the full state
+        state = load_checkpoint(ckpt, optimizer=self.optimizer, load_optimizer=load)
         if "shuffler" not in state or "data" not in state:
             raise ValueError(f"{ckpt}: not an SFT checkpoint (it has no data position to resume from)")
         data = state["data"]
@@ -496,7 +522,7 @@ class SFTTrainer:
             if cfg.save:
                 if cfg.checkpoint.final and self._checkpointed_step != self.step_idx:
                     self.save()
-                summary["model_dir"] = str(dist.on_main(lambda: self.lm.save(self.run_dir / "model")))
+                summary["model_dir"] = str(self._save_model(self.run_dir / "model"))
         finally:
             if logger:
                 logger.close()
