@@ -222,6 +222,23 @@ def test_silo_openai_client_runs_a_case_against_the_server(srv):
     assert 0 < u["completion_tokens"] <= 8 * u["requests"]
 
 
+def test_patarm_endpoint_judge_against_the_server(srv):
+    """The PaTaRM judge reward source over real HTTP against `posttrain serve`: every judgment is
+    answered (no failed calls, no timeouts); an untrained tiny model writes no score tag, so each is
+    counted unparsable (asked once more) and scored at the bottom of the scale, never raising."""
+    from posttrain.rm.judge import EndpointJudge, JudgeRewardSource
+    from posttrain.tasks.base import Example
+
+    judge = EndpointJudge(srv.base_url, "tiny", max_tokens=8, timeout_s=60, max_retries=0)
+    src = JudgeRewardSource(judge, rubric_style="none")
+    ex = Example(id="q0", prompt="2+2=", answer="4")
+    res = src.score(["4", "5"], [ex, ex])
+    assert res.timeouts == 0 and res.errors == 0 and not judge.last_errors
+    assert res.components["judge_failed"] == [0.0, 0.0]
+    assert res.rewards == [0.0, 0.0] and res.components["judge_parsed"] == [0.0, 0.0]
+    assert src.stats["calls"] >= 1 and src.stats["unparsable"] == 2
+
+
 def test_bench_serve_command_reports_throughput_and_latency(tmp_path):
     from typer.testing import CliRunner
 
