@@ -19,8 +19,9 @@ Prompt formats, byte for byte as in the authors' code of Ren et al. 2024 (arXiv 
 Scoring: the logits of the last prompt position at the token id of each letter (the last id of
 ``tokenizer(letter)``, as ``parse_logits``), softmax over the letters → ``probs``; ``pred`` = argmax,
 ``correct``, ``golden_prob``, ``pred_prob`` (``eval_by_logits``). Prompts are scored in batches
-(left padding, position ids from the attention mask), one forward per batch. Without a chat
-template the prompt starts with BOS when the tokenizer has one, as SFT's text rows do.
+(left padding, position ids from the attention mask), one forward per batch. Token ids: ``base``
+prompts start with BOS when the tokenizer has one (as SFT's text rows, i.e. pre-training-like text);
+``vicuna`` prompts are ``tokenizer(text)`` (the authors' call); ``chat`` prompts are the chat template's.
 """
 
 from __future__ import annotations
@@ -221,10 +222,12 @@ def _encode(tokenizer: Any, text: str, style: Style) -> list[int]:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
+    if style == "vicuna":  # the authors' call: tokenizer(text) with the tokenizer's own special tokens
+        return [int(i) for i in tokenizer(text)["input_ids"]]
     ids = [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
     bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is not None and (not ids or ids[0] != bos):
-        ids = [int(bos), *ids]  # as SFT text rows (and the authors' add_bos_token=True)
+    if bos is not None:
+        ids = [int(bos), *ids]  # as SFT text rows (pre-training-like text), and Llama's tokenizer(text)
     return ids
 
 
