@@ -1,0 +1,82 @@
+"""End to end through the CLI on a micro synthetic setting (a few steps each; numbers are not checked
+for meaning, only that every stage ran and the reports agree with the pieces)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from posttrain.cli import app
+
+SYN = "synthetic={n_entities: 30, n_dev: 2, pretrain_steps: 2, pretrain_batch_size: 4, hidden_size: 32, intermediate_size: 64}"
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("base"))
+
+
+def _run(args):
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def test_forgetting_cli(tmp_path, base_dir):
+    out = tmp_path / "f"
+    _run(
+        [
+            "analyze", "forgetting", SYN, f"synthetic_dir={base_dir}", f"out_dir={out}", "ift.steps=4",
+            "ift.batch_size=2", "ift_rows=8", "n_checkpoints=2", "restore.steps=1", "restore.batch_size=2",
+            "control_seeds=2", "threads=1",
+        ]
+    )  # fmt: skip
+    res = json.loads((out / "forgetting.json").read_text())
+    assert [c["step"] for c in res["checkpoints"]] == [1, 4]
+    for c in res["checkpoints"]:
+        assert c["forgetting"] == pytest.approx(res["score_base"] - c["score_tuned"])
+        assert c["recovery_gap"] == pytest.approx(res["score_base"] - c["score_restored"])
+        assert (c["stage"] == "actual") == (c["recovery_gap"] > res["epsilon"])
+    assert (out / "forgetting.png").stat().st_size > 0 and (
+        out / "ift" / "checkpoints" / "step_000004"
+    ).is_dir()
+
+
+def test_intervention_and_consistency_cli(tmp_path, base_dir):
+    out = tmp_path / "i"
+    groups = "groups=[inconsistent-golden-exp, consistent_wrong0.5-inconsistent_golden-exp, inconsistent-predict-model-exp]"
+    res = _run(
+        ["analyze", "intervention", SYN, f"synthetic_dir={base_dir}", f"out_dir={out}", groups,
+         "ift.steps=1", "ift.batch_size=2", "threads=1"]
+    )  # fmt: skip
+    assert "partial correlation" in res.output
+    data = json.loads((out / "intervention.json").read_text())
+    rows = {g["group"]: g for g in data["groups"]}
+    n = rows["inconsistent-golden-exp"]["n_items"]
+    assert rows["inconsistent-golden-exp"]["own_prediction_items"] == 0
+    assert rows["inconsistent-predict-model-exp"]["own_prediction_items"] == n
+    assert rows["consistent_wrong0.5-inconsistent_golden-exp"]["own_prediction_items"] == round(0.5 * n)
+    line = json.loads((out / "groups" / "inconsistent-predict-model-exp.jsonl").read_text().splitlines()[0])
+    assert line["messages"][1]["content"].startswith(f"{'ABCD'[line['target']]}. ")
+    assert line["target"] != line["answer"]
+    out2 = tmp_path / "c"
+    res = _run(
+        [
+            "analyze",
+            "consistency",
+            SYN,
+            f"synthetic_dir={base_dir}",
+            f"out_dir={out2}",
+            "tuned=tiny",
+            "--json",
+        ]
+    )
+    data = json.loads(res.output)
+    assert -100 <= data["consistency"] <= 100 and data["kl"] >= 0
+
+
+def test_config_errors():
+    res = CliRunner().invoke(app, ["analyze", "forgetting", "base=tiny"])
+    assert res.exit_code == 2 and "probes" in res.output
