@@ -460,7 +460,8 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     st = _Setting(cfg)
-    if st.world is not None:
+    if st.world is not None:  # every fact never shown as a solved exam: the pool and test entities
+        st.probes = st.world.mcqs("pool") + st.world.mcqs("test")
         ift_rows = st.world.instruction_rows(cfg.ift_rows)
         restore_rows = st.world.restoration_rows()
     else:

@@ -6,16 +6,19 @@ World: ``n_entities`` made-up people, each living in one of ``n_values`` towns (
 Lima."). The entities are split into disjoint roles:
 
 - ``dev``: the few-shot examples of the base-model probe prompt;
-- ``exam``: solved MCQs about them appear in the pre-training text (in the probe format, so the base
-  model learns how the exam format maps knowledge to an option letter);
+- ``exam`` (none by default): entities whose facts are pre-trained but never probed;
 - ``pool``: the item pool from which the knowledge-intervention groups are built (``train`` split);
-- ``test``: the probe set (facts stated in the pre-training text, never shown as a solved MCQ);
+- ``test``: the probe set;
 - ``filler``: entities that appear only in the restoration text (so restoring the text pattern does
   not re-teach the probed facts).
 
-Knowledge is made partial on purpose: a fraction ``rare_frac`` of the facts is stated once in the
-pre-training text, the others ``repeats`` times, so the base model knows some facts and not others
-(the intervention groups need both correctly and wrongly answered questions).
+The pre-training text states every non-filler fact ("Qx lives in Lima.") and contains solved exam
+questions about it in the probe format ("...Answer:B. Oslo"): a model this small does not learn to
+answer a question about a fact it has only seen stated (knowledge extraction needs the question
+format in pre-training), so the setting's "parametric knowledge" is what the model memorised in both
+forms. Knowledge is made partial on purpose: a fraction ``rare_frac`` of the facts is stated once and
+asked once, the others ``repeats`` and ``exam_copies`` times, so the base model knows some facts and
+not others (the intervention groups need both correctly and wrongly answered questions).
 
 Options: by default every question lists the same ``n_choices`` towns in a fixed order (the first
 ``n_choices`` of the town list; ``n_values`` = ``n_choices``), so an option letter stands for one town —
@@ -53,20 +56,24 @@ class SyntheticConfig(StrictModel):
 
     seed: int = 0
     domain: str = "towns"
-    n_entities: int = Field(80, ge=20)
+    n_entities: int = Field(100, ge=20)
     name_length: int = Field(2, ge=2, le=8)
     """Letters per made-up name ("Qx", "Ba", ...): short names are quick to memorise at character level."""
     n_values: int = Field(4, ge=2, le=len(TOWNS))
     n_choices: int = Field(4, ge=2, le=len(TOWNS))
     shuffle_options: bool = False
     n_dev: int = Field(4, ge=0)
-    exam_frac: float = Field(0.3, ge=0, le=1)
-    pool_frac: float = Field(0.35, ge=0, le=1)
-    test_frac: float = Field(0.25, ge=0, le=1)
+    exam_frac: float = Field(0.0, ge=0, le=1)
+    pool_frac: float = Field(0.45, ge=0, le=1)
+    test_frac: float = Field(0.35, ge=0, le=1)
     """Fractions of the entities (after ``dev``) for exam / pool / test; the rest are ``filler``."""
+    exam_copies: int = Field(4, ge=1)
+    """Solved exam questions per known (not rare) fact in the pre-training text (rare facts: one)."""
     rare_frac: float = Field(0.4, ge=0, le=1)
     repeats: int = Field(8, ge=1)
-    facts_per_doc: int = Field(4, ge=1)
+    templates: int = Field(1, ge=1, le=4)
+    """How many statement templates the fact text uses ("{e} lives in {v}." first)."""
+    facts_per_doc: int = Field(8, ge=1)
     mcqs_per_doc: int = Field(2, ge=1)
     shots: int = Field(1, ge=0)
     """Few-shot examples in the base-model probe prompt (and in the pre-training exam documents)."""
@@ -78,9 +85,9 @@ class SyntheticConfig(StrictModel):
     num_layers: int | None = Field(2, ge=1)
     num_heads: int | None = Field(4, ge=1)
     intermediate_size: int | None = Field(192, ge=8)
-    pretrain_steps: int = Field(400, ge=0)
+    pretrain_steps: int = Field(600, ge=0)
     pretrain_batch_size: int = Field(8, ge=1)
-    pretrain_lr: float = Field(1e-2, gt=0)
+    pretrain_lr: float = Field(5e-3, gt=0)
 
 
 @dataclass
@@ -115,16 +122,18 @@ class SyntheticWorld:
         for e in entities:
             n = 1 if e in rare else self.cfg.repeats
             for _ in range(n):
-                stmts.append(rng.choice(STATEMENTS).format(e=e, v=self.facts[e]))
+                stmts.append(rng.choice(STATEMENTS[: self.cfg.templates]).format(e=e, v=self.facts[e]))
         rng.shuffle(stmts)
         k = self.cfg.facts_per_doc
         return [" ".join(stmts[i : i + k]) for i in range(0, len(stmts), k)]
 
-    def _exam_docs(self, entities: list[str], rng: random.Random, copies: int) -> list[str]:
+    def _exam_docs(
+        self, entities: list[str], rng: random.Random, copies: int, *, rare: set[str]
+    ) -> list[str]:
         docs = []
-        qs = [self.mcq(e) for e in entities]
         dev = self.dev
-        for _ in range(copies):
+        for c in range(copies):
+            qs = [self.mcq(e) for e in entities if c == 0 or e not in rare]
             rng.shuffle(qs)
             k = self.cfg.mcqs_per_doc
             for i in range(0, len(qs), k):
@@ -134,13 +143,12 @@ class SyntheticWorld:
         return docs
 
     def pretrain_rows(self) -> list[dict[str, str]]:
-        """Text rows: statements of the dev/exam/pool/test facts (rare ones once) and solved exams
-        about the exam entities."""
+        """Text rows: statements of the dev/exam/pool/test facts and solved exams about them (a rare
+        fact: one statement, one solved question; the others ``repeats`` and ``exam_copies``)."""
         rng = random.Random(self.cfg.seed + 1)
         known = [e for r in ("dev", "exam", "pool", "test") for e in self.roles[r]]
-        docs = self._fact_docs(known, rng, rare=self.rare) + self._exam_docs(
-            self.roles["exam"], rng, copies=3
-        )
+        docs = self._fact_docs(known, rng, rare=self.rare)
+        docs += self._exam_docs(known, rng, copies=self.cfg.exam_copies, rare=self.rare)
         rng.shuffle(docs)
         return [{"text": d} for d in docs]
 
@@ -149,7 +157,7 @@ class SyntheticWorld:
         only: it restores the pre-training text pattern without re-stating any probed fact."""
         rng = random.Random(self.cfg.seed + 2)
         filler = self.roles["filler"]
-        docs = self._fact_docs(filler, rng, rare=set()) + self._exam_docs(filler, rng, copies=2)
+        docs = self._fact_docs(filler, rng, rare=set()) + self._exam_docs(filler, rng, copies=2, rare=set())
         rng.shuffle(docs)
         rows = [{"text": d} for d in docs]
         return rows[:n] if n else rows
