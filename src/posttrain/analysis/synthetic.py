@@ -56,7 +56,7 @@ class SyntheticConfig(StrictModel):
 
     seed: int = 0
     domain: str = "towns"
-    n_entities: int = Field(100, ge=20)
+    n_entities: int = Field(60, ge=20)
     name_length: int = Field(2, ge=2, le=8)
     """Letters per made-up name ("Qx", "Ba", ...): short names are quick to memorise at character level."""
     n_values: int = Field(4, ge=2, le=len(TOWNS))
@@ -67,7 +67,7 @@ class SyntheticConfig(StrictModel):
     pool_frac: float = Field(0.45, ge=0, le=1)
     test_frac: float = Field(0.35, ge=0, le=1)
     """Fractions of the entities (after ``dev``) for exam / pool / test; the rest are ``filler``."""
-    exam_copies: int = Field(4, ge=1)
+    exam_copies: int = Field(8, ge=1)
     """Solved exam questions per known (not rare) fact in the pre-training text (rare facts: one)."""
     rare_frac: float = Field(0.4, ge=0, le=1)
     repeats: int = Field(8, ge=1)
@@ -87,7 +87,7 @@ class SyntheticConfig(StrictModel):
     intermediate_size: int | None = Field(192, ge=8)
     pretrain_steps: int = Field(600, ge=0)
     pretrain_batch_size: int = Field(8, ge=1)
-    pretrain_lr: float = Field(5e-3, gt=0)
+    pretrain_lr: float = Field(1e-2, gt=0)
 
 
 @dataclass
