@@ -32,3 +32,13 @@ def test_log_steps():
     assert log_steps(1000, 4) == [1, 10, 100, 1000]
     s = log_steps(7, 10)
     assert s == sorted(set(s)) and s[-1] == 7 and len(s) == 7
+
+
+def test_control_calibrated_reading():
+    # restoration alone costs 10 points (control 50 vs base 60): against M_0 every checkpoint looks
+    # "actual"; against the control only the one that stays below it does
+    vs = verdicts(60, [1, 10], [52, 40], [49.5, 42], 1.0, control=50.0)
+    assert [v.stage for v in vs] == ["actual", "actual"]
+    assert [v.control_gap for v in vs] == [0.5, 8.0]
+    assert [v.control_stage for v in vs] == ["pseudo", "actual"]
+    assert transition_step(vs) == 1 and transition_step(vs, calibrated=True) == 10

@@ -38,6 +38,10 @@ class CheckpointVerdict:
     forgetting: float
     recovery_gap: float
     stage: Stage
+    control_gap: float | None = None
+    """score(R_0) − score(R_s): the recovery gap against the restored base model (control)."""
+    control_stage: Stage | None = None
+    """The same rule with the control's score in place of score(M_0) (restoration's own cost removed)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,8 +69,18 @@ def classify(
 
 
 def verdicts(
-    score_base: float, steps: Sequence[int], tuned: Sequence[float], restored: Sequence[float], eps: float
+    score_base: float,
+    steps: Sequence[int],
+    tuned: Sequence[float],
+    restored: Sequence[float],
+    eps: float,
+    *,
+    control: float | None = None,
 ) -> list[CheckpointVerdict]:
+    """Per-checkpoint verdicts; with ``control`` (the mean score of the restored base model R_0) also
+    the control-calibrated reading: gap score(R_0) − score(R_s) and its stage under the same rule
+    (forgetting F_s measured from score(M_0) as before) — a proposed addition for restoration budgets
+    that cost knowledge by themselves."""
     if not (len(steps) == len(tuned) == len(restored)):
         raise ValueError(
             f"steps, tuned and restored need the same length ({len(steps)}, {len(tuned)}, {len(restored)})"
@@ -74,14 +88,20 @@ def verdicts(
     out = []
     for s, t, r in zip(steps, tuned, restored, strict=True):
         f, g, stage = classify(score_base, t, r, eps)
-        out.append(CheckpointVerdict(int(s), float(t), float(r), f, g, stage))
+        v = CheckpointVerdict(int(s), float(t), float(r), f, g, stage)
+        if control is not None:
+            gc = control - r
+            v.control_gap = gc
+            v.control_stage = "actual" if gc > eps else ("pseudo" if f > 0 else "none")
+        out.append(v)
     return out
 
 
-def transition_step(vs: Sequence[CheckpointVerdict]) -> int | None:
-    """The first checkpoint step with G_s > ε (actual forgetting), None when there is none."""
+def transition_step(vs: Sequence[CheckpointVerdict], *, calibrated: bool = False) -> int | None:
+    """The first checkpoint step with G_s > ε (actual forgetting), None when there is none;
+    ``calibrated``: the first with score(R_0) − score(R_s) > ε."""
     for v in sorted(vs, key=lambda v: v.step):
-        if v.stage == "actual":
+        if (v.control_stage if calibrated else v.stage) == "actual":
             return v.step
     return None
 

@@ -510,8 +510,10 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
                 }
             )
             bar.advance(step=s)
-    vs = verdicts(p0.accuracy, steps, tuned_scores, restored_scores, eps)
+    ctrl_mean = sum(control_scores) / len(control_scores)
+    vs = verdicts(p0.accuracy, steps, tuned_scores, restored_scores, eps, control=ctrl_mean)
     trans = transition_step(vs)
+    trans_cal = transition_step(vs, calibrated=True)
     rows = [
         [
             v.step,
@@ -519,21 +521,35 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
             v.score_restored,
             v.forgetting,
             v.recovery_gap,
+            v.stage,
+            v.control_gap,
+            v.control_stage,
             e["consistency_tuned"],
             e["consistency_restored"],
-            v.stage,
         ]
         for v, e in zip(vs, extra, strict=True)
     ]
-    cols = ["IFT step", "score(M_s)", "score(R_s)", "F_s", "G_s", "cons(M_0,M_s)", "cons(M_0,R_s)", "stage"]
-    ctrl_mean = sum(control_scores) / len(control_scores)
+    cols = [
+        "IFT step",
+        "score(M_s)",
+        "score(R_s)",
+        "F_s",
+        "G_s",
+        "stage",
+        "R_0 - R_s",
+        "stage vs control",
+        "cons(M_0,M_s)",
+        "cons(M_0,R_s)",
+    ]
     md = (
         f"# Pseudo vs actual forgetting (restoration protocol, proposed design)\n\n"
         f"score(M_0) = {p0.accuracy:.2f} on {len(st.probes)} probe questions ({st.shots}-shot, no chat template); "
         f"control score(R_0) = {ctrl_mean:.2f} (seeds: {', '.join(f'{c:.2f}' for c in control_scores)}); "
-        f"epsilon = {eps:.2f}; restoration: {cfg.restore.steps} steps x {cfg.restore.batch_size} rows, lr {cfg.restore.lr:g}\n\n"
+        f"epsilon = {eps:.2f}; restoration: {cfg.restore.steps} steps x {cfg.restore.batch_size} rows, "
+        f"lr {cfg.restore.lr:g}\n\n"
         + markdown_table(cols, rows, floatfmt=".2f")
-        + f"\ntransition step (first G_s > epsilon): {trans if trans is not None else 'none'}\n"
+        + f"\ntransition step (first G_s > epsilon): {trans if trans is not None else 'none'}; "
+        f"against the control (first R_0 - R_s > epsilon): {trans_cal if trans_cal is not None else 'none'}\n"
     )
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(steps, tuned_scores, "o-", label="tuned M_s")
@@ -556,6 +572,7 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
         "epsilon": eps,
         "checkpoints": [{**v.to_json(), **e, "path": ckpts[v.step]} for v, e in zip(vs, extra, strict=True)],
         "transition_step": trans,
+        "transition_step_vs_control": trans_cal,
         "ift": cfg.ift.model_dump(),
         "restore": cfg.restore.model_dump(),
         "ift_loss": ift_loss,
