@@ -307,6 +307,7 @@ def pretrain_base(
         threads=threads,
         out_dir=str(out_dir),
         checkpoint={"every": 0, "final": False},
+        eval={"at_end": False},
         progress=progress,
     )
     model, tokenizer = base_model(cfg)

@@ -42,13 +42,18 @@ def _run(model_cls: Any, runner: Any, config: Path | None, overrides: list[str] 
 
 
 def _show(title: str, res: dict[str, Any], as_json: bool, extra: str = "") -> None:
+    import sys
+
+    from rich.console import Console
+
     from posttrain.utils.tables import print_table
 
     if as_json:
         slim = {k: v for k, v in res.items() if not k.startswith("probes_")}
         typer.echo(json.dumps(slim, indent=2, default=str))
         return
-    print_table(title, res["table"]["columns"], res["table"]["rows"], floatfmt=".2f")
+    console = None if sys.stdout.isatty() else Console(width=200)  # a pipe or file: no truncated columns
+    print_table(title, res["table"]["columns"], res["table"]["rows"], floatfmt=".2f", console=console)
     if extra:
         typer.echo(extra)
     typer.echo("wrote " + ", ".join(res["files"].values()) + f" ({res['wall_s']:.0f} s)")
