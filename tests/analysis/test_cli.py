@@ -80,3 +80,20 @@ def test_intervention_and_consistency_cli(tmp_path, base_dir):
 def test_config_errors():
     res = CliRunner().invoke(app, ["analyze", "forgetting", "base=tiny"])
     assert res.exit_code == 2 and "probes" in res.output
+
+
+def test_consistency_from_files_vicuna(tmp_path):
+    from posttrain.analysis import MCQ, save_mcqs
+
+    probes = [MCQ(f"Where is item {i}?", ("here", "there", "nowhere"), i % 3, id=str(i)) for i in range(5)]
+    save_mcqs(tmp_path / "p.jsonl", probes)
+    save_mcqs(tmp_path / "d.jsonl", probes[:2])
+    out = tmp_path / "c"
+    res = _run(
+        ["analyze", "consistency", "base=tiny", "tuned=tiny", f"probes={tmp_path / 'p.jsonl'}",
+         f"dev={tmp_path / 'd.jsonl'}", "shots=2", "domain=places", f"out_dir={out}", "--json"]
+    )  # fmt: skip
+    data = json.loads(res.output)
+    assert data["tuned_style"] == "vicuna" and data["n_questions"] == 5
+    per_q = json.loads((out / "consistency.json").read_text())["probes_tuned"]["results"]
+    assert [r["id"] for r in per_q] == [str(i) for i in range(5)] and all(len(r["probs"]) == 3 for r in per_q)
