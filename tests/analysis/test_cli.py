@@ -97,3 +97,37 @@ def test_consistency_from_files_vicuna(tmp_path):
     assert data["tuned_style"] == "vicuna" and data["n_questions"] == 5
     per_q = json.loads((out / "consistency.json").read_text())["probes_tuned"]["results"]
     assert [r["id"] for r in per_q] == [str(i) for i in range(5)] and all(len(r["probs"]) == 3 for r in per_q)
+
+
+def test_forgetting_from_files(tmp_path):
+    from posttrain.analysis import MCQ, save_mcqs
+
+    save_mcqs(
+        tmp_path / "p.jsonl", [MCQ(f"Item {i}?", ("a", "b", "c", "d"), i % 4, id=str(i)) for i in range(4)]
+    )
+    chats = [
+        {"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "ok"}]}
+        for i in range(4)
+    ]
+    (tmp_path / "ift.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chats))
+    (tmp_path / "text.jsonl").write_text(
+        "".join(json.dumps({"text": f"Item {i} is {'abcd'[i % 4]}."}) + "\n" for i in range(4))
+    )
+    out = tmp_path / "f"
+    _run(
+        ["analyze", "forgetting", "base=tiny", f"probes={tmp_path / 'p.jsonl'}", "shots=0",
+         f"ift_data={tmp_path / 'ift.jsonl'}", f"restore_data={tmp_path / 'text.jsonl'}", "ift.steps=2",
+         "ift.batch_size=2", "checkpoints=[2]", "restore.steps=1", "restore.batch_size=2", "control_seeds=1",
+         f"out_dir={out}"]
+    )  # fmt: skip
+    res = json.loads((out / "forgetting.json").read_text())
+    assert [c["step"] for c in res["checkpoints"]] == [2] and res[
+        "epsilon"
+    ] == 1.0  # one control seed: the floor
+    (tmp_path / "bad.jsonl").write_text('{"q": 1}\n')
+    bad = CliRunner().invoke(
+        app,
+        ["analyze", "forgetting", "base=tiny", f"probes={tmp_path / 'p.jsonl'}", "shots=0",
+         f"ift_data={tmp_path / 'bad.jsonl'}", f"restore_data={tmp_path / 'text.jsonl'}", f"out_dir={out}"],
+    )  # fmt: skip
+    assert bad.exit_code == 2 and "bad.jsonl: line 1" in bad.output
