@@ -121,9 +121,19 @@ def test_forgetting_from_files(tmp_path):
          f"out_dir={out}"]
     )  # fmt: skip
     res = json.loads((out / "forgetting.json").read_text())
-    assert [c["step"] for c in res["checkpoints"]] == [2] and res[
-        "epsilon"
-    ] == 1.0  # one control seed: the floor
+    assert [c["step"] for c in res["checkpoints"]] == [2]
+    assert res["epsilon"] == 1.0  # one control seed: the floor
+    # the same checkpoints restored again from the saved run: same scores (deterministic)
+    out2 = tmp_path / "f2"
+    _run(
+        ["analyze", "forgetting", "base=tiny", f"probes={tmp_path / 'p.jsonl'}", "shots=0", f"ift_run={out / 'ift'}",
+         f"restore_data={tmp_path / 'text.jsonl'}", "restore.steps=1", "restore.batch_size=2", "control_seeds=1",
+         f"out_dir={out2}"]
+    )  # fmt: skip
+    res2 = json.loads((out2 / "forgetting.json").read_text())
+    assert [c["step"] for c in res2["checkpoints"]] == [2]
+    for key in ("score_tuned", "score_restored"):
+        assert res2["checkpoints"][0][key] == res["checkpoints"][0][key]
     (tmp_path / "bad.jsonl").write_text('{"q": 1}\n')
     bad = CliRunner().invoke(
         app,

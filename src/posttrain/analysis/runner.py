@@ -108,6 +108,9 @@ class InterventionConfig(SourceConfig):
 class ForgettingConfig(SourceConfig):
     ift_data: str | None = None
     """SFT JSONL (chat rows or prompt/completion) of the instruction-tuning run; synthetic: generated."""
+    ift_run: str | None = None
+    """An existing SFT or RL run folder: restore its saved checkpoints (``checkpoints/step_*``; all of
+    them, or those in ``checkpoints``) instead of running IFT here."""
     ift_rows: int = Field(400, ge=1)
     """Synthetic instruction rows to generate."""
     restore_data: str | None = None
@@ -125,9 +128,13 @@ class ForgettingConfig(SourceConfig):
 
     @model_validator(mode="after")
     def _data(self) -> ForgettingConfig:
-        if self.synthetic is None and (self.ift_data is None or self.restore_data is None):
-            raise ValueError("set `ift_data` and `restore_data` (JSONL files) or use `synthetic`")
-        if self.checkpoints is not None:
+        if self.synthetic is None and (
+            (self.ift_data is None and self.ift_run is None) or self.restore_data is None
+        ):
+            raise ValueError(
+                "set `ift_data` (or `ift_run`) and `restore_data` (JSONL files) or use `synthetic`"
+            )
+        if self.checkpoints is not None and self.ift_run is None:
             bad = [s for s in self.checkpoints if not 1 <= s <= self.ift.steps]
             if bad:
                 raise ValueError(f"checkpoints {bad} outside 1..ift.steps={self.ift.steps}")
@@ -460,30 +467,41 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     st = _Setting(cfg)
-    if st.world is not None:  # every fact never shown as a solved exam: the pool and test entities
+    ift_rows: list[dict[str, Any]] = []
+    if st.world is not None:  # the pool and test entities
         st.probes = st.world.mcqs("pool") + st.world.mcqs("test")
         ift_rows = st.world.instruction_rows(cfg.ift_rows)
         restore_rows = st.world.restoration_rows()
     else:
-        ift_rows = _raw_rows(load_sft_jsonl(cfg.ift_data))
+        if cfg.ift_run is None:
+            ift_rows = _raw_rows(load_sft_jsonl(cfg.ift_data))
         restore_rows = _raw_rows(load_sft_jsonl(cfg.restore_data))
     steps = sorted(set(cfg.checkpoints)) if cfg.checkpoints else log_steps(cfg.ift.steps, cfg.n_checkpoints)
     out = Path(cfg.out_dir)
     base_m, base_t = st.load(st.base)
     p0 = st.probe(base_m, base_t)
-    # 1. IFT with the SFT trainer, checkpoints at the chosen steps
-    tr = _sft(base_m, base_t, ift_rows, cfg.ift, seed=cfg.seed, threads=cfg.threads, out_dir=str(out / "ift"))
     ckpts: dict[int, str] = {}
     ift_loss: list[tuple[int, float]] = []
-    with progress_bar(
-        "ift", total=cfg.ift.steps, enabled=cfg.progress, log_every=0 if not cfg.progress else None
-    ) as bar:
-        while tr.step_idx < cfg.ift.steps:
-            m = tr.step()
-            ift_loss.append((tr.step_idx, m["loss"]))
-            if tr.step_idx in steps:
-                ckpts[tr.step_idx] = str(tr.save() / "model")
-            bar.advance(loss=m["loss"])
+    if cfg.ift_run is not None:  # the checkpoints of an existing run
+        ckpts = _run_checkpoints(cfg.ift_run)
+        if cfg.checkpoints:
+            missing = [s for s in cfg.checkpoints if s not in ckpts]
+            if missing:
+                raise ValueError(f"{cfg.ift_run}: no checkpoint for steps {missing} (saved: {sorted(ckpts)})")
+        steps = sorted(set(cfg.checkpoints)) if cfg.checkpoints else sorted(ckpts)
+    else:  # 1. IFT with the SFT trainer, checkpoints at the chosen steps
+        tr = _sft(
+            base_m, base_t, ift_rows, cfg.ift, seed=cfg.seed, threads=cfg.threads, out_dir=str(out / "ift")
+        )
+        with progress_bar(
+            "ift", total=cfg.ift.steps, enabled=cfg.progress, log_every=0 if not cfg.progress else None
+        ) as bar:
+            while tr.step_idx < cfg.ift.steps:
+                m = tr.step()
+                ift_loss.append((tr.step_idx, m["loss"]))
+                if tr.step_idx in steps:
+                    ckpts[tr.step_idx] = str(tr.save() / "model")
+                bar.advance(loss=m["loss"])
 
     def restore(spec: str, seed: int) -> Any:
         m, t = st.load(spec)
@@ -581,6 +599,22 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
     }
     res["files"] = _write_reports(cfg.out_dir, "forgetting", res, md, _png(fig))
     return res
+
+
+def _run_checkpoints(run: str) -> dict[int, str]:
+    """step -> model directory of every complete checkpoint ``<run>/checkpoints/step_*/model``."""
+    root = Path(run) / "checkpoints"
+    found = {}
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and p.name.startswith("step_") and (p / "model" / "config.json").is_file():
+                found[int(p.name[len("step_") :])] = str(p / "model")
+    if not found:
+        raise ValueError(
+            f"ift_run {run!r}: no saved checkpoints (expected {root}/step_*/model; save them with "
+            "checkpoint.every and a checkpoint.keep large enough to keep the early ones)"
+        )
+    return found
 
 
 def _raw_rows(parsed: list[Any]) -> list[dict[str, Any]]:
