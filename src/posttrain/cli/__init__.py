@@ -6,6 +6,7 @@ Importing a command module registers its commands on the apps of `posttrain.cli.
 
 from __future__ import annotations
 
+from posttrain.cli import analyze as _analyze  # noqa: F401
 from posttrain.cli import bench_ablation as _bench_ablation  # noqa: F401
 from posttrain.cli import bench_losses as _bench_losses  # noqa: F401
 from posttrain.cli import bench_rl as _bench_rl  # noqa: F401
