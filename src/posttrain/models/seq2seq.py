@@ -145,6 +145,10 @@ def load_seq2seq(spec: str, *, dtype: Any = "float32", device: str = "cpu", seed
             f"model {spec!r}: {str(path)!r} is a {config.model_type!r} model, not an encoder-decoder; "
             "use the causal-lm adapter for it"
         )
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the "Loading weights" bar
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModelForSeq2SeqLM.from_pretrained(
@@ -152,6 +156,9 @@ def load_seq2seq(spec: str, *, dtype: Any = "float32", device: str = "cpu", seed
         )
     except Exception as e:
         raise ModelSpecError(f"model {spec!r}: could not load a seq2seq model from {str(path)!r}: {e}") from e
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     return model.to(device), tok
 
 
