@@ -161,7 +161,51 @@ class EvalConfig(StrictModel):
 
 
 # ------------------------------------------------------------------------------------------- data
-TASK_WORDS = ["treeposition", "indexing", "position:", "tree:", "tree", "forming:", "->", "node", "deleting", "node:", ",", "height", "selection", "height:", "tree", "interpreting:", "pruned", "parse:", "completion:", "pruning:", "constituency", "searching", "sentence:", "discrimination", "span:", "True", "False", "pos", "tagging:", "production", "detection:", "high", "low", "difficulty", "intra", "inter", "span:", "scpg", "source", "syntax", "template", "no-tree-scpg", "target"]
+TASK_WORDS = [
+    "treeposition",
+    "indexing",
+    "position:",
+    "tree:",
+    "tree",
+    "forming:",
+    "->",
+    "node",
+    "deleting",
+    "node:",
+    ",",
+    "height",
+    "selection",
+    "height:",
+    "tree",
+    "interpreting:",
+    "pruned",
+    "parse:",
+    "completion:",
+    "pruning:",
+    "constituency",
+    "searching",
+    "sentence:",
+    "discrimination",
+    "span:",
+    "True",
+    "False",
+    "pos",
+    "tagging:",
+    "production",
+    "detection:",
+    "high",
+    "low",
+    "difficulty",
+    "intra",
+    "inter",
+    "span:",
+    "scpg",
+    "source",
+    "syntax",
+    "template",
+    "no-tree-scpg",
+    "target",
+]
 
 
 class Corpus:
