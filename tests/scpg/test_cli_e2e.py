@@ -21,17 +21,20 @@ def _last_json(out: str) -> dict:
 
 def test_pretrain_finetune_eval(tmp_path):
     r = CliRunner()
-    stage = ["batch_size=4", "micro_batch_size=2", "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "steps=2"]
+    stage = ["batch_size=4", "micro_batch_size=2", "optimizer.lr=1e-3", "optimizer.warmup_steps=0"]
     res = r.invoke(
         app,
         [
             "scpg", "pretrain", "model.device=cpu", f"out_dir={tmp_path / 'pre'}", "linearize=slash", *SYN,
-            *(f"stage{i}.{s}" for i in (1, 2) for s in stage), "--no-progress",
+            *(f"stage{i}.{s}" for i in (1, 2) for s in stage), "stage1.steps=2", "stage1.checkpoint_every=2",
+            "stage2.steps=1", "--no-progress",
         ],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     pre = _last_json(res.output)
-    assert pre["stage1"]["steps"] == 2 and pre["stage2"]["steps"] == 2 and pre["nonterminals_added"] > 5
+    assert pre["stage1"]["steps"] == 2 and pre["stage2"]["steps"] == 1 and pre["nonterminals_added"] > 5
+    assert (tmp_path / "pre" / "stage1" / "checkpoints" / "latest").is_file()  # SFT's checkpoints
+    assert not (tmp_path / "pre" / "stage2" / "checkpoints").exists()
     assert (tmp_path / "pre" / "model" / "config.json").is_file()
     assert (tmp_path / "pre" / "stage2" / "metrics.jsonl").is_file()  # SFT's run folder
 
@@ -39,12 +42,12 @@ def test_pretrain_finetune_eval(tmp_path):
         app,
         [
             "scpg", "finetune", f"model.name={tmp_path / 'pre'}", "model.device=cpu", "format=triplet_sentencetree",
-            "steps=2", "batch_size=4", f"out_dir={tmp_path / 'ft'}", *SYN, "--no-progress",
+            "steps=1", "batch_size=4", f"out_dir={tmp_path / 'ft'}", *SYN, "--no-progress",
         ],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     ft = _last_json(res.output)
-    assert ft["mode"] == "full_fine_tune" and ft["steps"] == 2 and ft["format"] == "triplet_sentencetree"
+    assert ft["mode"] == "full_fine_tune" and ft["steps"] == 1 and ft["format"] == "triplet_sentencetree"
 
     res = r.invoke(
         app,

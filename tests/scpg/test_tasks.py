@@ -248,3 +248,21 @@ def test_scpg_formats():
     with pytest.raises(ValueError, match="SCPG format"):
         T.format_scpg(e, "bart")
     assert T.replace_masks_with_sentinels("a <mask> b <mask>") == "a <extra_id_0> b <extra_id_1>"
+
+
+def test_inter_span_never_empty():
+    rng = random.Random(0)
+    for _ in range(300):
+        _, tgt = T.mask_inter_span(["(", "A", "b", ")"], 0.15, rng)
+        assert tgt.startswith("<extra_id_0>")
+
+
+def test_stage_pairs_skip_tasks_that_do_not_apply():
+    from posttrain.scpg.run import Corpus, PretrainConfig, stage_pairs
+
+    c = Corpus.__new__(Corpus)
+    c.pretrain_trees, c.splits = [Tree.from_bracketed("(NN cat)"), CAT], {"train": []}
+    for stage in (1, 2):
+        pairs = stage_pairs(c, stage, 150, seed=0, cfg=PretrainConfig())
+        assert len(pairs) == 150 and all(s.strip() and t.strip() for s, t in pairs)
+    assert pairs == stage_pairs(c, 2, 150, seed=0, cfg=PretrainConfig())  # seeded

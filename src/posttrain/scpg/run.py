@@ -78,6 +78,8 @@ class StageConfig(StrictModel):
     )
     max_length: int = Field(300, ge=8)
     """Examples whose input or target exceeds this many tokens are dropped (counted in the summary)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """SFT checkpoints under ``<stage dir>/checkpoints`` every this many steps (authors: 512); 0 = none."""
 
 
 def _ft_optimizer() -> OptimizerConfig:
@@ -119,6 +121,7 @@ class FinetuneConfig(StrictModel):
     schedule_factor: float = Field(1.2, ge=1.0)
     """The cosine runs over ``schedule_factor × steps`` (authors: total steps × 1.2)."""
     max_length: int = Field(256, ge=8)
+    checkpoint_every: int = Field(0, ge=0)
     nt_init: Literal["node", "unk"] = "node"
     """Step-B initialisation when the model does not have the non-terminal tokens yet (from scratch)."""
     max_train: int | None = Field(None, ge=1)
@@ -322,9 +325,12 @@ def train_pairs(
     threads: int | None = None,
     progress: bool | None = None,
     name: str = "scpg",
+    checkpoint_every: int = 0,
 ) -> dict[str, Any]:
     """One SFT run of ``adapter`` on (input, target) pairs (module docstring); returns SFT's summary
-    plus ``dropped`` (pairs over ``max_length``)."""
+    plus ``dropped`` (pairs over ``max_length``). ``checkpoint_every`` > 0 writes SFT checkpoints
+    (model, AdamW state, data position) every that many steps and at the end; the final model is
+    always written to ``<out_dir>/model``."""
     from posttrain.train.config import ModelConfig
     from posttrain.train.sft import SFTConfig, SFTTrainer
 
@@ -342,6 +348,7 @@ def train_pairs(
         threads=threads,
         out_dir=str(out_dir),
         eval={"every": 0, "at_start": False, "at_end": False},
+        checkpoint={"every": checkpoint_every, "final": checkpoint_every > 0},
         progress=progress,
     )
     with SFTTrainer(cfg, adapter=adapter, pairs=pairs) as trainer:
@@ -359,17 +366,25 @@ def stage_pairs(
     rng = random.Random(seed)
     trees = corpus.pretrain_trees
     scpg = corpus.splits["train"] if cfg.scpg_fraction > 0 else ()
-    out = []
-    for _ in range(n):
+    out: list[tuple[str, str]] = []
+    failures = 0
+    while len(out) < n:
         t = trees[rng.randrange(len(trees))]
-        if stage == 1:
-            out.append(stage1_example(t, rng, cfg.linearize))
-        else:
-            out.append(
-                stage2_example(
+        try:
+            if stage == 1:
+                pair = stage1_example(t, rng, cfg.linearize)
+            else:
+                pair = stage2_example(
                     t, rng, scpg=scpg, scpg_fraction=cfg.scpg_fraction, scpg_format=cfg.scpg_format
                 )
-            )
+        except ValueError:  # a task that does not apply to this tree (e.g. no phrase above the POS level)
+            pair = ("", "")
+        if pair[0].strip() and pair[1].strip():
+            out.append(pair)
+            continue
+        failures += 1
+        if failures > 100 + n:
+            raise ValueError(f"stage {stage}: most pre-training trees give no example (last tree: {t})")
     return out
 
 
@@ -412,6 +427,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
             threads=cfg.threads,
             progress=cfg.progress,
             name=f"stage {stage}",
+            checkpoint_every=scfg.checkpoint_every,
         )
         summary[f"stage{stage}"] = {
             "steps": s["steps"],
@@ -478,6 +494,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         threads=cfg.threads,
         progress=cfg.progress,
         name="finetune",
+        checkpoint_every=cfg.checkpoint_every,
     )
     summary = {
         "mode": mode,

@@ -220,17 +220,21 @@ def mask_inter_span(
     tokens: Sequence[str], p: float, rng: random.Random, mean_span: float = SPAN_MEAN
 ) -> tuple[str, str]:
     """T5 span corruption (``process_line``): each token starts a span with probability p/mean_span, the
-    span length ~ Poisson(mean_span); length 0 inserts a sentinel before the token; at most 100."""
+    span length ~ Poisson(mean_span); length 0 inserts a sentinel before the token; at most 100. A draw
+    with no span at all is redrawn (the authors would train on an empty target)."""
     n = len(tokens)
+    if n == 0:
+        raise ValueError("mask_inter_span: no tokens")
     marks = [0] * n
-    for i in range(n):
-        if rng.random() < p / mean_span:
-            length = _poisson(mean_span, rng)
-            if length == 0:
-                marks[i] = -1
-            else:
-                for j in range(i, min(n, i + length)):
-                    marks[j] = 1
+    while not any(marks):
+        for i in range(n):
+            if rng.random() < p / mean_span:
+                length = _poisson(mean_span, rng)
+                if length == 0:
+                    marks[i] = -1
+                else:
+                    for j in range(i, min(n, i + length)):
+                        marks[j] = 1
     src: list[str] = []
     tgt: list[str] = []
     k = 0
