@@ -111,8 +111,8 @@ def test_causal_lm_adapter_wraps_loading_logprobs_generate_and_save(tmp_path):
 
 def test_adapter_registry_and_errors():
     assert "causal-lm" in ADAPTERS.names()
-    with pytest.raises(ValueError, match="unknown model adapter 'seq2seq'"):
-        load_adapter("tiny", kind="seq2seq")
+    with pytest.raises(ValueError, match="unknown model adapter 'encoder-only'"):
+        load_adapter("tiny", kind="encoder-only")
     with pytest.raises(ModelSpecError, match="not a known preset"):
         load_adapter("no-such-model")
     with pytest.raises(ValueError, match="pass the tokenizer"):

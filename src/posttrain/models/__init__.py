@@ -23,6 +23,7 @@ from posttrain.models.logprobs import (
     token_logprobs,
 )
 from posttrain.models.presets import PRESETS, Preset, build_preset_model, list_presets, preset_config
+from posttrain.models.seq2seq import Seq2SeqAdapter
 from posttrain.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer, char_vocab
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "ModelAdapter",
     "ModelSpecError",
     "Preset",
+    "Seq2SeqAdapter",
     "build_char_tokenizer",
     "build_preset_model",
     "char_vocab",

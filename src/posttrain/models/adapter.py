@@ -21,12 +21,12 @@ log-probabilities are wanted (completion tokens, assistant turns, a policy's act
 returns ``logp[b, t] = log p(input_ids[b, t] | row b's tokens before t)`` on that same grid, 0 where
 ``loss_mask`` is 0.
 
-A sequence-to-sequence adapter (not implemented here) keeps the same grid and splits each row itself:
-the tokens before the row's first ``loss_mask`` position are the encoder input, the rest the decoder
-sequence (teacher forcing), and the decoder's per-token log-probs are written back at their grid
-positions. ``generate`` takes the prompt ids (the encoder input) and returns a
-:class:`~posttrain.rollout.RolloutBatch` as any engine does, so trainers, losses and metrics are
-unchanged. Multi-turn rows (several loss spans per row) need a convention of that adapter's own.
+A sequence-to-sequence adapter (:class:`posttrain.models.seq2seq.Seq2SeqAdapter`, kind ``seq2seq``) keeps
+the same grid and splits each row itself: the tokens before the row's first ``loss_mask`` position are
+the encoder input, the rest the decoder sequence (teacher forcing), and the decoder's per-token
+log-probs are written back at their grid positions, so SFT trains it unchanged. It decodes with beam
+search; RL rollouts (``engine`` / ``generate``) are decoder-only for now. Multi-turn rows (several loss
+spans per row) are refused.
 """
 
 from __future__ import annotations

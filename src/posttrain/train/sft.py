@@ -102,6 +102,9 @@ class SFTConfig(StrictModel):
     style: Literal["short", "long"] = "short"
     max_examples: int | None = Field(None, ge=1)
     steps: int = Field(200, ge=0)
+    schedule_steps: int | None = Field(None, ge=1)
+    """Length of the lr schedule (cosine horizon) when it differs from ``steps`` (e.g. DSMT fine-tuning
+    runs ``steps`` of a cosine over 1.2 × steps); None = ``steps``."""
     batch_size: int = Field(32, ge=1)
     micro_batch_size: int | None = Field(None, ge=1)
     """Sequences per forward/backward (gradient accumulation); None = the whole batch at once. The
@@ -328,7 +331,7 @@ class SFTTrainer:
         from posttrain.train.optim import clip_and_step, scheduled_lr, set_lr
 
         cfg = self.cfg
-        lr = scheduled_lr(cfg.optimizer, self.step_idx, cfg.steps)
+        lr = scheduled_lr(cfg.optimizer, self.step_idx, cfg.schedule_steps or cfg.steps)
         set_lr(self.optimizer, lr)
         self.model.train()
         idx = self.shuffler.take(cfg.batch_size)
