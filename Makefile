@@ -15,9 +15,10 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 # `make test` (and so CI, .ci/run) also installs the `bench` extra (TRL, accelerate, datasets; about
-# 35 s more on first use), so the TRL side of `posttrain bench rl-step` is tested too; `make demo` does not.
+# 35 s more on first use), so the TRL side of `posttrain bench rl-step` is tested too, and the `scpg`
+# extra (sacrebleu, zss) for the SCPG metrics; `make demo` does not.
 $(BIN)/.bench-installed: $(BIN)/.installed
-	$(BIN)/pip install --quiet -e ".[dev,bench]"
+	$(BIN)/pip install --quiet -e ".[dev,bench,scpg]"
 	touch $@
 
 setup: $(BIN)/.installed

@@ -58,8 +58,18 @@ def flat_tree(sentence: str) -> Tree:
     return Tree("S", [Tree("X", [w]) for w in sentence.split()] or ["<empty>"])
 
 
+def _extra(module: str) -> Any:
+    """Import one of the ``scpg`` extra's libraries, or say how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"posttrain scpg needs {module}: pip install -e '.[scpg]'") from e
+
+
 def bleu4(hypotheses: Sequence[str], references: Sequence[str], *, tokenize: str = "none") -> float:
-    import sacrebleu
+    sacrebleu = _extra("sacrebleu")
 
     if len(hypotheses) != len(references):
         raise ValueError(f"bleu4: {len(hypotheses)} hypotheses vs {len(references)} references")
@@ -81,7 +91,7 @@ def strip_leaves(tree: Tree, height: int | None = None) -> Tree:
 
 def ted(a: Tree, b: Tree, *, height: int | None = None) -> int:
     """Zhang–Shasha tree edit distance (unit costs) between the leafless trees."""
-    import zss
+    zss = _extra("zss")
 
     def to_zss(t: Tree) -> Any:
         node = zss.Node(t.label)
