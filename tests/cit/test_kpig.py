@@ -180,3 +180,34 @@ def test_hinge_term_value_and_gradient(char_tok):
     for a, p in zip(g_hook, model.parameters(), strict=True):
         assert torch.allclose(a, p.grad, atol=1e-10)
     assert nll == pytest.approx(float(-rows.sum() / n_tok), rel=1e-9)
+
+
+def test_hinge_masked_branch_grad_pushes_the_masked_likelihood_down(char_tok):
+    """masked_branch_grad=True: same value, and the gradient gains +(λ/B) Σ ∇ log p(y_i|I^m,x)/|y_i|."""
+    from posttrain.models import CausalLMAdapter, build_preset_model
+    from posttrain.train.sft import SFTConfig, SFTTrainer
+
+    model = build_preset_model("tiny", char_tok, seed=1).double()
+    exs = _examples()[:3]
+    enc = [encode_instruction(e, char_tok) for e in exs]
+    masked = [e.sft_example(masked=True) for e in enc]
+    pairs = [(char_tok.decode(e.prompt_ids), ex.output) for e, ex in zip(enc, exs, strict=True)]
+    lam, gamma = 0.5, 10.0  # gamma large: the hinge is active for every row
+    hook = HingeLoss(masked, lam=lam, gamma=gamma, masked_branch_grad=True)
+    cfg = SFTConfig(save=False, steps=1, batch_size=3, model={"dtype": "float64"})
+    tr = SFTTrainer(cfg, adapter=CausalLMAdapter(model, char_tok), pairs=pairs, extra_loss=hook)
+    idx = [0, 1, 2]
+    model.zero_grad()
+    tr.accumulate_gradients(idx)
+    got = [p.grad.clone() for p in model.parameters()]
+    ig = information_gain(model, char_tok, exs)
+    assert tr.last_extra_loss == pytest.approx(lam * float((gamma - ig).sum()) / 3, rel=1e-9)
+    model.zero_grad()
+    ids, am, lm = tr.collate(idx)
+    rows = (tr.lm.logprobs(ids, am, lm)[0] * lm).sum(1)
+    mids, mam, mlm = tr.collate(idx, masked)
+    mrows = (tr.lm.logprobs(mids, mam, mlm)[0] * mlm).sum(1)
+    ref = -rows.sum() / lm.sum() - lam / 3 * (rows / lm.sum(1)).sum() + lam / 3 * (mrows / mlm.sum(1)).sum()
+    ref.backward()
+    for a, p in zip(got, model.parameters(), strict=True):
+        assert torch.allclose(a, p.grad, atol=1e-10)
