@@ -185,7 +185,13 @@ class SFTTrainer:
     """``SFTTrainer(cfg).train()``; with a model in hand ``SFTTrainer(cfg, model, tokenizer,
     pairs=[(prompt, completion), ...]).train()`` or ``rows=[{"messages": [...]}, {"text": ...}]``;
     ``SFTTrainer(cfg, resume=True)`` continues from ``<out_dir>/checkpoints/latest``; ``adapter=`` takes
-    any :class:`~posttrain.models.ModelAdapter` instead of model and tokenizer."""
+    any :class:`~posttrain.models.ModelAdapter` instead of model and tokenizer.
+
+    ``extra_loss(trainer, idx, logp, loss_mask, batch_rows) -> scalar tensor`` (optional) adds a term
+    to each micro-batch's loss: ``idx`` are the micro-batch's example indices, ``logp``/``loss_mask``
+    its (B, T) token log-probs (differentiable) and target mask from the same forward, ``batch_rows``
+    the whole batch's row count (normalise per-row terms by it to stay micro-batch invariant). Its
+    value is logged as ``extra_loss``; ``loss`` stays the NLL."""
 
     def __init__(
         self,
@@ -197,6 +203,7 @@ class SFTTrainer:
         rows: list[Any] | None = None,
         resume: bool = False,
         adapter: Any = None,
+        extra_loss: Any = None,
     ) -> None:
         from posttrain.models import CausalLMAdapter, load_adapter
         from posttrain.rollout import PromptFormatter
@@ -207,6 +214,7 @@ class SFTTrainer:
         from posttrain.utils.data import EpochShuffler
 
         self.cfg = cfg
+        self.extra_loss = extra_loss
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
@@ -318,12 +326,22 @@ class SFTTrainer:
         each normalised by the WHOLE batch's target-token count (module docstring). Returns
         (loss, target tokens)."""
         n_tok = sum(self.examples[i].n_loss_tokens for i in idx)
-        loss = 0.0
+        loss = extra = 0.0
         # distributed: this rank's block of the batch, DDP backward x world size (dist.backward)
         for part in self._micro_batches(dist.shard(idx)):
-            part_loss = self._summed_nll(part, adapter=self.train_lm) / n_tok
-            dist.backward(part_loss)
+            if self.extra_loss is None:
+                part_loss = self._summed_nll(part, adapter=self.train_lm) / n_tok
+                dist.backward(part_loss)
+            else:
+                ids, am, lm = self.collate(part)
+                logp, _ = self.train_lm.logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
+                part_loss = -(logp * lm).sum() / n_tok
+                term = self.extra_loss(self, part, logp, lm, len(idx))
+                dist.backward(part_loss + term)
+                extra += float(term.detach())
             loss += float(part_loss.detach())
+        if self.extra_loss is not None:
+            self.last_extra_loss = float(dist.global_sum(torch.tensor(extra, dtype=torch.float64)))
         return float(dist.global_sum(torch.tensor(loss, dtype=torch.float64))), n_tok
 
     def step(self) -> dict[str, float]:
@@ -339,7 +357,7 @@ class SFTTrainer:
         loss, n_tok = self.accumulate_gradients(idx)
         norm = clip_and_step(self.model, self.optimizer, cfg.optimizer.grad_clip)
         self.step_idx += 1
-        return {
+        out = {
             "step": self.step_idx,
             "loss": loss,
             "grad_norm": norm,
@@ -347,6 +365,9 @@ class SFTTrainer:
             "tokens": float(n_tok),
             "epoch": self.shuffler.epoch + self.shuffler.pos / self.shuffler.n,
         }
+        if self.extra_loss is not None:
+            out["extra_loss"] = self.last_extra_loss
+        return out
 
     # ---------------------------------------------------------------------------------- evaluation
     def evaluate(self, n: int | None = None) -> dict[str, Any]:
