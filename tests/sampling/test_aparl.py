@@ -146,3 +146,22 @@ def test_end_to_end_pool_changes_over_time_and_is_logged(tmp_path):
     sampled = [r["sampler/pool_sampled"] for r in rows]
     assert sampled[0] > sampled[1] > sampled[2]  # the sampled pool narrows to higher perplexity
     assert all(r["sampler/ppl_seconds"] > 0 and r["sampler/ppl_rows"] >= 8 for r in rows)
+
+
+def test_ablation_arms_build_valid_configs_on_dialogue_events(tmp_path):
+    """The bench's new arms and its dialogue-events task option give valid trainer configs (the bench
+    itself is measured with ``posttrain bench ablation``, docs/replay-and-curriculum.md)."""
+    from importlib.resources import files
+
+    from posttrain.bench.ablation import AblationSettings, arm_overrides
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import build_config
+
+    s = AblationSettings(arms=["nexgrpo", "random-failure", "success", "aparl"], task="dialogue-events")
+    base = str(files("posttrain.configs") / "demo.yaml")
+    for arm in s.arms:
+        cfg = build_config(RLConfig, base, arm_overrides(s, arm, 0, tmp_path / arm))
+        assert cfg.task.name == "dialogue-events" and cfg.rollout.max_new_tokens == 12
+    assert cfg.hooks.sampler.name == "aparl"
+    with pytest.raises(ValueError, match="--task must be one of"):
+        AblationSettings(task="nope")
