@@ -8,6 +8,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import posttrain.sampling.aparl as aparl
 from posttrain.sampling import SAMPLERS, GroupOutcome, RunInfo
@@ -30,6 +32,21 @@ def test_weights_on_a_hand_made_perplexity_table():
     assert aparl_weights(ppl, gamma=0.0, quantile_lo=0.25) == pytest.approx(
         {"b": 1 / 3, "c": 1 / 3, "d": 1 / 3}
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.text("abcdef", min_size=1, max_size=3), st.floats(1.0, 1e3), min_size=1, max_size=20),
+    st.floats(0.0, 3.0),
+    st.floats(0.0, 1.0),
+)
+def test_weights_are_a_distribution_monotone_in_perplexity(ppl, gamma, q_lo):
+    w = aparl_weights(ppl, gamma=gamma, quantile_lo=q_lo)
+    assert w and sum(w.values()) == pytest.approx(1.0)
+    for a in w:
+        for b in ppl:
+            if ppl[b] > ppl[a]:
+                assert b in w and w[b] >= w[a] * (1 - 1e-9)  # harder items are never less likely
 
 
 def test_level_shifts_exactly_at_the_accuracy_threshold():
