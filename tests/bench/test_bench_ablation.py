@@ -67,7 +67,12 @@ def test_cli_quick_and_bad_arm(tmp_path):
 
 
 def test_arms_cover_the_issue_list():
-    assert set(ARMS) == {"grpo", "dgpo", "maspo", "e3", "asrr", "dapo", "e3-asrr-dgpo"}
+    assert set(ARMS) == {"grpo", "dgpo", "maspo", "e3", "asrr", "dapo", "e3-asrr-dgpo"} | {
+        "nexgrpo",
+        "random-failure",
+        "success",
+        "aparl",
+    }
 
 
 def _rows(entropies, *, zero_var=0.0, hard=None):

@@ -51,6 +51,24 @@ ARMS: dict[str, list[str]] = {
         "hooks.shaper={name: dapo-overlong, params: {max_length: 72, buffer: 16}}",
     ],
     "e3-asrr-dgpo": ["objective.name=dgpo", *_E3, *_ASRR],
+    # replay and curriculum (docs/replay-and-curriculum.md; NexGRPO and APARL are proposed designs)
+    "nexgrpo": ["objective.name=ppo", "hooks.replay={name: nexgrpo}"],
+    "random-failure": ["objective.name=ppo", "hooks.replay={name: random-failure}"],
+    "success": ["objective.name=ppo", "hooks.replay={name: success}"],
+    "aparl": ["objective.name=ppo", "hooks.sampler={name: aparl, params: {max_rounds: 10}}"],
+}
+
+#: ``--task``: the task overrides of every run. dialogue-events adds in-domain / OOD accuracy and
+#: macro-F1 columns (:func:`task_scores`) and generates at most 12 tokens (labels are <= 9 characters).
+TASKS: dict[str, Callable[[Any], list[str]]] = {
+    "arithmetic": lambda s: [
+        f'task.params={{digits: 2, ops: "+", n_train: {s.n_train}, n_heldout: 200, format: scratchpad, seed: 0}}'
+    ],
+    "dialogue-events": lambda s: [
+        "task.name=dialogue-events",
+        f"task.params={{n_train: {s.n_train}, n_heldout: 200, n_ood: 200, seed: 0}}",
+        f"rollout.max_new_tokens={min(s.max_new_tokens, 12)}",
+    ],
 }
 
 
@@ -67,6 +85,7 @@ class AblationSettings:
     eval_n: int = 200
     eval_every: int = 15
     dapo_max_rounds: int = 10  # verl's max_num_gen_batches
+    task: str = "arithmetic"  # a key of TASKS
     warmup_frac: float = 0.25  # steps before this share of the run are E3's warm-up (entropy claim)
     extra: list[str] = field(default_factory=list)
 
@@ -94,6 +113,8 @@ class AblationSettings:
             raise ValueError(f"--arms: unknown arm(s) {unknown or '(none)'}; choose from {', '.join(ARMS)}")
         if not self.seeds:
             raise ValueError("--seeds: give at least one seed")
+        if self.task not in TASKS:
+            raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not 4 <= self.group_size <= 12:
             raise ValueError(f"--group-size must lie in [4, 12] (E3's budget bounds), got {self.group_size}")
 
@@ -102,10 +123,10 @@ def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> li
     """The overrides of one run: the bench's shared settings, then the arm's own."""
     tokens = s.max_new_tokens
     shared = [
-        f'task.params={{digits: 2, ops: "+", n_train: {s.n_train}, n_heldout: 200, format: scratchpad, seed: 0}}',
         f"rollout.prompts_per_step={s.prompts_per_step}",
         f"rollout.group_size={s.group_size}",
         f"rollout.max_new_tokens={tokens}",
+        *TASKS[s.task](s),
         f"steps={s.steps}",
         f"seed={seed}",
         f"eval.n={s.eval_n}",
@@ -188,8 +209,10 @@ def run_ablation(
                 warnings.simplefilter("ignore", DegenerateSettingWarning)
                 with RLTrainer(cfg, model, tok) as tr:
                     tr.train(progress=False)
-            rows = list(read_jsonl(run_dir / "metrics.jsonl"))
+                    rows = list(read_jsonl(run_dir / "metrics.jsonl"))
+                    extra = task_scores(tr, rows, s.eval_n)
             res = summarise_run(rows, warmup_frac=s.warmup_frac)
+            res.update(extra)
             res.update(seed=seed, wall_s=time.perf_counter() - t, run_dir=str(run_dir))
             results[arm].append(res)
             say(
@@ -210,6 +233,26 @@ def run_ablation(
     atomic_write_text(out / "ablation.md", markdown_table(result))
     result["plot"] = str(plot_ablation(results, out / "ablation.png"))
     return result
+
+
+def task_scores(trainer: Any, rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Replayed trajectories and APARL's last curriculum level from the run's step rows; on a task with
+    an ``ood`` split (dialogue-events) greedy accuracy and macro-F1 in-domain (``heldout``) and OOD."""
+    steps = [r for r in rows if r.get("kind") == "step"]
+    out: dict[str, Any] = {"replayed_total": float(sum(r.get("replayed", 0) for r in steps))}
+    if steps and "sampler/level" in steps[-1]:
+        out["aparl_level_end"] = float(steps[-1]["sampler/level"])
+    if "ood" in getattr(trainer.task, "splits", ()):
+        from posttrain.tasks.dialogue_events import evaluate_event_detection
+
+        ev = evaluate_event_detection(trainer, n=n)
+        out.update(
+            id_acc=ev["heldout"]["accuracy"],
+            id_f1=ev["heldout"]["macro_f1"],
+            ood_acc=ev["ood"]["accuracy"],
+            ood_f1=ev["ood"]["macro_f1"],
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------------------- summary
@@ -270,6 +313,10 @@ COLUMNS = [
     ("zero_var_share", "zero-var", 2),
     ("n_hard_mean", "n hard", 1),
     ("n_easy_mean", "n easy", 1),
+    ("replayed_total", "replayed", 0),
+    ("id_f1", "F1 in", 3),
+    ("ood_acc", "acc OOD", 3),
+    ("ood_f1", "F1 OOD", 3),
 ]
 
 
@@ -328,6 +375,20 @@ def check_claims(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "n_easy": ne,
             "holds": None if nh is None or ne is None else nh > ne,
         }
+    acc = {a: m(a, "heldout_acc_end") for a in ("nexgrpo", "random-failure", "success", "grpo")}
+    if acc["nexgrpo"] is not None:  # NexGRPO abstract: failure replay beats random failure replay
+        others = [v for k, v in acc.items() if k != "nexgrpo" and v is not None]
+        claims["nexgrpo_beats_random_failure_success_grpo"] = {
+            **acc,
+            "holds": all(acc["nexgrpo"] > v for v in others) if others else None,
+        }
+    f1 = {(a, k): m(a, k) for a in ("aparl", "grpo", "dapo") for k in ("id_f1", "ood_f1")}
+    if f1[("aparl", "id_f1")] is not None:  # APARL abstract: best F1, in-domain and OOD
+        rivals = [(a, k) for (a, k) in f1 if a != "aparl" and f1[(a, k)] is not None]
+        claims["aparl_best_f1_in_domain_and_ood"] = {
+            **{f"{a}_{k}": v for (a, k), v in f1.items()},
+            "holds": all(f1[("aparl", k)] > f1[(a, k)] for a, k in rivals) if rivals else None,
+        }
     return claims
 
 
@@ -356,7 +417,9 @@ def markdown_table(result: dict[str, Any]) -> str:
         "acc / len: held-out greedy accuracy and completion length (tokens) at the end; train len: mean "
         "completion length over the last 20 % of steps; H dev: max |H − H₀| / H₀ after warm-up (H₀ = first "
         "step's entropy); τ end: final temperature; rollouts: completions generated; zero-var: mean share "
-        "of zero-variance groups; n hard / n easy: E3's completions per ranked-hard / ranked-easy prompt.",
+        "of zero-variance groups; n hard / n easy: E3's completions per ranked-hard / ranked-easy prompt; "
+        "replayed: replayed trajectories; F1 in / acc OOD / F1 OOD (dialogue-events): greedy macro-F1 on "
+        "the in-domain held-out split, accuracy and macro-F1 on the held-out business.",
         "",
         "Claims: " + "; ".join(f"{k}: {v['holds']}" for k, v in result["claims"].items()),
         "",

@@ -37,6 +37,9 @@ def ablation(
         help="Training questions (default 320: an epoch = 20 steps, E3 ranks per epoch).",
     ),
     eval_every: int | None = typer.Option(None, "--eval-every", min=1, help="Held-out eval every N steps."),
+    task: str = typer.Option(
+        "arithmetic", "--task", help="arithmetic or dialogue-events (adds OOD macro-F1)."
+    ),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke run (2 steps, tiny batches)."),
     out: Path = typer.Option(
         Path("runs/ablation"), "--out", help="Output folder (each run in its own subfolder)."
@@ -58,6 +61,7 @@ def ablation(
         "sft_steps": sft_steps,
         "n_train": n_train,
         "eval_every": eval_every,
+        "task": task,
     }
     given = {k: v for k, v in given.items() if v is not None}
     try:

@@ -4,6 +4,8 @@ Each registry also accepts a plug-in ``package.module:Name`` naming a subclass o
 (e.g. ``hooks.shaper.name: my_lab.shaping:LengthPenalty``).
 """
 
+from posttrain.sampling import aparl as _aparl  # noqa: F401  (registers 'aparl')
+from posttrain.sampling import nexgrpo as _nexgrpo  # noqa: F401  (registers the replay buffers)
 from posttrain.sampling.asrr import NO_THINKING_PREFIX, NO_THINKING_TEMPLATE, ASRRShaper, asrr_length_penalty
 from posttrain.sampling.dapo import DAPOOverlongShaper, DAPOSampler, dapo_overlong_penalty
 from posttrain.sampling.e3 import (

@@ -92,11 +92,17 @@ class Knobs:
 
 @dataclass(frozen=True)
 class RunInfo:
-    """What a controller may need to know about the run (given once via :meth:`Controller.bind`):
-    the policy's vocabulary size and the number of steps the run is configured for."""
+    """What a hook may need to know about the run (given once via ``bind``): the policy's vocabulary
+    size and the number of steps the run is configured for; for samplers and replay buffers that score
+    text with the policy (APARL perplexities, NexGRPO embeddings) also the policy's
+    :class:`~posttrain.models.ModelAdapter` (``policy``, None outside the trainer), the prompt encoder
+    (``encode_prompt``: prompt text -> ids, with the run's template) and ``chunk_size`` for log-probs."""
 
     vocab_size: int
     total_steps: int
+    policy: Any = None
+    encode_prompt: Any = None
+    chunk_size: int = 1024
 
 
 @dataclass
@@ -137,8 +143,14 @@ class PromptSampler(ABC):
     @abstractmethod
     def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan: ...
 
+    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+        """Called once by the trainer before the first step (policy, prompt encoder, configured steps)."""
+
     def keep_groups(self, outcomes: list[GroupOutcome]) -> list[bool]:
         return [True] * len(outcomes)
+
+    def observe_eval(self, result: dict[str, Any], step: int) -> None:  # noqa: B027 - optional hook
+        """The trainer's held-out evaluation (``accuracy`` ...) after ``step`` steps (curricula)."""
 
     def observe(self, outcomes: list[GroupOutcome], step: int) -> None:  # noqa: B027 - optional hook
         """Statistics after each step (difficulty ranks, curriculum)."""
@@ -181,6 +193,18 @@ class ReplayBuffer(ABC):
     #: (to store them as ``Trajectory.logp_past``). The trainer then refuses an engine whose batches
     #: come without log-probs, instead of failing inside the buffer.
     needs_logprobs: bool = False
+
+    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+        """Called once by the trainer before the first step (e.g. the policy, for embeddings)."""
+
+    def mix(self, plan: PromptPlan, step: int) -> PromptPlan:
+        """The plan to roll out: by default the sampler's; a buffer may swap some prompts for stored
+        questions (the ExGRPO batch mix, arXiv:2510.02245 §3). Called before :meth:`draw`."""
+        return plan
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers about the buffer (size, replayed, gated), logged as ``replay/<key>``."""
+        return {}
 
     @abstractmethod
     def draw(self, plan: PromptPlan, step: int) -> list[list[Trajectory]]:

@@ -7,6 +7,7 @@ A plug-in ``package.module:Name`` (a subclass of :class:`Task`) works wherever a
 
 from posttrain.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the task)
 from posttrain.tasks import countdown as _countdown  # noqa: F401
+from posttrain.tasks import dialogue_events as _dialogue_events  # noqa: F401
 from posttrain.tasks import jsonl as _jsonl  # noqa: F401
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.base import (

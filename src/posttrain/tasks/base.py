@@ -1,7 +1,9 @@
 """The task interface: `Example`, `Task`, and the task registry.
 
 A task is a seeded, deterministic source of prompts with gold answers, split into a `train` and a
-`heldout` split that never share a question. Rewards (`posttrain.rewards`) score a completion
+`heldout` split that never share a question. A task may declare further splits in `Task.splits`
+from `OPTIONAL_SPLITS` (e.g. `ood`: an out-of-domain test set, `dialogue-events`). Rewards
+(`posttrain.rewards`) score a completion
 against an `Example`; the task names its default reward by registry name (`Task.default_reward`),
 so the tasks layer never imports the rewards layer.
 """
@@ -14,8 +16,9 @@ from typing import Any, Literal
 
 from posttrain.utils.registry import Registry
 
-SplitName = Literal["train", "heldout"]
-SPLITS: tuple[str, ...] = ("train", "heldout")
+SplitName = Literal["train", "heldout", "ood"]
+SPLITS: tuple[str, ...] = ("train", "heldout")  # every task has these
+OPTIONAL_SPLITS: tuple[str, ...] = ("ood",)  # out-of-domain test split of tasks that declare it
 
 # The marker after which a completion's final answer is read (GSM8K convention). Tasks put the
 # marker they use into `Example.meta["answer_marker"]`; rewards read it from there.
@@ -47,13 +50,15 @@ class Task:
 
     name: str = ""
     default_reward: str = "exact_match"
+    #: The split names this task has: ``SPLITS`` plus any of ``OPTIONAL_SPLITS`` it builds.
+    splits: tuple[str, ...] = SPLITS
 
     def __init__(self) -> None:
         self._splits: dict[str, list[Example]] = {}
 
     def split(self, name: SplitName) -> list[Example]:
-        if name not in SPLITS:
-            raise ValueError(f"task {self.name!r}: unknown split {name!r}; accepted: {', '.join(SPLITS)}")
+        if name not in self.splits:
+            raise ValueError(f"task {self.name!r}: unknown split {name!r}; accepted: {', '.join(self.splits)}")
         if name not in self._splits:
             self._splits.update(self._build_splits())
         return list(self._splits[name])
@@ -75,7 +80,7 @@ class Task:
             "name": self.name,
             "default_reward": self.default_reward,
             "params": self.params(),
-            "sizes": {s: len(self.split(s)) for s in SPLITS},  # type: ignore[arg-type]
+            "sizes": {s: len(self.split(s)) for s in self.splits},  # type: ignore[arg-type]
         }
 
     def __repr__(self) -> str:

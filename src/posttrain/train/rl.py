@@ -339,11 +339,17 @@ class RLTrainer:
         self.sampler = SAMPLERS.get(h.sampler.name)(self.train_examples, seed=cfg.seed, **h.sampler.params)
         self.controllers = [CONTROLLERS.get(c.name)(**c.params) for c in h.controllers]
         run_info = RunInfo(
-            vocab_size=int(model.get_output_embeddings().weight.shape[0]), total_steps=cfg.steps
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+            total_steps=cfg.steps,
+            policy=self.lm,
+            encode_prompt=self.formatter.encode,
+            chunk_size=cfg.logprob_chunk_size,
         )
         for c in self.controllers:
             c.bind(run_info)
         self.replay = REPLAY_BUFFERS.get(h.replay.name)(**h.replay.params)
+        self.sampler.bind(run_info)
+        self.replay.bind(run_info)
         self.shaper = GROUP_SHAPERS.get(h.shaper.name)(**h.shaper.params)
         self.knobs = Knobs(temperature=cfg.rollout.temperature)
         self.step_idx = 0
@@ -455,6 +461,7 @@ class RLTrainer:
 
     def _episodes_for(self, plan: PromptPlan, params: SamplingParams) -> Episodes:
         """Fresh episodes for the plan, plus replayed trajectories merged into the same groups."""
+        plan = self.replay.mix(plan, self.step_idx)
         replayed = self.replay.draw(plan, self.step_idx)
         if len(replayed) != len(plan.examples):
             raise ValueError(f"replay buffer returned {len(replayed)} lists for {len(plan.examples)} prompts")
@@ -711,6 +718,7 @@ class RLTrainer:
         else:
             metrics["entropy_pre_update"] = metrics["entropy"]
         metrics.update({f"sampler/{k}": v for k, v in self.sampler.metrics().items()})
+        metrics.update({f"replay/{k}": v for k, v in self.replay.metrics().items()})
         # distributed: the global batch's metrics and outcomes, so every rank's hooks see the same
         metrics = dist.reduce_metrics(
             metrics,
@@ -900,7 +908,7 @@ class RLTrainer:
             RunnerContext(engine, self.formatter, self.tokenizer, seed=EVAL_SEED),
         )
         with dist.full_params(self.model):  # FSDP2: rank 0 alone generates with gathered weights
-            return dist.on_main(  # rank 0 evaluates; every rank gets the result
+            result = dist.on_main(  # rank 0 evaluates; every rank gets the result
                 lambda: run_eval(
                     runner,
                     self.task.split("heldout")[: e.n],
@@ -912,6 +920,8 @@ class RLTrainer:
                     temperature=e.temperature,
                 )
             )
+        self.sampler.observe_eval(result, self.step_idx)  # curricula read the held-out accuracy (APARL)
+        return result
 
     # ---------------------------------------------------------------------------------- full run
     def train(
