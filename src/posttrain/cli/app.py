@@ -14,7 +14,7 @@ HELP = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     name="posttrain",
-    help="LLM post-training: GRPO-family RL, SFT, evaluation, benchmarks and SILO-BENCH.",
+    help="LLM post-training: GRPO-family RL, SFT, generative reward models, SILO-BENCH, continual instruction tuning, IFT analyses, SCPG.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     context_settings=HELP,
@@ -45,7 +45,7 @@ def _main(
         None, "--version", "-V", help="Print the version and exit.", callback=_print_version, is_eager=True
     ),
 ) -> None:
-    """LLM post-training: GRPO-family RL, SFT, evaluation, benchmarks and SILO-BENCH."""
+    """LLM post-training: GRPO-family RL, SFT, generative reward models, SILO-BENCH, continual instruction tuning, IFT analyses, SCPG."""
 
 
 @app.command()
