@@ -37,6 +37,17 @@ def ablation(
         help="Training questions (default 320: an epoch = 20 steps, E3 ranks per epoch).",
     ),
     eval_every: int | None = typer.Option(None, "--eval-every", min=1, help="Held-out eval every N steps."),
+    warm_start: str | None = typer.Option(
+        None,
+        "--warm-start",
+        help="SFT set shared by all arms: mixed (scratchpad + No-Thinking direct answers, default) or scratchpad.",
+    ),
+    minibatches: int | None = typer.Option(
+        None, "--minibatches", min=1, help="AdamW updates per rollout batch for every arm (default 2)."
+    ),
+    jobs: int | None = typer.Option(
+        None, "--jobs", min=1, help="Worker processes, one seed each (default 1; 2 on 2 idle cores)."
+    ),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke run (2 steps, tiny batches)."),
     out: Path = typer.Option(
         Path("runs/ablation"), "--out", help="Output folder (each run in its own subfolder)."
@@ -58,6 +69,9 @@ def ablation(
         "sft_steps": sft_steps,
         "n_train": n_train,
         "eval_every": eval_every,
+        "warm_start": warm_start,
+        "minibatches": minibatches,
+        "jobs": jobs,
     }
     given = {k: v for k, v in given.items() if v is not None}
     try:
