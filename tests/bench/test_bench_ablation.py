@@ -15,21 +15,27 @@ from posttrain.bench.ablation import (
     check_claims,
     run_ablation,
     summarise_run,
+    warm_start_pairs,
 )
 from posttrain.cli import app
+from posttrain.sampling.asrr import NO_THINKING_PREFIX
+from posttrain.tasks import get_task
 
 runner = CliRunner()
 
 
 def test_quick_ablation_runs_every_selected_arm_from_one_warm_start(tmp_path):
-    res = run_ablation(AblationSettings.quick(arms=["grpo", "dapo"], sft_steps=4), tmp_path)
-    assert list(res["table"]) == ["grpo", "dapo"]
+    res = run_ablation(AblationSettings.quick(arms=["grpo", "dgpo", "dapo"], sft_steps=4), tmp_path)
+    assert list(res["table"]) == ["grpo", "dgpo", "dapo"]
     data = json.loads((tmp_path / "ablation.json").read_text())
     assert set(data["claims"]) == {"dapo_no_zero_variance_group"}
     assert "| dapo |" in (tmp_path / "ablation.md").read_text()
     assert (tmp_path / "ablation.png").read_bytes()[:4] == b"\x89PNG"
     runs = {r["run_dir"] for arm in data["runs"].values() for r in arm}
-    assert len(runs) == 2  # each arm in its own folder
+    assert len(runs) == 3  # each arm in its own folder
+    # every arm runs two AdamW updates per rollout batch (off-policy, so GRPO / DGPO / MASPO differ)
+    for r in runs:
+        assert "\nminibatches: 2\n" in (tmp_path / r / "config.yaml").read_text()
     # same warm start: every arm's first held-out eval (before any RL step) is identical
     starts = {arm: data["runs"][arm][0]["heldout_acc_start"] for arm in data["runs"]}
     assert len(set(starts.values())) == 1
@@ -54,16 +60,39 @@ def test_cli_quick_and_bad_arm(tmp_path):
             "2",
             "--steps",
             "1",
+            "--seeds",
+            "0,1",
+            "--jobs",
+            "2",
             "--out",
             str(tmp_path / "a"),
         ],
     )
     assert r.exit_code == 0, r.output
     assert (tmp_path / "a" / "ablation.md").is_file()
+    data = json.loads((tmp_path / "a" / "ablation.json").read_text())
+    assert [run["seed"] for run in data["runs"]["grpo"]] == [0, 1]  # one worker process per seed
     r = runner.invoke(
         app, ["bench", "ablation", "--quick", "--arms", "grpo,nope", "--out", str(tmp_path / "b")]
     )
     assert r.exit_code != 0 and "nope" in r.output and "choose from" in r.output
+
+
+def test_mixed_warm_start_teaches_both_modes_after_the_no_thinking_prefix():
+    task = get_task("arithmetic", digits=2, ops="+", n_train=5, n_heldout=3, format="scratchpad")
+    pairs = warm_start_pairs(task, "mixed")
+    assert warm_start_pairs(task, "scratchpad") is None  # the demo's own set
+    assert len(pairs) == 3 * 5
+    ex = task.split("train")[0]
+    long, short = task.reference_completion(ex, "long"), task.reference_completion(ex, "short")
+    assert pairs[:3] == [
+        (ex.prompt, long),
+        (ex.prompt + NO_THINKING_PREFIX, short),
+        (ex.prompt + NO_THINKING_PREFIX, long),
+    ]
+    assert short == f"{ex.meta['a']}+{ex.meta['b']}={ex.answer}\n#### {ex.answer}"
+    with pytest.raises(ValueError, match="warm-start"):
+        AblationSettings.quick(warm_start="plain")
 
 
 def test_arms_cover_the_issue_list():

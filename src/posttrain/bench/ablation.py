@@ -1,10 +1,26 @@
 """``posttrain bench ablation``: GRPO, DGPO, MASPO, E3, ASRR, DAPO and E3+ASRR+DGPO from one warm start.
 
 Every arm starts from the same SFT warm start per seed (the demo's, :func:`posttrain.train.demo.
-sft_warm_start`), uses the demo's RL settings (tiny model, 2-digit scratchpad addition, 16 prompts × 8
-completions per step, 72 new tokens, lr 1e-4) on the same training questions, and differs only in the
-overrides of its arm (:data:`ARMS`). The per-step rollout budget is the same for all arms except
-DAPO, whose dynamic sampling draws extra rounds; the rollouts each arm spent are reported.
+sft_warm_start`, on the mixed set of :func:`warm_start_pairs` by default), uses the demo's RL settings
+(tiny model, 2-digit scratchpad addition, 16 prompts × 8 completions per step, 72 new tokens, lr 1e-4)
+on the same training questions, and differs only in the overrides of its arm (:data:`ARMS`).
+
+Two settings differ from the demo, for every arm alike:
+
+* **Mixed warm start** (``warm_start="mixed"``). The demo's SFT set is scratchpad-only, so a model
+  prompted with ASRR's No-Thinking prefix has never seen it and cannot answer (0 % held-out). ASRR
+  (arXiv:2505.15400) starts from a reasoning model that, after "I have finished thinking", either
+  answers at once or keeps reasoning in its answer ("Continue-Thinking"). The mixed set gives the
+  tiny model both: for every training question (a) the plain prompt → the scratchpad (thinking
+  mode), (b) prompt + prefix → the one-line direct answer (the task's ``short`` completion) and
+  (c) prompt + prefix → the scratchpad (self-recovery). Arms without the prefix only ever see (a)'s
+  prompt format at RL time.
+* **Two minibatches per step** (``minibatches=2``). With one on-policy update the ratio is exactly 1
+  and the PPO-clip (GRPO), DGPO and MASPO gradients coincide (the runs were bit-identical); with two
+  AdamW updates per rollout batch the second half is off-policy and the objectives differ.
+
+The per-step rollout budget is the same for all arms except DAPO, whose dynamic sampling draws extra
+rounds; the rollouts each arm spent are reported.
 
 Outputs in the output folder: ``ablation.json`` (everything), ``ablation.md`` (the table) and
 ``ablation.png`` (held-out accuracy, mean response length, entropy, temperature, rollouts spent and
@@ -26,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.sampling.asrr import NO_THINKING_TEMPLATE
+from posttrain.sampling.asrr import NO_THINKING_PREFIX, NO_THINKING_TEMPLATE
 
 _E3 = [
     "hooks.sampler={name: e3, params: {g_min: 4, g_max: 12, widen: 2}}",
@@ -72,12 +88,36 @@ TASKS: dict[str, Callable[[Any], list[str]]] = {
 }
 
 
+#: SFT warm-start sets: the demo's scratchpad-only set, or the mixed set of :func:`warm_start_pairs`.
+WARM_STARTS = ("mixed", "scratchpad")
+
+
+def warm_start_pairs(task: Any, mode: str = "mixed") -> list[tuple[str, str]] | None:
+    """The SFT set of the warm start shared by all arms (None = the demo's: scratchpad completions of
+    the plain prompts). ``mixed``: for every training question, in this order, (prompt → scratchpad),
+    (prompt + No-Thinking prefix → one-line direct answer), (prompt + prefix → scratchpad), so that
+    after the prefix the model can either answer at once or keep reasoning (ASRR's starting point,
+    arXiv:2505.15400 §3: a reasoning model that may answer directly or "Continue-Thinking")."""
+    if mode == "scratchpad":
+        return None
+    if mode != "mixed":
+        raise ValueError(f"warm start must be one of {', '.join(WARM_STARTS)}, got {mode!r}")
+    out: list[tuple[str, str]] = []
+    for ex in task.split("train"):
+        long, short = task.reference_completion(ex, "long"), task.reference_completion(ex, "short")
+        no_think = ex.prompt + NO_THINKING_PREFIX
+        out += [(ex.prompt, long), (no_think, short), (no_think, long)]
+    return out
+
+
 @dataclass
 class AblationSettings:
     arms: list[str] = field(default_factory=lambda: list(ARMS))
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     steps: int = 60
-    sft_steps: int = 350
+    sft_steps: int = (
+        1050  # the mixed set has 3 rows per question: 1050 steps = the demo's 350 of scratchpad exposure
+    )
     prompts_per_step: int = 16
     group_size: int = 8
     max_new_tokens: int = 72
@@ -87,6 +127,9 @@ class AblationSettings:
     dapo_max_rounds: int = 10  # verl's max_num_gen_batches
     task: str = "arithmetic"  # a key of TASKS
     warmup_frac: float = 0.25  # steps before this share of the run are E3's warm-up (entropy claim)
+    warm_start: str = "mixed"  # "mixed" (warm_start_pairs) or "scratchpad" (the demo's SFT set)
+    minibatches: int = 2  # AdamW updates per rollout batch: > 1 makes GRPO / DGPO / MASPO differ
+    jobs: int = 1  # worker processes, one seed each (2 on a 2-core machine halves the wall time)
     extra: list[str] = field(default_factory=list)
 
     @classmethod
@@ -115,6 +158,12 @@ class AblationSettings:
             raise ValueError("--seeds: give at least one seed")
         if self.task not in TASKS:
             raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.warm_start not in WARM_STARTS:
+            raise ValueError(f"--warm-start must be one of {', '.join(WARM_STARTS)}, got {self.warm_start!r}")
+        if self.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.minibatches < 1:
+            raise ValueError(f"--minibatches must be >= 1, got {self.minibatches}")
         if not 4 <= self.group_size <= 12:
             raise ValueError(f"--group-size must lie in [4, 12] (E3's budget bounds), got {self.group_size}")
 
@@ -128,6 +177,7 @@ def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> li
         f"rollout.max_new_tokens={tokens}",
         *TASKS[s.task](s),
         f"steps={s.steps}",
+        f"minibatches={s.minibatches}",
         f"seed={seed}",
         f"eval.n={s.eval_n}",
         f"eval.every={s.eval_every}",
@@ -160,15 +210,9 @@ def run_ablation(
     overwrite: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every (seed, arm); write ablation.json / .md / .png into ``out_dir``; return the result."""
-    from importlib.resources import files
-
-    from posttrain.models import load_model_and_tokenizer
-    from posttrain.train.config import RLConfig
-    from posttrain.train.demo import sft_warm_start
-    from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
-    from posttrain.utils.config import build_config
-    from posttrain.utils.io import atomic_write_json, atomic_write_text, read_jsonl
+    """Run every (seed, arm); write ablation.json / .md / .png into ``out_dir``; return the result.
+    With ``s.jobs > 1`` the seeds run in that many worker processes (one seed each, one thread each)."""
+    from posttrain.utils.io import atomic_write_json, atomic_write_text
 
     out = Path(out_dir)
     runs = out / "runs"
@@ -180,45 +224,21 @@ def run_ablation(
         shutil.rmtree(runs)
     runs.mkdir(parents=True, exist_ok=True)
     say = log or (lambda msg: None)
-    base = str(files("posttrain.configs") / "demo.yaml")
     t0 = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in s.arms}
-    for seed in s.seeds:
-        base_cfg = build_config(RLConfig, base, arm_overrides(s, "grpo", seed, runs / f"sft-s{seed}"))
-        model, tok = load_model_and_tokenizer(
-            base_cfg.model.name, dtype=base_cfg.model.dtype, device="cpu", seed=seed
-        )
-        say(f"seed {seed}: SFT warm start ({s.sft_steps} steps)")
-        sft_warm_start(
-            base_cfg,
-            model,
-            tok,
-            steps=s.sft_steps,
-            seed=seed,
-            out_dir=runs / f"sft-s{seed}",
-            progress=False,
-            save=False,
-        )
-        state = copy.deepcopy(model.state_dict())
+    jobs = min(s.jobs, len(s.seeds))
+    if jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        say(f"seeds {s.seeds} in {jobs} worker processes (their progress goes to stderr)")
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            per_seed = list(pool.map(_run_seed_logged, [(s, seed, runs) for seed in s.seeds]))
+    else:
+        per_seed = [run_seed(s, seed, runs, say) for seed in s.seeds]
+    for by_arm in per_seed:
         for arm in s.arms:
-            run_dir = runs / f"{arm}-s{seed}"
-            cfg = build_config(RLConfig, base, arm_overrides(s, arm, seed, run_dir))
-            model.load_state_dict(state)
-            t = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DegenerateSettingWarning)
-                with RLTrainer(cfg, model, tok) as tr:
-                    tr.train(progress=False)
-                    rows = list(read_jsonl(run_dir / "metrics.jsonl"))
-                    extra = task_scores(tr, rows, s.eval_n)
-            res = summarise_run(rows, warmup_frac=s.warmup_frac)
-            res.update(extra)
-            res.update(seed=seed, wall_s=time.perf_counter() - t, run_dir=str(run_dir))
-            results[arm].append(res)
-            say(
-                f"seed {seed} {arm:>13}: held-out {res['heldout_acc_end']:.3f} (start {res['heldout_acc_start']:.3f}),"
-                f" length {res['heldout_len_end']:.1f}, {res['wall_s']:.0f} s"
-            )
+            results[arm].append(by_arm[arm])
     table = aggregate(results)
     result = {
         "settings": asdict(s),
@@ -255,6 +275,74 @@ def task_scores(trainer: Any, rows: list[dict[str, Any]], n: int) -> dict[str, A
     return out
 
 
+def _run_seed_logged(args: tuple[AblationSettings, int, Path]) -> dict[str, dict[str, Any]]:
+    import sys
+
+    s, seed, runs = args
+    return run_seed(s, seed, runs, lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
+def run_seed(
+    s: AblationSettings, seed: int, runs: Path, say: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    """One seed: the SFT warm start, then every arm from it; arm -> :func:`summarise_run` result."""
+    from importlib.resources import files
+
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.tasks import get_task
+    from posttrain.train.config import RLConfig
+    from posttrain.train.demo import sft_warm_start
+    from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
+    from posttrain.utils.config import build_config
+    from posttrain.utils.io import read_jsonl
+
+    base = str(files("posttrain.configs") / "demo.yaml")
+    base_cfg = build_config(RLConfig, base, arm_overrides(s, "grpo", seed, runs / f"sft-s{seed}"))
+    model, tok = load_model_and_tokenizer(
+        base_cfg.model.name, dtype=base_cfg.model.dtype, device="cpu", seed=seed
+    )
+    say(f"seed {seed}: SFT warm start ({s.sft_steps} steps, {s.warm_start} set)")
+    t = time.perf_counter()
+    sft_warm_start(
+        base_cfg,
+        model,
+        tok,
+        steps=s.sft_steps,
+        seed=seed,
+        out_dir=runs / f"sft-s{seed}",
+        progress=False,
+        save=False,
+        # the mixed set (No-Thinking prefix, ASRR's arms) is built for arithmetic; dialogue-events SFTs
+        # on its labels alone
+        pairs=warm_start_pairs(get_task(base_cfg.task.name, **base_cfg.task.params), s.warm_start)
+        if s.task == "arithmetic"
+        else None,
+    )
+    say(f"seed {seed}: SFT done in {time.perf_counter() - t:.0f} s")
+    state = copy.deepcopy(model.state_dict())
+    out: dict[str, dict[str, Any]] = {}
+    for arm in s.arms:
+        run_dir = runs / f"{arm}-s{seed}"
+        cfg = build_config(RLConfig, base, arm_overrides(s, arm, seed, run_dir))
+        model.load_state_dict(state)
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegenerateSettingWarning)
+            with RLTrainer(cfg, model, tok) as tr:
+                tr.train(progress=False)
+                rows = list(read_jsonl(run_dir / "metrics.jsonl"))
+                extra = task_scores(tr, rows, s.eval_n)
+        res = summarise_run(rows, warmup_frac=s.warmup_frac)
+        res.update(extra)
+        res.update(seed=seed, wall_s=time.perf_counter() - t, run_dir=str(run_dir))
+        out[arm] = res
+        say(
+            f"seed {seed} {arm:>13}: held-out {res['heldout_acc_end']:.3f} (start {res['heldout_acc_start']:.3f}),"
+            f" length {res['heldout_len_end']:.1f} (start {res['heldout_len_start']:.1f}), {res['wall_s']:.0f} s"
+        )
+    return out
+
+
 # ----------------------------------------------------------------------------------------- summary
 def summarise_run(rows: list[dict[str, Any]], *, warmup_frac: float = 0.25) -> dict[str, Any]:
     """Per-run numbers and curves from a run's ``metrics.jsonl`` rows."""
@@ -273,6 +361,7 @@ def summarise_run(rows: list[dict[str, Any]], *, warmup_frac: float = 0.25) -> d
     return {
         "heldout_acc_start": float(evals[0]["accuracy"]),
         "heldout_acc_end": float(evals[-1]["accuracy"]),
+        "heldout_len_start": float(evals[0]["length_mean"]),
         "heldout_len_end": float(evals[-1]["length_mean"]),
         "train_len_last": statistics.fmean(
             float(r["length_mean"]) for r in steps[-max(1, len(steps) // 5) :]
@@ -409,7 +498,8 @@ def markdown_table(result: dict[str, Any]) -> str:
     s = result["settings"]
     lines = [
         f"# posttrain bench ablation — seeds {s['seeds']}, {s['steps']} RL steps after {s['sft_steps']} SFT steps, "
-        f"{s['prompts_per_step']}×{s['group_size']} rollouts/step, {s['max_new_tokens']} tokens (mean ± std over seeds)",
+        f"{s['prompts_per_step']}×{s['group_size']} rollouts/step, {s['max_new_tokens']} tokens, "
+        f"{s['minibatches']} minibatch(es)/step, {s['warm_start']} warm start (mean ± std over seeds)",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

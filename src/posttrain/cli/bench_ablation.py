@@ -28,7 +28,10 @@ def ablation(
     ),
     steps: int | None = typer.Option(None, "--steps", min=1, help="RL steps per arm (default 60)."),
     sft_steps: int | None = typer.Option(
-        None, "--sft-steps", min=0, help="SFT warm-start steps (default 350)."
+        None,
+        "--sft-steps",
+        min=0,
+        help="SFT warm-start steps (default 1050: the mixed set has 3 rows per question).",
     ),
     n_train: int | None = typer.Option(
         None,
@@ -39,6 +42,17 @@ def ablation(
     eval_every: int | None = typer.Option(None, "--eval-every", min=1, help="Held-out eval every N steps."),
     task: str = typer.Option(
         "arithmetic", "--task", help="arithmetic or dialogue-events (adds OOD macro-F1)."
+    ),
+    warm_start: str | None = typer.Option(
+        None,
+        "--warm-start",
+        help="SFT set shared by all arms: mixed (scratchpad + No-Thinking direct answers, default) or scratchpad.",
+    ),
+    minibatches: int | None = typer.Option(
+        None, "--minibatches", min=1, help="AdamW updates per rollout batch for every arm (default 2)."
+    ),
+    jobs: int | None = typer.Option(
+        None, "--jobs", min=1, help="Worker processes, one seed each (default 1; 2 on 2 idle cores)."
     ),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke run (2 steps, tiny batches)."),
     out: Path = typer.Option(
@@ -62,6 +76,9 @@ def ablation(
         "n_train": n_train,
         "eval_every": eval_every,
         "task": task,
+        "warm_start": warm_start,
+        "minibatches": minibatches,
+        "jobs": jobs,
     }
     given = {k: v for k, v in given.items() if v is not None}
     try:

@@ -53,10 +53,13 @@ def sft_warm_start(
     out_dir: str | Path,
     progress: bool | None = None,
     save: bool = True,
+    pairs: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The demo's SFT warm start, in place on ``model``: batch 32 on the reference completions of the
     RL config's task (scratchpad tasks in the ``long`` style), ``steps`` steps at ``lr``. Also used by
-    ``posttrain bench ablation``, so every arm starts from the same warm start."""
+    ``posttrain bench ablation``, so every arm starts from the same warm start. ``pairs`` (optional,
+    ``(prompt, completion)``) replaces the task's reference completions as the SFT set (the ablation's
+    mixed warm start); the demo leaves it None."""
     from posttrain.train.sft import SFTConfig, SFTTrainer
 
     sft_cfg = SFTConfig(
@@ -74,7 +77,7 @@ def sft_warm_start(
         save=save,
     )
     sft_cfg.eval.at_end = False
-    return SFTTrainer(sft_cfg, model, tok).train()
+    return SFTTrainer(sft_cfg, model, tok, pairs=pairs).train()
 
 
 def run_demo(
