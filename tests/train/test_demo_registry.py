@@ -56,7 +56,7 @@ def test_name_picks_the_registered_demo(calls):
     name, args, kw = calls[-1]
     assert name == "rm" and args == (Path("runs/r"),)
     assert kw["quick"] is True and kw["par_steps"] == 3 and kw["judge_sft_steps"] is None
-    assert kw["progress"] is False
+    assert kw["progress"] is False and kw["trace"] == "check"
     # the explicit default name and the `rm demo` alias reach the same runners
     assert _run(["demo", "rl", "steps=2"]).exit_code == 0 and calls[-1][0] == "rl"
     assert calls[-1][2]["overrides"] == ["steps=2"]

@@ -53,8 +53,14 @@ def sft(
     pairs: Path | None = typer.Option(
         None,
         "--pairs",
-        help="preference JSONL whose chosen side is KNOWN correct: traces <score>7..10</score> / <score>1..4</score> "
-        "(proposed template for verifiable data)",
+        help="preference JSONL whose chosen side is KNOWN correct: traces written by --trace "
+        "(proposed templates for verifiable data)",
+    ),
+    trace: str = typer.Option(
+        "fixed",
+        "--trace",
+        help="--pairs trace template: fixed (<score>8</score> / <score>3</score>) | range (7..10 / 1..4) | "
+        "check (digit-by-digit final-answer check in <criteria>, then the fixed score; needs '#### answer')",
     ),
     rubric_style: str = _RUBRIC,
     task_type: str = _TASK_TYPE,
@@ -78,7 +84,12 @@ def sft(
     if pairs is not None:
         from posttrain.rm.demo import judgment_traces
 
-        rows = judgment_traces(_pairs(pairs, task_type), rubric_style=rubric_style, seed=cfg.seed)
+        try:
+            rows = judgment_traces(
+                _pairs(pairs, task_type), rubric_style=rubric_style, seed=cfg.seed, template=trace
+            )
+        except ValueError as e:
+            _fail(f"{pairs}: {e}")
     try:
         trainer = SFTTrainer(cfg, pairs=rows)
         summary = trainer.train(overwrite=overwrite)
@@ -280,6 +291,9 @@ def demo(
     bt_steps: Optional[int] = typer.Option(None, "--bt-steps", help="default 300"),  # noqa: UP045
     policy_sft_steps: Optional[int] = typer.Option(None, "--policy-sft-steps", help="default 350"),  # noqa: UP045
     policy_rl_steps: Optional[int] = typer.Option(None, "--policy-rl-steps", help="default 30"),  # noqa: UP045
+    trace: str = typer.Option(
+        "check", "--trace", help="judge SFT trace template: check | fixed | range (see docs/patarm.md)"
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="delete a previous demo in --out"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
@@ -302,6 +316,7 @@ def demo(
             policy_rl_steps=policy_rl_steps,
             progress=progress,
             overwrite=overwrite,
+            trace=trace,
         )
     except ValueError as e:
         _fail(str(e))

@@ -29,20 +29,69 @@ from typing import Any
 
 from posttrain.rm.data import PreferencePair
 
+TRACE_TEMPLATES = ("range", "fixed", "check")
+ANSWER_MARK = "#### "
+
+
+def _final_answer(text: str, where: str) -> str:
+    at = text.rfind(ANSWER_MARK)
+    if at < 0:
+        raise ValueError(
+            f"{where}: trace template 'check' needs a final answer after {ANSWER_MARK.strip()!r} "
+            "(verifiable-task format); use trace template 'range' or 'fixed' for other data"
+        )
+    return text[at + len(ANSWER_MARK) :].strip()
+
+
+def check_marks(expected: str, given: str) -> str:
+    """Digit-by-digit comparison written by a ``check`` trace (proposed design): for each position
+    (left-aligned, ``_`` pads the shorter answer) the expected digit, the response's digit and ``=`` when
+    they agree, ``x`` when not. ``check_marks("147", "174") == "11= 47x 74x"``."""
+    from itertools import zip_longest
+
+    return " ".join(f"{e}{g}{'=' if e == g else 'x'}" for e, g in zip_longest(expected, given, fillvalue="_"))
+
 
 def judgment_traces(
-    pairs: list[PreferencePair], *, rubric_style: str = "none", seed: int = 0
+    pairs: list[PreferencePair],
+    *,
+    rubric_style: str = "none",
+    seed: int = 0,
+    template: str = "range",
+    good: int = 8,
+    bad: int = 3,
 ) -> list[tuple[str, str]]:
     """(judge prompt, trace) SFT rows for pairs whose chosen side is known correct (proposed trace
-    template): a chosen response gets ``<score>s</score>`` with s in 7..10, a rejected one s in 1..4."""
+    templates for verifiable data):
+
+    - ``range``: ``<score>s</score>``, s drawn from 7..10 for a chosen and 1..4 for a rejected response;
+    - ``fixed``: ``<score>good</score>`` / ``<score>bad</score>`` (default 8 / 3);
+    - ``check``: instance-specific criteria first -- the expected final answer compared digit by digit
+      with the response's (:func:`check_marks`) -- then the fixed score:
+      ``<criteria>11= 47x 74x</criteria><score>3</score>``. The expected answer is the chosen
+      response's final answer (after ``#### ``).
+
+    With a character-level tokenizer ``range`` writes 10 as ``1``, ``0``: its first score token ``1`` is
+    shared by the best chosen score and the worst rejected one, so ``1`` stays the most likely first token
+    until the judge is certain, and greedy judgments tie (measured in docs/patarm.md)."""
     from posttrain.rm.prompts import pointwise_prompt
 
+    if template not in TRACE_TEMPLATES:
+        raise ValueError(f"unknown trace template {template!r}; expected one of {', '.join(TRACE_TEMPLATES)}")
     rng = random.Random(seed)
     rows = []
-    for p in pairs:
-        for resp, lo, hi in ((p.chosen, 7, 10), (p.rejected, 1, 4)):
+    for k, p in enumerate(pairs):
+        expected = _final_answer(p.chosen, f"pair {p.id or k} chosen") if template == "check" else ""
+        for resp, is_good in ((p.chosen, True), (p.rejected, False)):
             prompt = pointwise_prompt(p.prompt, resp, p.task_type, rubric_style=rubric_style)  # type: ignore[arg-type]
-            rows.append((prompt, f"<score>{rng.randint(lo, hi)}</score>"))
+            if template == "range":
+                trace = f"<score>{rng.randint(7, 10) if is_good else rng.randint(1, 4)}</score>"
+            else:
+                trace = f"<score>{good if is_good else bad}</score>"
+            if template == "check":
+                given = _final_answer(resp, f"pair {p.id or k} {'chosen' if is_good else 'rejected'}")
+                trace = f"<criteria>{check_marks(expected, given)}</criteria>" + trace
+            rows.append((prompt, trace))
     return rows
 
 
@@ -114,6 +163,7 @@ def run_rm_demo(
     policy_rl_steps: int | None = None,
     progress: bool | None = False,
     overwrite: bool = False,
+    trace: str = "check",
 ) -> dict[str, Any]:
     from importlib.resources import files
 
@@ -130,6 +180,8 @@ def run_rm_demo(
     from posttrain.utils.config import build_config
     from posttrain.utils.io import atomic_write_json
 
+    if trace not in TRACE_TEMPLATES:
+        raise ValueError(f"unknown trace template {trace!r}; expected one of {', '.join(TRACE_TEMPLATES)}")
     t0 = time.perf_counter()
     out = Path(out_dir)
     prepare_run_dir(out, overwrite=overwrite, can_resume=False)
@@ -157,10 +209,20 @@ def run_rm_demo(
     results: dict[str, dict[str, Any]] = {}
 
     def evaluate(name: str, score_fn: Any) -> None:
-        results[name] = evaluate_pointwise(held_pairs, score_fn, n_boot=1000, seed=seed)
+        results[name] = r = evaluate_pointwise(held_pairs, score_fn, n_boot=1000, seed=seed)
+        o = r["overall"]
+        print(
+            f"[{time.perf_counter() - t0:.0f} s] {name}: held-out accuracy {100 * o['accuracy']:.1f} % "
+            f"(ties {100 * o['tie']:.1f} %, unparsable {100 * o['unparsable']:.1f} %)",
+            flush=True,
+        )
 
     # ---- untrained judge
     judge0, jtok = load_model_and_tokenizer(par_cfg.model.name, device="cpu", seed=seed)
+    traces = judgment_traces(train_pairs, rubric_style=rubric, seed=seed, template=trace)
+    # room for the longest trace (+ EOS and slack) when judging and in the PAR rollouts
+    max_judge = max(max_judge, max(len(jtok.encode(c, add_special_tokens=False)) for _, c in traces) + 4)
+    par_cfg.rollout.max_new_tokens = max_judge
     evaluate("untrained judge", judge_scorer(judge0, jtok, rubric_style=rubric, max_new_tokens=max_judge))
 
     # ---- SFT cold start on judgment traces
@@ -176,7 +238,6 @@ def run_rm_demo(
         progress=progress,
     )
     sft_cfg.eval.at_end = False
-    traces = judgment_traces(train_pairs, rubric_style=rubric, seed=seed)
     sft = SFTTrainer(sft_cfg, judge0, jtok, pairs=traces)
     sft.train()
     timings["judge_sft_s"] = time.perf_counter() - t
@@ -286,6 +347,8 @@ def run_rm_demo(
             "policy_sft": policy_sft_steps,
             "policy_rl": policy_rl_steps,
         },
+        "trace_template": trace,
+        "judge_max_new_tokens": max_judge,
         "n_train_pairs": len(train_pairs),
         "n_eval_pairs": len(held_pairs),
         "timings": timings,
