@@ -1,13 +1,14 @@
-"""``posttrain rm demo``: train a tiny PaTaRM-style judge from synthetic preference pairs, compare it
+"""``posttrain demo rm``: train a tiny PaTaRM-style judge from synthetic preference pairs, compare it
 with a Bradley-Terry baseline, then use it as the only reward of an RL run (proposed design).
 
 1. Data: 2-digit addition in the scratchpad format (``arithmetic``, digit-by-digit with carries).
    Chosen = the reference solution; rejected = the same solution with a near-miss final answer (off by
    one, a carry slip, swapped digits): :func:`posttrain.rm.data.synthetic_pairs`.
 2. Judges (tiny preset, 0.94 M parameters, character tokenizer; judge prompt with ``rubric_style
-   = "none"`` to keep it short): the untrained judge; the **SFT** judge (cold start on judgment traces
-   ``<score>s</score>``, s drawn from 7..10 for a chosen and 1..4 for a rejected response — a proposed
-   trace template for verifiable data); the **PAR** judge (the SFT judge trained further through
+   = "none"`` to keep it short): the untrained judge; the **SFT** judge (cold start on judgment traces,
+   by default the ``check`` template ``<criteria>11= 47x 74x</criteria><score>3</score>`` -- the
+   expected final answer compared digit by digit with the response's, then 8 or 3; proposed trace
+   templates for verifiable data, :func:`judgment_traces`); the **PAR** judge (the SFT judge trained further through
    :class:`~posttrain.train.rl.RLTrainer` with the ``par`` runner and reward source,
    ``configs/rm-par-demo.yaml``); the **BT** baseline (same preset with a sequence-classification head).
 3. Held-out pairwise accuracy of the four (pointwise, greedy, ties = wrong), with bootstrap CIs.
@@ -71,9 +72,10 @@ def judgment_traces(
       ``<criteria>11= 47x 74x</criteria><score>3</score>``. The expected answer is the chosen
       response's final answer (after ``#### ``).
 
-    With a character-level tokenizer ``range`` writes 10 as ``1``, ``0``: its first score token ``1`` is
-    shared by the best chosen score and the worst rejected one, so ``1`` stays the most likely first token
-    until the judge is certain, and greedy judgments tie (measured in docs/patarm.md)."""
+    With score-only traces the label depends on a comparison inside the response that a tiny judge did
+    not find from one label token per example; ``check`` supervises the comparison itself (measured in
+    docs/patarm.md). With a character-level tokenizer ``range`` writes 10 as ``1``, ``0``, a first token
+    shared by the best chosen and the worst rejected score; ``fixed`` keeps the decision in one token."""
     from posttrain.rm.prompts import pointwise_prompt
 
     if template not in TRACE_TEMPLATES:
