@@ -153,6 +153,106 @@ def _verifiable_eval(model: Any, tok: Any, task: Any, n: int, max_new_tokens: in
     return {k: v for k, v in ev.items() if k != "samples"}
 
 
+POLICY_MAX_NEW_TOKENS = 72
+
+
+def policy_task_params(synthetic_params: dict[str, Any]) -> dict[str, Any]:
+    """The policy's task parameters: the judge data's task with 5000 training questions."""
+    return {**synthetic_params, "n_train": 5000}
+
+
+def policy_eval(model: Any, tok: Any, task_params: dict[str, Any], n: int) -> dict[str, Any]:
+    """Verifiable held-out accuracy (exact match, greedy) of a policy on ``arithmetic``."""
+    from posttrain.tasks import get_task
+
+    return _verifiable_eval(model, tok, get_task("arithmetic", **task_params), n, POLICY_MAX_NEW_TOKENS)
+
+
+def judge_source(judge_dir: str | Path, *, rubric_style: str, max_new_tokens: int) -> dict[str, Any]:
+    """``judge`` reward-source params for an in-process HF judge (greedy, one judgment)."""
+    return {
+        "judge": "hf",
+        "model": str(judge_dir),
+        "rubric_style": rubric_style,
+        "max_new_tokens": max_new_tokens,
+        "default_task_type": "math",
+        "device": "cpu",
+        "fallback": False,
+    }
+
+
+def policy_sft(
+    out: Path, *, task_params: dict[str, Any], steps: int, seed: int, threads: int, progress: bool | None
+) -> tuple[Any, Any]:
+    """SFT warm start of the tiny policy on ``arithmetic`` (saved in ``out``)."""
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.train.sft import SFTConfig, SFTTrainer
+
+    policy, ptok = load_model_and_tokenizer("tiny", device="cpu", seed=seed + 1)
+    cfg = SFTConfig(
+        steps=steps,
+        batch_size=32,
+        lr=3e-3,
+        seed=seed,
+        style="long",
+        threads=threads,
+        out_dir=str(out),
+        task={"name": "arithmetic", "params": task_params},
+        progress=progress,
+    )
+    cfg.eval.at_end = False
+    sft = SFTTrainer(cfg, policy, ptok)
+    sft.train()
+    return sft.model, ptok
+
+
+def policy_rl(
+    out: Path,
+    start: Path,
+    source: dict[str, Any],
+    *,
+    task_params: dict[str, Any],
+    steps: int,
+    seed: int,
+    prompts_per_step: int,
+    threads: int,
+    progress: bool | None,
+    n_eval: int,
+) -> dict[str, Any]:
+    """RL of the policy in ``start`` with the ``judge`` reward source ``source`` as its only reward
+    (PPO-clip, GRPO advantages, 8 completions per prompt, lr 1e-4); held-out accuracy after."""
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.train.config import RLConfig
+    from posttrain.train.rl import RLTrainer
+    from posttrain.utils.config import build_config
+
+    pol, ptok = load_model_and_tokenizer(str(start), device="cpu")
+    overrides = [
+        f"out_dir={out}",
+        "task.name=arithmetic",
+        f"steps={steps}",
+        f"seed={seed}",
+        f"rollout.max_new_tokens={POLICY_MAX_NEW_TOKENS}",
+        "rollout.group_size=8",
+        f"rollout.prompts_per_step={prompts_per_step}",
+        "objective.name=ppo",
+        "kl.coef=0.0",
+        "reward.source.name=judge",
+        "reward.success_threshold=0.5",
+    ]
+    cfg: RLConfig = build_config(RLConfig, None, overrides)
+    cfg.task.params = task_params
+    cfg.reward.source.params = source
+    cfg.eval.at_start = cfg.eval.at_end = False
+    cfg.checkpoint.final = False
+    cfg.optimizer.lr = 1e-4
+    cfg.threads = threads
+    with RLTrainer(cfg, pol, ptok) as tr:
+        s = tr.train(progress=progress)
+        after = policy_eval(tr.model, ptok, task_params, n_eval)
+    return {"after": after, "last": s.get("last", {}), "wall_s": s["wall_s"]}
+
+
 def run_rm_demo(
     out_dir: str | Path = "runs/rm-demo",
     *,
@@ -272,67 +372,33 @@ def run_rm_demo(
 
     # ---- RLHF: policy trained with the PAR judge as its only reward vs a random judge
     t = time.perf_counter()
-    base_task_params = dict(par_cfg.task.params["synthetic_params"])
-    base_task_params["n_train"] = 5000
-    policy_task = get_task(par_cfg.task.params["synthetic_task"], **base_task_params)
-    policy, ptok = load_model_and_tokenizer("tiny", device="cpu", seed=seed + 1)
-    psft_cfg = SFTConfig(
+    task_params = policy_task_params(par_cfg.task.params["synthetic_params"])
+    psft_model, ptok = policy_sft(
+        out / "policy-sft",
+        task_params=task_params,
         steps=policy_sft_steps,
-        batch_size=32,
-        lr=3e-3,
         seed=seed,
-        style="long",
         threads=par_cfg.threads,
-        out_dir=str(out / "policy-sft"),
-        task={"name": "arithmetic", "params": base_task_params},
         progress=progress,
     )
-    psft_cfg.eval.at_end = False
-    psft = SFTTrainer(psft_cfg, policy, ptok)
-    psft.train()
-    policy_max_new = 72
-    before = _verifiable_eval(psft.model, ptok, policy_task, n_eval, policy_max_new)
+    before = policy_eval(psft_model, ptok, task_params, n_eval)
     runs: dict[str, Any] = {}
     for name, source in (
-        (
-            "PAR judge",
-            {
-                "judge": "hf",
-                "model": str(par_dir),
-                "rubric_style": rubric,
-                "max_new_tokens": max_judge,
-                "default_task_type": "math",
-                "device": "cpu",
-                "fallback": False,
-            },
-        ),
+        ("PAR judge", judge_source(par_dir, rubric_style=rubric, max_new_tokens=max_judge)),
         ("random judge", {"judge": "random"}),
     ):
-        pol, ptok2 = load_model_and_tokenizer(str(out / "policy-sft"), device="cpu")
-        overrides = [
-            f"out_dir={out / ('policy-' + name.split()[0].lower())}",
-            "task.name=arithmetic",
-            f"steps={policy_rl_steps}",
-            f"seed={seed}",
-            "rollout.max_new_tokens=72",
-            "rollout.group_size=8",
-            f"rollout.prompts_per_step={4 if quick else 16}",
-            "objective.name=ppo",
-            "kl.coef=0.0",
-            "reward.source.name=judge",
-            "reward.success_threshold=0.5",
-        ]
-        cfg: RLConfig = build_config(RLConfig, None, overrides)
-        cfg.task.params = base_task_params
-        cfg.reward.source.params = source
-        cfg.eval.at_start = cfg.eval.at_end = False
-        cfg.checkpoint.final = False
-        cfg.optimizer.lr = 1e-4
-        cfg.threads = par_cfg.threads
-        with RLTrainer(cfg, pol, ptok2) as tr:
-            s = tr.train(progress=progress)
-            after = _verifiable_eval(tr.model, ptok2, policy_task, n_eval, policy_max_new)
-        runs[name] = {"after": after, "last": s.get("last", {}), "wall_s": s["wall_s"]}
+        runs[name] = policy_rl(
+            out / ("policy-" + name.split()[0].lower()),
+            out / "policy-sft",
+            source,
+            task_params=task_params,
+            steps=policy_rl_steps,
+            seed=seed,
+            prompts_per_step=4 if quick else 16,
+            threads=par_cfg.threads,
+            progress=progress,
+            n_eval=n_eval,
+        )
     timings["policy_s"] = time.perf_counter() - t
 
     slim = {k: {kk: vv for kk, vv in v.items() if kk != "per_pair"} for k, v in results.items()}
