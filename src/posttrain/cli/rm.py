@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from posttrain.cli.app import HELP, app
+from posttrain.cli.demo import demo_app
 
 rm_app = typer.Typer(
     help="Reward models: PaTaRM-style pointwise judges trained with PAR, Bradley-Terry baseline, evaluation.",
@@ -52,8 +53,14 @@ def sft(
     pairs: Path | None = typer.Option(
         None,
         "--pairs",
-        help="preference JSONL whose chosen side is KNOWN correct: traces <score>7..10</score> / <score>1..4</score> "
-        "(proposed template for verifiable data)",
+        help="preference JSONL whose chosen side is KNOWN correct: traces written by --trace "
+        "(proposed templates for verifiable data)",
+    ),
+    trace: str = typer.Option(
+        "fixed",
+        "--trace",
+        help="--pairs trace template: fixed (<score>8</score> / <score>3</score>) | range (7..10 / 1..4) | "
+        "check (digit-by-digit final-answer check in <criteria>, then the fixed score; needs '#### answer')",
     ),
     rubric_style: str = _RUBRIC,
     task_type: str = _TASK_TYPE,
@@ -77,7 +84,12 @@ def sft(
     if pairs is not None:
         from posttrain.rm.demo import judgment_traces
 
-        rows = judgment_traces(_pairs(pairs, task_type), rubric_style=rubric_style, seed=cfg.seed)
+        try:
+            rows = judgment_traces(
+                _pairs(pairs, task_type), rubric_style=rubric_style, seed=cfg.seed, template=trace
+            )
+        except ValueError as e:
+            _fail(f"{pairs}: {e}")
     try:
         trainer = SFTTrainer(cfg, pairs=rows)
         summary = trainer.train(overwrite=overwrite)
@@ -270,14 +282,22 @@ def score(
         typer.echo(f"wrote {len(rows)} rows to {out}", err=True)
 
 
-@rm_app.command("demo")
 def demo(
     out: Path = typer.Option(Path("runs/rm-demo"), "--out", help="run directory"),
     quick: bool = typer.Option(False, "--quick", help="a smoke test: a few steps of every stage"),
     seed: int = typer.Option(0, "--seed"),
+    judge_sft_steps: Optional[int] = typer.Option(None, "--judge-sft-steps", help="default 300"),  # noqa: UP045
+    par_steps: Optional[int] = typer.Option(None, "--par-steps", help="default 40"),  # noqa: UP045
+    bt_steps: Optional[int] = typer.Option(None, "--bt-steps", help="default 300"),  # noqa: UP045
+    policy_sft_steps: Optional[int] = typer.Option(None, "--policy-sft-steps", help="default 350"),  # noqa: UP045
+    policy_rl_steps: Optional[int] = typer.Option(None, "--policy-rl-steps", help="default 30"),  # noqa: UP045
+    trace: str = typer.Option(
+        "check", "--trace", help="judge SFT trace template: check | fixed | range (see docs/patarm.md)"
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="delete a previous demo in --out"),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
-    """Tiny PaTaRM demo: judges from synthetic pairs, BT baseline, RLHF with the judge.
+    """PaTaRM: judges from synthetic pairs, BT baseline, RLHF with the judge as the reward.
 
     Synthetic preference pairs from 2-digit addition -> untrained / SFT / PAR judges and a BT baseline
     (held-out pairwise accuracy), then RL of a tiny policy with the PAR judge as its only reward vs a
@@ -285,6 +305,23 @@ def demo(
     from posttrain.rm.demo import run_rm_demo
 
     try:
-        run_rm_demo(out, quick=quick, seed=seed, overwrite=overwrite)
+        run_rm_demo(
+            out,
+            quick=quick,
+            seed=seed,
+            judge_sft_steps=judge_sft_steps,
+            par_steps=par_steps,
+            bt_steps=bt_steps,
+            policy_sft_steps=policy_sft_steps,
+            policy_rl_steps=policy_rl_steps,
+            progress=progress,
+            overwrite=overwrite,
+            trace=trace,
+        )
     except ValueError as e:
         _fail(str(e))
+
+
+# `posttrain demo rm` (the demo registry) and its alias `posttrain rm demo`
+demo_app.command("rm")(demo)
+rm_app.command("demo", help="Alias of `posttrain demo rm`.")(demo)

@@ -9,6 +9,7 @@ from typing import Any, NoReturn, Optional
 import typer
 
 from posttrain.cli.app import app
+from posttrain.cli.demo import demo_app
 
 
 def _fail(msg: str) -> None:
@@ -257,7 +258,7 @@ def eval_cmd(
     typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "samples"}))
 
 
-@app.command()
+@demo_app.command("rl")
 def demo(
     overrides: list[str] | None = typer.Argument(
         None, help="key=value overrides of the RL config (configs/demo.yaml)"
@@ -273,7 +274,7 @@ def demo(
     ),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
-    """Tiny model: short SFT warm start, RL (DGPO by default), held-out accuracy before/after."""
+    """Tiny model: short SFT warm start, RL (DGPO by default), held-out accuracy before/after (default)."""
     from posttrain.algos import POLICY_LOSSES
 
     try:

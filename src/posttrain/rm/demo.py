@@ -1,13 +1,14 @@
-"""``posttrain rm demo``: train a tiny PaTaRM-style judge from synthetic preference pairs, compare it
+"""``posttrain demo rm``: train a tiny PaTaRM-style judge from synthetic preference pairs, compare it
 with a Bradley-Terry baseline, then use it as the only reward of an RL run (proposed design).
 
 1. Data: 2-digit addition in the scratchpad format (``arithmetic``, digit-by-digit with carries).
    Chosen = the reference solution; rejected = the same solution with a near-miss final answer (off by
    one, a carry slip, swapped digits): :func:`posttrain.rm.data.synthetic_pairs`.
 2. Judges (tiny preset, 0.94 M parameters, character tokenizer; judge prompt with ``rubric_style
-   = "none"`` to keep it short): the untrained judge; the **SFT** judge (cold start on judgment traces
-   ``<score>s</score>``, s drawn from 7..10 for a chosen and 1..4 for a rejected response — a proposed
-   trace template for verifiable data); the **PAR** judge (the SFT judge trained further through
+   = "none"`` to keep it short): the untrained judge; the **SFT** judge (cold start on judgment traces,
+   by default the ``check`` template ``<criteria>11= 47x 74x</criteria><score>3</score>`` -- the
+   expected final answer compared digit by digit with the response's, then 8 or 3; proposed trace
+   templates for verifiable data, :func:`judgment_traces`); the **PAR** judge (the SFT judge trained further through
    :class:`~posttrain.train.rl.RLTrainer` with the ``par`` runner and reward source,
    ``configs/rm-par-demo.yaml``); the **BT** baseline (same preset with a sequence-classification head).
 3. Held-out pairwise accuracy of the four (pointwise, greedy, ties = wrong), with bootstrap CIs.
@@ -29,20 +30,70 @@ from typing import Any
 
 from posttrain.rm.data import PreferencePair
 
+TRACE_TEMPLATES = ("range", "fixed", "check")
+ANSWER_MARK = "#### "
+
+
+def _final_answer(text: str, where: str) -> str:
+    at = text.rfind(ANSWER_MARK)
+    if at < 0:
+        raise ValueError(
+            f"{where}: trace template 'check' needs a final answer after {ANSWER_MARK.strip()!r} "
+            "(verifiable-task format); use trace template 'range' or 'fixed' for other data"
+        )
+    return text[at + len(ANSWER_MARK) :].strip()
+
+
+def check_marks(expected: str, given: str) -> str:
+    """Digit-by-digit comparison written by a ``check`` trace (proposed design): for each position
+    (left-aligned, ``_`` pads the shorter answer) the expected digit, the response's digit and ``=`` when
+    they agree, ``x`` when not. ``check_marks("147", "174") == "11= 47x 74x"``."""
+    from itertools import zip_longest
+
+    return " ".join(f"{e}{g}{'=' if e == g else 'x'}" for e, g in zip_longest(expected, given, fillvalue="_"))
+
 
 def judgment_traces(
-    pairs: list[PreferencePair], *, rubric_style: str = "none", seed: int = 0
+    pairs: list[PreferencePair],
+    *,
+    rubric_style: str = "none",
+    seed: int = 0,
+    template: str = "range",
+    good: int = 8,
+    bad: int = 3,
 ) -> list[tuple[str, str]]:
     """(judge prompt, trace) SFT rows for pairs whose chosen side is known correct (proposed trace
-    template): a chosen response gets ``<score>s</score>`` with s in 7..10, a rejected one s in 1..4."""
+    templates for verifiable data):
+
+    - ``range``: ``<score>s</score>``, s drawn from 7..10 for a chosen and 1..4 for a rejected response;
+    - ``fixed``: ``<score>good</score>`` / ``<score>bad</score>`` (default 8 / 3);
+    - ``check``: instance-specific criteria first -- the expected final answer compared digit by digit
+      with the response's (:func:`check_marks`) -- then the fixed score:
+      ``<criteria>11= 47x 74x</criteria><score>3</score>``. The expected answer is the chosen
+      response's final answer (after ``#### ``).
+
+    With score-only traces the label depends on a comparison inside the response that a tiny judge did
+    not find from one label token per example; ``check`` supervises the comparison itself (measured in
+    docs/patarm.md). With a character-level tokenizer ``range`` writes 10 as ``1``, ``0``, a first token
+    shared by the best chosen and the worst rejected score; ``fixed`` keeps the decision in one token."""
     from posttrain.rm.prompts import pointwise_prompt
 
+    if template not in TRACE_TEMPLATES:
+        raise ValueError(f"unknown trace template {template!r}; expected one of {', '.join(TRACE_TEMPLATES)}")
     rng = random.Random(seed)
     rows = []
-    for p in pairs:
-        for resp, lo, hi in ((p.chosen, 7, 10), (p.rejected, 1, 4)):
+    for k, p in enumerate(pairs):
+        expected = _final_answer(p.chosen, f"pair {p.id or k} chosen") if template == "check" else ""
+        for resp, is_good in ((p.chosen, True), (p.rejected, False)):
             prompt = pointwise_prompt(p.prompt, resp, p.task_type, rubric_style=rubric_style)  # type: ignore[arg-type]
-            rows.append((prompt, f"<score>{rng.randint(lo, hi)}</score>"))
+            if template == "range":
+                trace = f"<score>{rng.randint(7, 10) if is_good else rng.randint(1, 4)}</score>"
+            else:
+                trace = f"<score>{good if is_good else bad}</score>"
+            if template == "check":
+                given = _final_answer(resp, f"pair {p.id or k} {'chosen' if is_good else 'rejected'}")
+                trace = f"<criteria>{check_marks(expected, given)}</criteria>" + trace
+            rows.append((prompt, trace))
     return rows
 
 
@@ -102,6 +153,106 @@ def _verifiable_eval(model: Any, tok: Any, task: Any, n: int, max_new_tokens: in
     return {k: v for k, v in ev.items() if k != "samples"}
 
 
+POLICY_MAX_NEW_TOKENS = 72
+
+
+def policy_task_params(synthetic_params: dict[str, Any]) -> dict[str, Any]:
+    """The policy's task parameters: the judge data's task with 5000 training questions."""
+    return {**synthetic_params, "n_train": 5000}
+
+
+def policy_eval(model: Any, tok: Any, task_params: dict[str, Any], n: int) -> dict[str, Any]:
+    """Verifiable held-out accuracy (exact match, greedy) of a policy on ``arithmetic``."""
+    from posttrain.tasks import get_task
+
+    return _verifiable_eval(model, tok, get_task("arithmetic", **task_params), n, POLICY_MAX_NEW_TOKENS)
+
+
+def judge_source(judge_dir: str | Path, *, rubric_style: str, max_new_tokens: int) -> dict[str, Any]:
+    """``judge`` reward-source params for an in-process HF judge (greedy, one judgment)."""
+    return {
+        "judge": "hf",
+        "model": str(judge_dir),
+        "rubric_style": rubric_style,
+        "max_new_tokens": max_new_tokens,
+        "default_task_type": "math",
+        "device": "cpu",
+        "fallback": False,
+    }
+
+
+def policy_sft(
+    out: Path, *, task_params: dict[str, Any], steps: int, seed: int, threads: int, progress: bool | None
+) -> tuple[Any, Any]:
+    """SFT warm start of the tiny policy on ``arithmetic`` (saved in ``out``)."""
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.train.sft import SFTConfig, SFTTrainer
+
+    policy, ptok = load_model_and_tokenizer("tiny", device="cpu", seed=seed + 1)
+    cfg = SFTConfig(
+        steps=steps,
+        batch_size=32,
+        lr=3e-3,
+        seed=seed,
+        style="long",
+        threads=threads,
+        out_dir=str(out),
+        task={"name": "arithmetic", "params": task_params},
+        progress=progress,
+    )
+    cfg.eval.at_end = False
+    sft = SFTTrainer(cfg, policy, ptok)
+    sft.train()
+    return sft.model, ptok
+
+
+def policy_rl(
+    out: Path,
+    start: Path,
+    source: dict[str, Any],
+    *,
+    task_params: dict[str, Any],
+    steps: int,
+    seed: int,
+    prompts_per_step: int,
+    threads: int,
+    progress: bool | None,
+    n_eval: int,
+) -> dict[str, Any]:
+    """RL of the policy in ``start`` with the ``judge`` reward source ``source`` as its only reward
+    (PPO-clip, GRPO advantages, 8 completions per prompt, lr 1e-4); held-out accuracy after."""
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.train.config import RLConfig
+    from posttrain.train.rl import RLTrainer
+    from posttrain.utils.config import build_config
+
+    pol, ptok = load_model_and_tokenizer(str(start), device="cpu")
+    overrides = [
+        f"out_dir={out}",
+        "task.name=arithmetic",
+        f"steps={steps}",
+        f"seed={seed}",
+        f"rollout.max_new_tokens={POLICY_MAX_NEW_TOKENS}",
+        "rollout.group_size=8",
+        f"rollout.prompts_per_step={prompts_per_step}",
+        "objective.name=ppo",
+        "kl.coef=0.0",
+        "reward.source.name=judge",
+        "reward.success_threshold=0.5",
+    ]
+    cfg: RLConfig = build_config(RLConfig, None, overrides)
+    cfg.task.params = task_params
+    cfg.reward.source.params = source
+    cfg.eval.at_start = cfg.eval.at_end = False
+    cfg.checkpoint.final = False
+    cfg.optimizer.lr = 1e-4
+    cfg.threads = threads
+    with RLTrainer(cfg, pol, ptok) as tr:
+        s = tr.train(progress=progress)
+        after = policy_eval(tr.model, ptok, task_params, n_eval)
+    return {"after": after, "last": s.get("last", {}), "wall_s": s["wall_s"]}
+
+
 def run_rm_demo(
     out_dir: str | Path = "runs/rm-demo",
     *,
@@ -114,6 +265,7 @@ def run_rm_demo(
     policy_rl_steps: int | None = None,
     progress: bool | None = False,
     overwrite: bool = False,
+    trace: str = "check",
 ) -> dict[str, Any]:
     from importlib.resources import files
 
@@ -130,6 +282,8 @@ def run_rm_demo(
     from posttrain.utils.config import build_config
     from posttrain.utils.io import atomic_write_json
 
+    if trace not in TRACE_TEMPLATES:
+        raise ValueError(f"unknown trace template {trace!r}; expected one of {', '.join(TRACE_TEMPLATES)}")
     t0 = time.perf_counter()
     out = Path(out_dir)
     prepare_run_dir(out, overwrite=overwrite, can_resume=False)
@@ -157,10 +311,20 @@ def run_rm_demo(
     results: dict[str, dict[str, Any]] = {}
 
     def evaluate(name: str, score_fn: Any) -> None:
-        results[name] = evaluate_pointwise(held_pairs, score_fn, n_boot=1000, seed=seed)
+        results[name] = r = evaluate_pointwise(held_pairs, score_fn, n_boot=1000, seed=seed)
+        o = r["overall"]
+        print(
+            f"[{time.perf_counter() - t0:.0f} s] {name}: held-out accuracy {100 * o['accuracy']:.1f} % "
+            f"(ties {100 * o['tie']:.1f} %, unparsable {100 * o['unparsable']:.1f} %)",
+            flush=True,
+        )
 
     # ---- untrained judge
     judge0, jtok = load_model_and_tokenizer(par_cfg.model.name, device="cpu", seed=seed)
+    traces = judgment_traces(train_pairs, rubric_style=rubric, seed=seed, template=trace)
+    # room for the longest trace (+ EOS and slack) when judging and in the PAR rollouts
+    max_judge = max(max_judge, max(len(jtok.encode(c, add_special_tokens=False)) for _, c in traces) + 4)
+    par_cfg.rollout.max_new_tokens = max_judge
     evaluate("untrained judge", judge_scorer(judge0, jtok, rubric_style=rubric, max_new_tokens=max_judge))
 
     # ---- SFT cold start on judgment traces
@@ -176,7 +340,6 @@ def run_rm_demo(
         progress=progress,
     )
     sft_cfg.eval.at_end = False
-    traces = judgment_traces(train_pairs, rubric_style=rubric, seed=seed)
     sft = SFTTrainer(sft_cfg, judge0, jtok, pairs=traces)
     sft.train()
     timings["judge_sft_s"] = time.perf_counter() - t
@@ -209,67 +372,33 @@ def run_rm_demo(
 
     # ---- RLHF: policy trained with the PAR judge as its only reward vs a random judge
     t = time.perf_counter()
-    base_task_params = dict(par_cfg.task.params["synthetic_params"])
-    base_task_params["n_train"] = 5000
-    policy_task = get_task(par_cfg.task.params["synthetic_task"], **base_task_params)
-    policy, ptok = load_model_and_tokenizer("tiny", device="cpu", seed=seed + 1)
-    psft_cfg = SFTConfig(
+    task_params = policy_task_params(par_cfg.task.params["synthetic_params"])
+    psft_model, ptok = policy_sft(
+        out / "policy-sft",
+        task_params=task_params,
         steps=policy_sft_steps,
-        batch_size=32,
-        lr=3e-3,
         seed=seed,
-        style="long",
         threads=par_cfg.threads,
-        out_dir=str(out / "policy-sft"),
-        task={"name": "arithmetic", "params": base_task_params},
         progress=progress,
     )
-    psft_cfg.eval.at_end = False
-    psft = SFTTrainer(psft_cfg, policy, ptok)
-    psft.train()
-    policy_max_new = 72
-    before = _verifiable_eval(psft.model, ptok, policy_task, n_eval, policy_max_new)
+    before = policy_eval(psft_model, ptok, task_params, n_eval)
     runs: dict[str, Any] = {}
     for name, source in (
-        (
-            "PAR judge",
-            {
-                "judge": "hf",
-                "model": str(par_dir),
-                "rubric_style": rubric,
-                "max_new_tokens": max_judge,
-                "default_task_type": "math",
-                "device": "cpu",
-                "fallback": False,
-            },
-        ),
+        ("PAR judge", judge_source(par_dir, rubric_style=rubric, max_new_tokens=max_judge)),
         ("random judge", {"judge": "random"}),
     ):
-        pol, ptok2 = load_model_and_tokenizer(str(out / "policy-sft"), device="cpu")
-        overrides = [
-            f"out_dir={out / ('policy-' + name.split()[0].lower())}",
-            "task.name=arithmetic",
-            f"steps={policy_rl_steps}",
-            f"seed={seed}",
-            "rollout.max_new_tokens=72",
-            "rollout.group_size=8",
-            f"rollout.prompts_per_step={4 if quick else 16}",
-            "objective.name=ppo",
-            "kl.coef=0.0",
-            "reward.source.name=judge",
-            "reward.success_threshold=0.5",
-        ]
-        cfg: RLConfig = build_config(RLConfig, None, overrides)
-        cfg.task.params = base_task_params
-        cfg.reward.source.params = source
-        cfg.eval.at_start = cfg.eval.at_end = False
-        cfg.checkpoint.final = False
-        cfg.optimizer.lr = 1e-4
-        cfg.threads = par_cfg.threads
-        with RLTrainer(cfg, pol, ptok2) as tr:
-            s = tr.train(progress=progress)
-            after = _verifiable_eval(tr.model, ptok2, policy_task, n_eval, policy_max_new)
-        runs[name] = {"after": after, "last": s.get("last", {}), "wall_s": s["wall_s"]}
+        runs[name] = policy_rl(
+            out / ("policy-" + name.split()[0].lower()),
+            out / "policy-sft",
+            source,
+            task_params=task_params,
+            steps=policy_rl_steps,
+            seed=seed,
+            prompts_per_step=4 if quick else 16,
+            threads=par_cfg.threads,
+            progress=progress,
+            n_eval=n_eval,
+        )
     timings["policy_s"] = time.perf_counter() - t
 
     slim = {k: {kk: vv for kk, vv in v.items() if kk != "per_pair"} for k, v in results.items()}
@@ -286,6 +415,8 @@ def run_rm_demo(
             "policy_sft": policy_sft_steps,
             "policy_rl": policy_rl_steps,
         },
+        "trace_template": trace,
+        "judge_max_new_tokens": max_judge,
         "n_train_pairs": len(train_pairs),
         "n_eval_pairs": len(held_pairs),
         "timings": timings,

@@ -8,7 +8,7 @@ A :class:`Judge` maps judge prompts to judgment texts (``None`` for an item that
 * :class:`EndpointJudge` — any OpenAI-compatible ``/v1/chat/completions`` server (vLLM, SGLang, ...),
   through the SILO-BENCH client :class:`~posttrain.silo.agents.openai_client.OpenAIChatAgent` (per-request
   timeout, capped retries with backoff, bounded concurrency);
-* :class:`RandomJudge` — a uniformly random score (the control run of ``posttrain rm demo``).
+* :class:`RandomJudge` — a uniformly random score (the control run of ``posttrain demo rm``).
 
 :class:`JudgeRewardSource` is a :class:`~posttrain.rollout.RewardSource` (registered as ``judge``).
 The reward of a completion is, as a **proposed design**:
