@@ -97,3 +97,17 @@ def in_process(fn, *args, **kwargs) -> None:
         getattr(_launch, fn)(*args, **kwargs)
     finally:
         sys.path.remove(str(LAUNCH.parent))
+
+
+def assert_sft_runs_match(one: Path, two: Path) -> None:
+    """A one-process and a two-process SFT run of the same global batches: same final weights, same
+    per-step token counts, grad norms and (global-batch) losses, logged by rank 0 alone."""
+    import pytest
+
+    load = lambda run: load_file(str(run / "model" / "model.safetensors"))  # noqa: E731
+    assert max_diff(load(one), load(two)) < 1e-5
+    m1, m2 = steps(one), steps(two)
+    assert len(m2) == 2  # rank 0 alone logged
+    for a, b in zip(m1, m2, strict=True):
+        assert b["tokens"] == a["tokens"] and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)  # the global batch's loss, summed over ranks

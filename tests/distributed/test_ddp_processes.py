@@ -22,12 +22,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from posttrain.models import load_model_and_tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))  # the helpers next to this file (_procs, _launch)
-from _procs import COMPARED, in_process, launch, max_diff, steps, weights
+from _procs import COMPARED, assert_sft_runs_match, in_process, launch, max_diff, steps, weights
 
 pytestmark = [
     pytest.mark.slow,
@@ -91,10 +90,4 @@ def test_killed_two_process_run_resumes(two_procs, tmp_path):
 def test_two_process_sft_trains_like_one(tmp_path):
     launch(2, tmp_path / "two", "--sft")
     in_process("sft", str(tmp_path / "one"))
-    load = lambda run: load_file(str(run / "model" / "model.safetensors"))  # noqa: E731
-    assert max_diff(load(tmp_path / "one"), load(tmp_path / "two")) < 1e-5
-    m1, m2 = steps(tmp_path / "one"), steps(tmp_path / "two")
-    assert len(m2) == 2  # rank 0 alone logged
-    for a, b in zip(m1, m2, strict=True):
-        assert b["tokens"] == a["tokens"] and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)  # the global batch's loss, summed over ranks
+    assert_sft_runs_match(tmp_path / "one", tmp_path / "two")

@@ -23,7 +23,7 @@ import pytest
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))  # the helpers next to this file (_procs, _launch)
-from _procs import COMPARED, in_process, launch, max_diff, steps
+from _procs import COMPARED, assert_sft_runs_match, in_process, launch, max_diff, steps
 
 pytestmark = [
     pytest.mark.slow,
@@ -110,10 +110,4 @@ def test_fsdp_sft_two_processes_train_like_one(tmp_path):
     launch(2, tmp_path / "two", "--sft", "--strategy", "fsdp", "--report-shards")
     assert_sharded(tmp_path / "two")
     in_process("sft", str(tmp_path / "one"))
-    load = lambda run: load_file(str(run / "model" / "model.safetensors"))  # noqa: E731
-    assert max_diff(load(tmp_path / "one"), load(tmp_path / "two")) < 1e-5
-    m1, m2 = steps(tmp_path / "one"), steps(tmp_path / "two")
-    assert len(m2) == 2  # rank 0 alone logged
-    for a, b in zip(m1, m2, strict=True):
-        assert b["tokens"] == a["tokens"] and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+    assert_sft_runs_match(tmp_path / "one", tmp_path / "two")
