@@ -286,11 +286,11 @@ def demo(
     out: Path = typer.Option(Path("runs/rm-demo"), "--out", help="run directory"),
     quick: bool = typer.Option(False, "--quick", help="a smoke test: a few steps of every stage"),
     seed: int = typer.Option(0, "--seed"),
-    judge_sft_steps: Optional[int] = typer.Option(None, "--judge-sft-steps", help="default 300"),  # noqa: UP045
-    par_steps: Optional[int] = typer.Option(None, "--par-steps", help="default 40"),  # noqa: UP045
-    bt_steps: Optional[int] = typer.Option(None, "--bt-steps", help="default 300"),  # noqa: UP045
+    judge_sft_steps: Optional[int] = typer.Option(None, "--judge-sft-steps", help="default 250"),  # noqa: UP045
+    par_steps: Optional[int] = typer.Option(None, "--par-steps", help="default 30"),  # noqa: UP045
+    bt_steps: Optional[int] = typer.Option(None, "--bt-steps", help="default 250"),  # noqa: UP045
     policy_sft_steps: Optional[int] = typer.Option(None, "--policy-sft-steps", help="default 350"),  # noqa: UP045
-    policy_rl_steps: Optional[int] = typer.Option(None, "--policy-rl-steps", help="default 30"),  # noqa: UP045
+    policy_rl_steps: Optional[int] = typer.Option(None, "--policy-rl-steps", help="default 20"),  # noqa: UP045
     trace: str = typer.Option(
         "check", "--trace", help="judge SFT trace template: check | fixed | range (see docs/patarm.md)"
     ),
