@@ -226,3 +226,13 @@ def test_entropy_accurate_for_peaked_fp32_distributions():
     assert ref_ent.min() < 1e-3  # some rows are nearly one-hot
     assert (ent.double() - ref_ent).abs().max() < 1e-5
     torch.testing.assert_close(lp.double(), ref_lp, rtol=1e-5, atol=1e-3)
+
+
+def test_pad_right_layout():
+    from posttrain.models import pad_right
+
+    ids, attn, mask = pad_right([[5, 6, 7], [8]], 0, [[0, 1, 1], [1]])
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert attn.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert mask.tolist() == [[0, 1, 1], [1, 0, 0]]
+    assert pad_right([[1, 2]], 9)[2] is None

@@ -248,6 +248,7 @@ def probe(
     import torch
 
     from posttrain.models.logprobs import position_ids_from_attention_mask
+    from posttrain.rollout import pad_left
     from posttrain.utils.progress import progress_bar
 
     if hasattr(model, "model") and hasattr(model, "tokenizer") and tokenizer is None:
@@ -273,12 +274,7 @@ def probe(
             for s in range(0, len(questions), batch_size):
                 chunk = encoded[s : s + batch_size]
                 qs = questions[s : s + batch_size]
-                width = max(len(c) for c in chunk)
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-                am = torch.zeros((len(chunk), width), dtype=torch.long)
-                for r, c in enumerate(chunk):  # left padding: the last column is every prompt's last token
-                    ids[r, width - len(c) :] = torch.tensor(c)
-                    am[r, width - len(c) :] = 1
+                ids, am = pad_left(chunk, pad)  # the last column is every prompt's last token
                 ids, am = ids.to(device), am.to(device)
                 out = model(
                     input_ids=ids, attention_mask=am, position_ids=position_ids_from_attention_mask(am)

@@ -35,21 +35,10 @@ from typing import Any
 import torch
 
 from posttrain.cit.data import DEFAULT_MASK, DEFAULT_PROMPT_FORMAT, EncodedInstruction, encode_instruction
+from posttrain.models.logprobs import pad_right
 
 
 # ---------------------------------------------------------------------------------- scoring
-def _pad(seqs: list[list[int]], masks: list[list[int]], pad: int) -> tuple[torch.Tensor, ...]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    am = torch.zeros((len(seqs), width), dtype=torch.long)
-    lm = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, (s, m) in enumerate(zip(seqs, masks, strict=True)):
-        ids[r, : len(s)] = torch.tensor(s)
-        am[r, : len(s)] = 1
-        lm[r, : len(s)] = torch.tensor(m)
-    return ids, am, lm
-
-
 def token_logprobs_of(model: Any, ids: torch.Tensor, am: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
     """(B, T) log p(x_t | x_<t) on ``lm`` positions (0 elsewhere). Hugging Face causal LMs go through
     the memory-lean :func:`~posttrain.models.sequence_logprobs`; any other ``nn.Module`` is called as
@@ -92,7 +81,7 @@ def response_logprobs(
     try:
         for s in range(0, len(encoded), batch_size):
             chunk = [e.sft_example(masked=masked) for e in encoded[s : s + batch_size]]
-            ids, am, lm = _pad([c.input_ids for c in chunk], [c.loss_mask for c in chunk], pad)
+            ids, am, lm = pad_right([c.input_ids for c in chunk], pad, [c.loss_mask for c in chunk])
             lp = token_logprobs_of(model, ids.to(dev), am.to(dev), lm.to(dev))
             sums.append(lp.double().sum(1).cpu())
             lens.append(lm.sum(1).double())

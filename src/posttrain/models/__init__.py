@@ -18,6 +18,7 @@ from posttrain.models.loading import (
 from posttrain.models.logprobs import (
     DEFAULT_CHUNK_SIZE,
     naive_token_logprobs,
+    pad_right,
     position_ids_from_attention_mask,
     sequence_logprobs,
     token_logprobs,
@@ -44,6 +45,7 @@ __all__ = [
     "load_adapter",
     "load_model_and_tokenizer",
     "naive_token_logprobs",
+    "pad_right",
     "pick_device",
     "position_ids_from_attention_mask",
     "preset_config",

@@ -231,6 +231,25 @@ def naive_token_logprobs(
     return logp, entropy
 
 
+def pad_right(
+    seqs: list[list[int]], pad_id: int, masks: list[list[int]] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Right-pad token lists to (N, T) ``input_ids`` with their 0/1 ``attention_mask``, and the per-token
+    ``masks`` (e.g. a loss mask, each as long as its sequence) padded with 0 the same way (None when
+    not given): the layout of :func:`sequence_logprobs` and the model adapters' ``logprobs``. Left
+    padding (prompts for generation): ``posttrain.rollout.pad_left``."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = None if masks is None else torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+        attn[r, : len(s)] = 1
+        if mask is not None:
+            mask[r, : len(s)] = torch.tensor(masks[r], dtype=torch.long)
+    return ids, attn, mask
+
+
 def position_ids_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """`cumsum(mask) − 1`, 0 at padding: the position ids `transformers` generate uses for padded batches."""
     mask = attention_mask.long()

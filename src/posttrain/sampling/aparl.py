@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from posttrain.models.logprobs import pad_right
 from posttrain.sampling.dapo import DAPOSampler
 from posttrain.sampling.hooks import SAMPLERS, GroupOutcome, PromptPlan, RunInfo, UniformSampler
 
@@ -104,14 +105,9 @@ def gold_perplexities(
                 if eos is not None:
                     a.append(int(eos))
                 rows.append((p, a))
-            width = max(len(p) + len(a) for p, a in rows)
-            ids = torch.full((len(rows), width), pad, dtype=torch.long)
-            attn = torch.zeros((len(rows), width), dtype=torch.long)
-            score = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, (p, a) in enumerate(rows):
-                ids[i, : len(p) + len(a)] = torch.tensor(p + a)
-                attn[i, : len(p) + len(a)] = 1
-                score[i, len(p) : len(p) + len(a)] = 1
+            ids, attn, score = pad_right(
+                [p + a for p, a in rows], pad, [[0] * len(p) + [1] * len(a) for p, a in rows]
+            )
             dev = policy.device
             with torch.no_grad():
                 lp, _ = policy.logprobs(ids.to(dev), attn.to(dev), score.to(dev), chunk_size=chunk_size)

@@ -58,7 +58,9 @@ class Task:
 
     def split(self, name: SplitName) -> list[Example]:
         if name not in self.splits:
-            raise ValueError(f"task {self.name!r}: unknown split {name!r}; accepted: {', '.join(self.splits)}")
+            raise ValueError(
+                f"task {self.name!r}: unknown split {name!r}; accepted: {', '.join(self.splits)}"
+            )
         if name not in self._splits:
             self._splits.update(self._build_splits())
         return list(self._splits[name])

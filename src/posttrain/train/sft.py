@@ -296,17 +296,11 @@ class SFTTrainer:
     # ------------------------------------------------------------------------------------ one step
     def collate(self, idx: list[int], examples: list[SFTExample] | None = None) -> tuple[torch.Tensor, ...]:
         """Right-padded (input_ids, attention_mask, loss_mask) of ``examples[i]`` for i in ``idx``."""
+        from posttrain.models import pad_right
+
         seqs = [(examples or self.examples)[i] for i in idx]
-        width = max(len(s.input_ids) for s in seqs)
         pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        am = torch.zeros((len(seqs), width), dtype=torch.long)
-        lm = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, s in enumerate(seqs):
-            n = len(s.input_ids)
-            ids[r, :n] = torch.tensor(s.input_ids)
-            am[r, :n] = 1
-            lm[r, :n] = torch.tensor(s.loss_mask)
+        ids, am, lm = pad_right([s.input_ids for s in seqs], pad, [s.loss_mask for s in seqs])
         return ids.to(self.device), am.to(self.device), lm.to(self.device)
 
     def _micro_batches(self, idx: list[int]) -> list[list[int]]:
