@@ -23,7 +23,8 @@ when the first line of the completion is not one of the 20 labels. :func:`classi
 gives accuracy and macro-F1 (the paper's metric) from predictions; :func:`evaluate_event_detection`
 runs a policy greedily on the in-domain and OOD splits.
 
-JSONL (``path=...``): one object per line with ``dialogue`` (a string with turns separated by
+JSONL (``path=...``; read like the ``jsonl`` task's files, so ``.json`` arrays and ``.parquet`` work
+too): one object per row with ``dialogue`` (a string with turns separated by
 newlines, or a list of turn strings), ``label`` (one of :data:`EVENTS`, or any label when ``labels``
 is given) and ``business``; rows of ``ood_business`` form the ``ood`` split, the others are split
 into train / heldout by ``heldout_fraction``. Bad rows raise :class:`DatasetError` naming the file,
@@ -33,14 +34,13 @@ the 1-based row and the key.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from posttrain.tasks.base import Example, Task, check_split_sizes, register_task
-from posttrain.tasks.jsonl import DatasetError
+from posttrain.tasks.jsonl import DatasetError, read_raw_rows
 
 #: The 20 event types (short labels: the tiny presets are character-level).
 EVENTS: tuple[str, ...] = (
@@ -385,42 +385,33 @@ class DialogueEventsTask(Task):
         if not path.is_file():
             raise DatasetError(f"{path}: no such file (task 'dialogue-events', param 'path')")
         rows: list[tuple[list[str], str, str]] = []
-        with path.open(encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}: row {i}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
-                if not isinstance(obj, dict):
-                    raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-                for key in ("dialogue", "label", "business"):
-                    if key not in obj:
-                        raise DatasetError(
-                            f"{where}: missing key {key!r} (expected dialogue, label, business)"
-                        )
-                d = obj["dialogue"]
-                if isinstance(d, str):
-                    turns = [t for t in d.split("\n") if t.strip()]
-                elif isinstance(d, list) and all(isinstance(t, str) for t in d):
-                    turns = [t for t in d if t.strip()]
-                else:
-                    raise DatasetError(f"{where}: key 'dialogue' must be a string or a list of strings")
-                if not turns:
-                    raise DatasetError(f"{where}: key 'dialogue' is empty")
-                label, business = obj["label"], obj["business"]
-                if not isinstance(label, str) or label not in self.labels:
-                    raise DatasetError(
-                        f"{where}: key 'label' must be one of {', '.join(self.labels)} (or set the task's "
-                        f"'labels'), got {label!r}"
-                    )
-                if not isinstance(business, str) or not business.strip():
-                    raise DatasetError(
-                        f"{where}: key 'business' must be a non-empty string, got {business!r}"
-                    )
-                rows.append((turns, label, business))
+        for i, obj in read_raw_rows(path):
+            if isinstance(obj, DatasetError):
+                raise obj
+            where = f"{path}: row {i}"
+            if not isinstance(obj, dict):
+                raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            for key in ("dialogue", "label", "business"):
+                if key not in obj:
+                    raise DatasetError(f"{where}: missing key {key!r} (expected dialogue, label, business)")
+            d = obj["dialogue"]
+            if isinstance(d, str):
+                turns = [t for t in d.split("\n") if t.strip()]
+            elif isinstance(d, list) and all(isinstance(t, str) for t in d):
+                turns = [t for t in d if t.strip()]
+            else:
+                raise DatasetError(f"{where}: key 'dialogue' must be a string or a list of strings")
+            if not turns:
+                raise DatasetError(f"{where}: key 'dialogue' is empty")
+            label, business = obj["label"], obj["business"]
+            if not isinstance(label, str) or label not in self.labels:
+                raise DatasetError(
+                    f"{where}: key 'label' must be one of {', '.join(self.labels)} (or set the task's "
+                    f"'labels'), got {label!r}"
+                )
+            if not isinstance(business, str) or not business.strip():
+                raise DatasetError(f"{where}: key 'business' must be a non-empty string, got {business!r}")
+            rows.append((turns, label, business))
         if not rows:
             raise DatasetError(f"{path}: no rows")
         ood = [r for r in rows if r[2] == self.ood_business]

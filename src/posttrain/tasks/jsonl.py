@@ -79,6 +79,49 @@ def _preview(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def read_raw_rows(path: Path) -> list[tuple[int, Any]]:
+    """`(1-based row number, parsed JSON value or a DatasetError)` for every row of a .jsonl, .json or
+    .parquet file (a row's error is returned, not raised, so callers may skip bad rows)."""
+    if not path.exists():
+        raise DatasetError(f"dataset file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise DatasetError(
+                f"{path}: reading .parquet needs pyarrow (pip install pyarrow, or convert to .jsonl)"
+            ) from e
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid / ArrowIOError
+            raise DatasetError(f"{path}: not a readable parquet file ({e})") from e
+        return list(enumerate(table.to_pylist(), start=1))
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DatasetError(f"{path}: invalid JSON file ({e})") from e
+        if not isinstance(data, list):
+            raise DatasetError(f"{path}: expected a JSON array of row objects, got {_type_name(data)}")
+        return list(enumerate(data, start=1))
+    rows: list[tuple[int, Any]] = []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                rows.append((n, DatasetError(f"{path}: row {n}: not valid UTF-8 ({e.reason})")))
+                continue
+            if not line.strip():
+                continue
+            try:
+                rows.append((n, json.loads(line.rstrip("\r\n"))))
+            except json.JSONDecodeError as e:
+                rows.append((n, DatasetError(f"{path}: row {n}: invalid JSON ({e.msg} at column {e.colno})")))
+    return rows
+
+
 @register_task("jsonl", aliases=("dataset", "parquet"))
 class JsonlTask(Task):
     """A dataset file as a task. See the module docstring for the fields and error behaviour."""
@@ -163,49 +206,6 @@ class JsonlTask(Task):
         }
 
     # -- reading ------------------------------------------------------------------------------
-    def _raw_rows(self, path: Path) -> list[tuple[int, Any]]:
-        """`(1-based row number, parsed JSON value or a DatasetError)` for every row of the file."""
-        if not path.exists():
-            raise DatasetError(f"dataset file {path} does not exist")
-        suffix = path.suffix.lower()
-        if suffix == ".parquet":
-            try:
-                import pyarrow.parquet as pq
-            except ImportError as e:
-                raise DatasetError(
-                    f"{path}: reading .parquet needs pyarrow (pip install pyarrow, or convert to .jsonl)"
-                ) from e
-            try:
-                table = pq.read_table(path)
-            except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid / ArrowIOError
-                raise DatasetError(f"{path}: not a readable parquet file ({e})") from e
-            return list(enumerate(table.to_pylist(), start=1))
-        if suffix == ".json":
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise DatasetError(f"{path}: invalid JSON file ({e})") from e
-            if not isinstance(data, list):
-                raise DatasetError(f"{path}: expected a JSON array of row objects, got {_type_name(data)}")
-            return list(enumerate(data, start=1))
-        rows: list[tuple[int, Any]] = []
-        with open(path, "rb") as f:
-            for n, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    rows.append((n, DatasetError(f"{path}: row {n}: not valid UTF-8 ({e.reason})")))
-                    continue
-                if not line.strip():
-                    continue
-                try:
-                    rows.append((n, json.loads(line.rstrip("\r\n"))))
-                except json.JSONDecodeError as e:
-                    rows.append(
-                        (n, DatasetError(f"{path}: row {n}: invalid JSON ({e.msg} at column {e.colno})"))
-                    )
-        return rows
-
     def _field(self, path: Path, n: int, row: dict[str, Any], field: str, allow_int: bool) -> str:
         if field not in row:
             have = ", ".join(sorted(map(str, row))) or "(none)"
@@ -275,7 +275,7 @@ class JsonlTask(Task):
         out: list[Example] = []
         bad: list[str] = []
         ids: dict[str, int] = {}
-        rows = self._raw_rows(path)
+        rows = read_raw_rows(path)
         for n, row in rows:
             try:
                 if isinstance(row, DatasetError):
