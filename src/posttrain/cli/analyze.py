@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from posttrain.cli.app import HELP, app
+from posttrain.cli.app import HELP, app, fail
 
 analyze_app = typer.Typer(
     help="What instruction tuning does to a model's knowledge: consistency, intervention groups, forgetting.",
@@ -22,22 +22,17 @@ _CONFIG = typer.Option(None, "--config", "-c", help="YAML config (see configs/an
 _JSON = typer.Option(False, "--json", help="print the results as JSON instead of a table")
 
 
-def _fail(msg: str) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
-
-
 def _run(model_cls: Any, runner: Any, config: Path | None, overrides: list[str] | None) -> dict[str, Any]:
     from posttrain.utils.config import ConfigError, build_config
 
     try:
         cfg = build_config(model_cls, config, overrides or [])
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     try:
         return runner(cfg)
     except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+        fail(str(e))
     raise AssertionError("unreachable")
 
 

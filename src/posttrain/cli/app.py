@@ -6,11 +6,18 @@ sub-commands); ``posttrain --version`` prints the version.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
 HELP = {"help_option_names": ["-h", "--help"]}
+
+
+def fail(msg: str) -> NoReturn:
+    """Print ``error: msg`` in red on stderr and exit with code 2 (bad input: file, key, option)."""
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
 
 app = typer.Typer(
     name="posttrain",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from posttrain.cli.app import HELP, app
+from posttrain.cli.app import HELP, app, fail
 
 cit_app = typer.Typer(
     help="Continual instruction tuning: task streams, forgetting metrics, replay baselines, KPIG-style.",
@@ -14,11 +14,6 @@ cit_app = typer.Typer(
     context_settings=HELP,
 )
 app.add_typer(cit_app, name="cit")
-
-
-def _fail(msg: str) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
 
 
 def _print(out_dir: Path) -> None:
@@ -46,7 +41,7 @@ def run_cmd(
     try:
         cfg = build_config(CITConfig, config, list(overrides or []))
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
 
     def progress(method: str, seed: int, stage: int, rec: dict) -> None:
         accs = " ".join(f"{t}={100 * v['acc']:.0f}" for t, v in rec["eval"].items())
@@ -55,7 +50,7 @@ def run_cmd(
     try:
         run_cit(cfg, progress)
     except CITDataError as e:
-        _fail(str(e))
+        fail(str(e))
     _print(Path(cfg.out_dir))
 
 
@@ -65,4 +60,4 @@ def report_cmd(out_dir: Path = typer.Argument(..., help="the out_dir of `posttra
     try:
         _print(out_dir)
     except FileNotFoundError as e:
-        _fail(str(e))
+        fail(str(e))

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from posttrain.cli.app import HELP, app
+from posttrain.cli.app import HELP, app, fail
 from posttrain.cli.demo import demo_app
 
 rm_app = typer.Typer(
@@ -20,18 +20,13 @@ rm_app = typer.Typer(
 app.add_typer(rm_app, name="rm")
 
 
-def _fail(msg: str) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
-
-
 def _pairs(data: Path, default_task_type: str) -> list:
     from posttrain.rm.data import PreferenceDataError, load_preferences
 
     try:
         return load_preferences(data, default_task_type=default_task_type)
     except PreferenceDataError as e:
-        _fail(str(e))
+        fail(str(e))
     raise AssertionError  # unreachable
 
 
@@ -71,13 +66,13 @@ def sft(
     from posttrain.utils.config import ConfigError, build_config
 
     if (traces is None) == (pairs is None):
-        _fail(
+        fail(
             "give exactly one of --traces (a trace file) or --pairs (preference pairs with known-correct chosen)"
         )
     try:
         cfg = build_config(SFTConfig, config, [*(overrides or []), *([f"data={traces}"] if traces else [])])
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     if cfg.eval.at_end and cfg.data is None and pairs is not None:
         cfg.eval.at_end = False  # held-out accuracy of the config's task is meaningless for a judge
     rows = None
@@ -89,12 +84,12 @@ def sft(
                 _pairs(pairs, task_type), rubric_style=rubric_style, seed=cfg.seed, template=trace
             )
         except ValueError as e:
-            _fail(f"{pairs}: {e}")
+            fail(f"{pairs}: {e}")
     try:
         trainer = SFTTrainer(cfg, pairs=rows)
         summary = trainer.train(overwrite=overwrite)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(json.dumps({"steps": summary.get("steps"), "out_dir": cfg.out_dir}, default=str))
 
 
@@ -119,31 +114,31 @@ def train(
         from posttrain.rm.bt import BTConfig, train_bt
 
         if data is None:
-            _fail("--method bt needs --data (a preference file)")
+            fail("--method bt needs --data (a preference file)")
         try:
             cfg = build_config(BTConfig, config, overrides or [])
         except ConfigError as e:
-            _fail(str(e))
+            fail(str(e))
         typer.echo(json.dumps(train_bt(cfg, _pairs(data, task_type), progress=True), default=str))
         return
     if method != "par":
-        _fail(f"unknown --method {method!r}; accepted: par, bt")
+        fail(f"unknown --method {method!r}; accepted: par, bt")
     from posttrain.train.config import RLConfig
     from posttrain.train.rl import RLTrainer
 
     try:
         rl_cfg = build_config(RLConfig, config, overrides or [])
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     if rl_cfg.rollout.runner.name != "par" or rl_cfg.reward.source.name != "par":
-        _fail(
+        fail(
             "--method par needs rollout.runner.name=par and reward.source.name=par (see configs/rm-par-demo.yaml)"
         )
     try:
         with RLTrainer(rl_cfg) as trainer:
             summary = trainer.train(overwrite=overwrite)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(json.dumps({"steps": summary["steps"], "last": summary.get("last", {})}, default=str))
 
 
@@ -175,7 +170,7 @@ def evaluate(
     from posttrain.rm.scorers import ScorerSpecError, build_scorer
 
     if mode not in ("pointwise", "pairwise"):
-        _fail(f"unknown --mode {mode!r}; accepted: pointwise, pairwise")
+        fail(f"unknown --mode {mode!r}; accepted: pointwise, pairwise")
     pairs = _pairs(data, task_type)[:limit]
     results = {}
     for spec in model:
@@ -200,7 +195,7 @@ def evaluate(
                     seed=seed,
                 )
         except ValueError as e:  # ScorerSpecError, model loading errors
-            _fail(str(e) if isinstance(e, ScorerSpecError) else f"{spec}: {e}")
+            fail(str(e) if isinstance(e, ScorerSpecError) else f"{spec}: {e}")
     paths = write_reports(results, out)
     typer.echo(table(results))
     typer.echo(json.dumps(paths))
@@ -238,16 +233,16 @@ def score(
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    _fail(f"{data}:{n}: invalid JSON ({e.msg})")
+                    fail(f"{data}:{n}: invalid JSON ({e.msg})")
                 if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                    _fail(f"{data}:{n}: expected an object with a string 'prompt'")
+                    fail(f"{data}:{n}: expected an object with a string 'prompt'")
                 if "response" not in row and not ("chosen" in row and "rejected" in row):
-                    _fail(f"{data}:{n}: expected 'response' (or 'chosen' and 'rejected')")
+                    fail(f"{data}:{n}: expected 'response' (or 'chosen' and 'rejected')")
                 if "response" in row and not isinstance(row["response"], str):
-                    _fail(f"{data}:{n}: field 'response' must be a string")
+                    fail(f"{data}:{n}: field 'response' must be a string")
                 rows.append(row)
     except OSError as e:
-        _fail(f"{data}: {e}")
+        fail(f"{data}: {e}")
     try:
         sc = build_scorer(
             model,
@@ -259,7 +254,7 @@ def score(
             api_key_env=api_key_env,
         )
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     items, where = [], []
     for i, row in enumerate(rows):
         tt = str(row.get("task_type") or task_type)
@@ -319,7 +314,7 @@ def demo(
             trace=trace,
         )
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 # `posttrain demo rm` (the demo registry) and its alias `posttrain rm demo`

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from posttrain.cli.app import app
+from posttrain.cli.app import app, fail
 
 scpg_app = typer.Typer(
     help="DSMT syntax-oriented T5 pre-training and SCPG fine-tuning / evaluation (docs/scpg.md).",
@@ -22,11 +22,6 @@ _CONFIG = typer.Option(None, "--config", "-c", help="YAML config (configs/scpg-*
 _PROGRESS = typer.Option(None, "--progress/--no-progress")
 
 
-def _fail(msg: str) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
-
-
 def _load(model_cls: Any, config: Path | None, overrides: list[str], progress: bool | None) -> Any:
     from posttrain.models.loading import check_device
     from posttrain.utils.config import ConfigError, build_config
@@ -35,7 +30,7 @@ def _load(model_cls: Any, config: Path | None, overrides: list[str], progress: b
         cfg = build_config(model_cls, config, overrides)
         check_device(cfg.model.device)
     except (ConfigError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     if progress is not None:
         cfg.progress = progress
     return cfg
@@ -48,7 +43,7 @@ def _run(fn: Any, cfg: Any) -> dict[str, Any]:
     try:
         return fn(cfg)
     except (ModelSpecError, RunDirError, ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+        fail(str(e))
     raise AssertionError("unreachable")
 
 

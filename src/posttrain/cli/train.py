@@ -8,13 +8,8 @@ from typing import Any, NoReturn, Optional
 
 import typer
 
-from posttrain.cli.app import app
+from posttrain.cli.app import app, fail
 from posttrain.cli.demo import demo_app
-
-
-def _fail(msg: str) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
 
 
 def _load(model_cls, config: Optional[Path], overrides: list[str]):  # noqa: UP045
@@ -23,7 +18,7 @@ def _load(model_cls, config: Optional[Path], overrides: list[str]):  # noqa: UP0
     try:
         cfg = build_config(model_cls, config, overrides)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     _check_device(cfg.model.device)
     return cfg
 
@@ -35,7 +30,7 @@ def _check_device(device: str) -> None:
     try:
         check_device(device)
     except ValueError as e:
-        _fail(f"model.device: {e}")
+        fail(f"model.device: {e}")
 
 
 _RESUME = typer.Option(False, "--resume", help="continue from <out_dir>/checkpoints/latest")
@@ -66,7 +61,7 @@ def _check_run_dir(cfg: Any, *, resume: bool, overwrite: bool, allow_config_chan
         if not overwrite or resume:  # --overwrite deletes only once the model has loaded (in train)
             prepare_run_dir(cfg.out_dir, overwrite=overwrite, resume=resume)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 def _interrupted(command: str, cfg: Any, step: int, config: Path | None, overrides: list[str]) -> NoReturn:
@@ -104,7 +99,7 @@ def rl(
     try:
         trainer = RLTrainer(cfg, resume=resume)
     except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+        fail(str(e))
     with trainer:
         try:
             summary = trainer.train(
@@ -113,7 +108,7 @@ def rl(
         except KeyboardInterrupt:
             _interrupted("posttrain rl", cfg, trainer.step_idx, config, overrides or [])
         except (RunDirError, CheckpointError) as e:
-            _fail(str(e))
+            fail(str(e))
     last = summary.get("last") or {}
     typer.echo(
         json.dumps(
@@ -154,14 +149,14 @@ def sft(
     try:
         trainer = SFTTrainer(cfg, resume=resume)
     except (SFTDataError, ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+        fail(str(e))
     with trainer:
         try:
             summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
         except KeyboardInterrupt:
             _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [])
         except (RunDirError, CheckpointError, SFTDataError, ValueError, FileNotFoundError) as e:
-            _fail(str(e))
+            fail(str(e))
     typer.echo(
         json.dumps({k: v for k, v in summary.items() if k != "last"} | {"loss": summary["last"].get("loss")})
     )
@@ -218,9 +213,9 @@ def eval_cmd(
         try:
             params = json.loads(task_params)
         except json.JSONDecodeError as e:
-            _fail(f"--task-params: invalid JSON ({e.msg}); expected an object like '{{\"digits\": 1}}'")
+            fail(f"--task-params: invalid JSON ({e.msg}); expected an object like '{{\"digits\": 1}}'")
         if not isinstance(params, dict):
-            _fail(
+            fail(
                 f"--task-params: expected a JSON object like '{{\"digits\": 1}}', got {type(params).__name__}"
             )
         flags["task_params"] = params
@@ -236,15 +231,15 @@ def eval_cmd(
     try:
         loc = locate_model(model)
     except (FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     try:
         cfg = evaluate_cli_settings(loc, config, overrides or [], n=n, **flags)
     except (ConfigError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     try:
         res = evaluate_run(loc, cfg)
     except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+        fail(str(e))
     warning = truncation_warning(res, option="--max-new-tokens")
     if warning:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
@@ -280,7 +275,7 @@ def demo(
     try:
         POLICY_LOSSES.check(objective)  # a registered name or a plug-in package.module:Name
     except ValueError as e:
-        _fail(f"--objective: {e}")
+        fail(f"--objective: {e}")
     from posttrain.train.demo import run_demo
     from posttrain.utils.config import ConfigError
 
@@ -297,7 +292,7 @@ def demo(
             overwrite=overwrite,
         )
     except (ConfigError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 @app.command()
@@ -311,5 +306,5 @@ def plot(
     try:
         path = plot_run(run_dir, out)
     except (FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(str(path))
