@@ -311,9 +311,16 @@ class SFTTrainer:
         self, idx: list[int], examples: list[SFTExample] | None = None, adapter: Any = None
     ) -> torch.Tensor:
         """− Σ m · log π over the rows ``idx`` (one forward, through ``adapter``, default ``self.lm``)."""
+        logp, lm = self._token_logprobs(idx, examples, adapter)
+        return -(logp * lm).sum()
+
+    def _token_logprobs(
+        self, idx: list[int], examples: list[SFTExample] | None = None, adapter: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log π, target mask), each (B, T), of the rows ``idx``: one forward through ``adapter``."""
         ids, am, lm = self.collate(idx, examples)
         logp, _ = (adapter or self.lm).logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
-        return -(logp * lm).sum()
+        return logp, lm
 
     def accumulate_gradients(self, idx: list[int]) -> tuple[float, int]:
         """Add ∇L(batch ``idx``) to the parameters' ``.grad``, one forward/backward per micro-batch,
@@ -323,13 +330,11 @@ class SFTTrainer:
         loss = extra = 0.0
         # distributed: this rank's block of the batch, DDP backward x world size (dist.backward)
         for part in self._micro_batches(dist.shard(idx)):
+            logp, lm = self._token_logprobs(part, adapter=self.train_lm)
+            part_loss = -(logp * lm).sum() / n_tok
             if self.extra_loss is None:
-                part_loss = self._summed_nll(part, adapter=self.train_lm) / n_tok
                 dist.backward(part_loss)
             else:
-                ids, am, lm = self.collate(part)
-                logp, _ = self.train_lm.logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
-                part_loss = -(logp * lm).sum() / n_tok
                 term = self.extra_loss(self, part, logp, lm, len(idx))
                 dist.backward(part_loss + term)
                 extra += float(term.detach())
