@@ -83,7 +83,7 @@ def test_config_errors():
 
 
 def test_consistency_from_files_vicuna(tmp_path):
-    from posttrain.analysis import MCQ, save_mcqs
+    from posttrain.studies.analysis import MCQ, save_mcqs
 
     probes = [MCQ(f"Where is item {i}?", ("here", "there", "nowhere"), i % 3, id=str(i)) for i in range(5)]
     save_mcqs(tmp_path / "p.jsonl", probes)
@@ -100,7 +100,7 @@ def test_consistency_from_files_vicuna(tmp_path):
 
 
 def test_forgetting_from_files(tmp_path):
-    from posttrain.analysis import MCQ, save_mcqs
+    from posttrain.studies.analysis import MCQ, save_mcqs
 
     save_mcqs(
         tmp_path / "p.jsonl", [MCQ(f"Item {i}?", ("a", "b", "c", "d"), i % 4, id=str(i)) for i in range(4)]

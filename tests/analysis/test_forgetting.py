@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.analysis.forgetting import classify, epsilon, log_steps, transition_step, verdicts
+from posttrain.studies.analysis.forgetting import classify, epsilon, log_steps, transition_step, verdicts
 
 
 def test_reference_example():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.analysis import MCQ, ProbeResult, ProbeSet
-from posttrain.analysis.intervention import (
+from posttrain.studies.analysis import MCQ, ProbeResult, ProbeSet
+from posttrain.studies.analysis.intervention import (
     CORRECT,
     GOLDEN,
     PREDICT,
@@ -76,8 +76,8 @@ def test_group_errors_and_rows():
 
 
 def test_model_explanations_run():
-    from posttrain.analysis.intervention import model_explanations
     from posttrain.models import load_model_and_tokenizer
+    from posttrain.studies.analysis.intervention import model_explanations
 
     qs, _ = _setup()
     model, tok = load_model_and_tokenizer("tiny")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.analysis import (
+from posttrain.studies.analysis import (
     cosine_consistency,
     kl_consistency,
     rank_consistency,
@@ -17,7 +17,7 @@ from posttrain.analysis import (
     spearman,
     spearman_partial_correlation,
 )
-from posttrain.analysis.metrics import student_t_two_sided_p
+from posttrain.studies.analysis.metrics import student_t_two_sided_p
 
 # the reference table: p_base, p_ft, ranks, rho, KL (nats)
 TABLE = [

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from posttrain.analysis import MCQ, load_mcqs, probe, probe_prompt
+from posttrain.studies.analysis import MCQ, load_mcqs, probe, probe_prompt
 
 Q = MCQ("Considered holy by three religions is _____", ("Jerusalem", "Baghdad", "Teheran", "Mecca"), 0, "q")
 D1 = MCQ("2+2=?", ("3", "4"), 1, "d1")

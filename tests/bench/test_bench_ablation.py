@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from posttrain.bench.ablation import (
+from posttrain.benchmarks.ablation import (
     ARMS,
     AblationSettings,
     aggregate,
@@ -18,7 +18,7 @@ from posttrain.bench.ablation import (
     warm_start_pairs,
 )
 from posttrain.cli import app
-from posttrain.sampling.asrr import NO_THINKING_PREFIX
+from posttrain.recipes.asrr.hooks import NO_THINKING_PREFIX
 from posttrain.tasks import get_task
 
 runner = CliRunner()

@@ -8,8 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from posttrain.bench.common import PeakMemory, run_isolated, summarize_times, time_fn
-from posttrain.bench.losses import TABLE_COLUMNS, _child_run, compare_with_verl, table_rows
+from posttrain.benchmarks.perf.common import PeakMemory, run_isolated, summarize_times, time_fn
+from posttrain.benchmarks.perf.losses import TABLE_COLUMNS, _child_run, compare_with_verl, table_rows
 from posttrain.cli import app
 
 TINY = dict(tokens=64, hidden=16, chunk_size=16, repeats=1, device="cpu", check_verl=False)
@@ -63,7 +63,7 @@ def test_cli_bad_sizes():
 def test_memory_probe_sees_a_large_allocation_and_its_absence():
     """In a fresh process: an empty probe sees < 64 MiB; allocating and touching 256 MiB inside the
     next probe shows up as >= 240 MiB."""
-    small, big = run_isolated("posttrain.bench.common:probe_allocation", {"mibs": [0, 256]})
+    small, big = run_isolated("posttrain.benchmarks.perf.common:probe_allocation", {"mibs": [0, 256]})
     assert big["peak_bytes"] >= 240 * 2**20
     assert small["peak_bytes"] < 64 * 2**20
 

@@ -18,8 +18,8 @@ def bpe_tok(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from posttrain.cit.world import GENERATORS, make_task, make_world
     from posttrain.models import CHAT_TEMPLATE
+    from posttrain.studies.cit.world import GENERATORS, make_task, make_world
 
     world = make_world(0, 20)
     corpus = []

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.cit.data import (
+from posttrain.studies.cit.data import (
     CITDataError,
     InstructionExample,
     encode_instruction,

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.cit.data import InstructionExample, encode_instruction, parse_markup
-from posttrain.cit.kpig import (
+from posttrain.studies.cit.data import InstructionExample, encode_instruction, parse_markup
+from posttrain.studies.cit.kpig import (
     HingeLoss,
     information_gain,
     kpig_allocation,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.cit.metrics import cl_metrics, p_score, v_score
+from posttrain.studies.cit.metrics import cl_metrics, p_score, v_score
 
 # acc[i][j]: accuracy on task j after training through task i
 ACC = [

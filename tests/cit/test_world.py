@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from posttrain.cit.diversify import TEMPLATES, diversify
-from posttrain.cit.world import CONCRETE, GENERATORS, check, make_task, make_world
+from posttrain.studies.cit.diversify import TEMPLATES, diversify
+from posttrain.studies.cit.world import CONCRETE, GENERATORS, check, make_task, make_world
 
 
 def test_stream_is_deterministic_and_gold_passes_the_rules():

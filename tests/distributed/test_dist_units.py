@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from posttrain.hooks import PromptPlan
+from posttrain.hooks.base import NoReplay, PromptSampler, ReplayBuffer
 from posttrain.models import load_model_and_tokenizer, sequence_logprobs
 from posttrain.models.logprobs import CausalLMHidden
-from posttrain.sampling import PromptPlan
-from posttrain.sampling.hooks import NoReplay, PromptSampler, ReplayBuffer
 from posttrain.train import dist
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from posttrain.envs import SalesTask
-from posttrain.envs.duca_demo import METRICS, NoisySeller, sft_on_episodes, table, teacher_episodes
 from posttrain.models import load_model_and_tokenizer
+from posttrain.recipes.duca.demo import METRICS, NoisySeller, sft_on_episodes, table, teacher_episodes
 
 PARAMS = {
     "env": "sales",

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from posttrain.algos import Terms, group_stats, register_advantage, register_policy_loss
+from posttrain.hooks import GroupRewardShaper
 from posttrain.rollout import (
     EngineContext,
     EpisodeRunner,
@@ -25,7 +26,6 @@ from posttrain.rollout import (
     ScoredBatch,
     SingleTurnRunner,
 )
-from posttrain.sampling import GroupRewardShaper
 from posttrain.tasks import Example, Task
 
 CALLS: dict[str, int] = {"engine": 0, "runner": 0, "source": 0, "shaper": 0, "loss": 0, "advantage": 0}

@@ -1,4 +1,4 @@
-"""parse_score, par_rewards, rubric prompts, preference data (posttrain.rm)."""
+"""parse_score, par_rewards, rubric prompts, preference data (posttrain.recipes.patarm)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from posttrain.rm import (
+from posttrain.recipes.patarm import (
     TASK_TYPES,
     PreferenceDataError,
     RubricError,

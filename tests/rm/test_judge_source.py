@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from posttrain.rm.judge import EndpointJudge, Judge, JudgeRewardSource, RandomJudge
+from posttrain.recipes.patarm.judge import EndpointJudge, Judge, JudgeRewardSource, RandomJudge
 from posttrain.rollout import RewardSourceContext, build_reward_source
 from posttrain.tasks.base import Example
 
@@ -288,7 +288,7 @@ def test_endpoint_whole_call_timeout_of_the_source():
 
 # --------------------------------------------------------------------------------------- PAR source
 def test_par_reward_source_pairs_sides():
-    from posttrain.rm.par_rl import PARRewardSource
+    from posttrain.recipes.patarm.par_rl import PARRewardSource
 
     def ex(pair, side):
         return Example(id=f"{pair}/{side}", prompt="p", answer="", meta={"par_pair": pair, "par_side": side})

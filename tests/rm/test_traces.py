@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posttrain.rm import parse_score
-from posttrain.rm.data import PreferencePair
-from posttrain.rm.demo import check_marks, judgment_traces
+from posttrain.recipes.patarm import parse_score
+from posttrain.recipes.patarm.data import PreferencePair
+from posttrain.recipes.patarm.demo import check_marks, judgment_traces
 
 PAIR = PreferencePair(
     prompt="98+49=?\n",

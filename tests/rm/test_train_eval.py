@@ -7,8 +7,14 @@ import json
 import pytest
 import torch
 
-from posttrain.rm.data import PreferencePair, load_preferences
-from posttrain.rm.evaluate import bootstrap_ci, category_of, evaluate_pairwise, evaluate_pointwise, table
+from posttrain.recipes.patarm.data import PreferencePair, load_preferences
+from posttrain.recipes.patarm.evaluate import (
+    bootstrap_ci,
+    category_of,
+    evaluate_pairwise,
+    evaluate_pointwise,
+    table,
+)
 
 
 def _pairs(n=4, subset="all", task_type="chat"):
@@ -80,7 +86,7 @@ def test_bootstrap_ci_bounds():
 
 
 def test_bt_loss_and_training_learns_a_separable_signal(tmp_path):
-    from posttrain.rm.bt import BTConfig, BTRewardModel, bt_loss, load_bt_model, train_bt
+    from posttrain.recipes.patarm.bt import BTConfig, BTRewardModel, bt_loss, load_bt_model, train_bt
 
     assert float(bt_loss(torch.tensor([2.0]), torch.tensor([0.0]))) == pytest.approx(0.126928, abs=1e-5)
     assert float(bt_loss(torch.tensor([2.0]), torch.tensor([0.0]), margin=2.0)) == pytest.approx(

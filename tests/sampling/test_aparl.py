@@ -11,9 +11,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import posttrain.sampling.aparl as aparl
-from posttrain.sampling import SAMPLERS, GroupOutcome, RunInfo
-from posttrain.sampling.aparl import aparl_weights, gold_perplexities, next_level, perplexity, quantile_floor
+import posttrain.recipes.aparl.sampler as aparl
+from posttrain.hooks import SAMPLERS, GroupOutcome, RunInfo
+from posttrain.recipes.aparl.sampler import (
+    aparl_weights,
+    gold_perplexities,
+    next_level,
+    perplexity,
+    quantile_floor,
+)
 from posttrain.tasks import Example
 
 
@@ -170,7 +176,7 @@ def test_ablation_arms_build_valid_configs_on_dialogue_events(tmp_path):
     itself is measured with ``posttrain bench ablation``, docs/replay-and-curriculum.md)."""
     from importlib.resources import files
 
-    from posttrain.bench.ablation import AblationSettings, arm_overrides
+    from posttrain.benchmarks.ablation import AblationSettings, arm_overrides
     from posttrain.train.config import RLConfig
     from posttrain.utils.config import build_config
 

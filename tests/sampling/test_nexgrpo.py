@@ -12,9 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.rollout import Episodes, RolloutBatch
-from posttrain.sampling import REPLAY_BUFFERS, PromptPlan
-from posttrain.sampling.nexgrpo import (
+from posttrain.hooks import REPLAY_BUFFERS, PromptPlan
+from posttrain.recipes.nexgrpo.replay import (
     boundary_similarity,
     entry_bytes,
     mid_confidence_gate,
@@ -22,6 +21,7 @@ from posttrain.sampling.nexgrpo import (
     select_indices,
     sequence_confidence,
 )
+from posttrain.rollout import Episodes, RolloutBatch
 from posttrain.tasks import Example
 
 

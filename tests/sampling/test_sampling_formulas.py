@@ -9,13 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.sampling import (
-    allocate_rollouts,
-    asrr_length_penalty,
-    dapo_overlong_penalty,
-    e3_annealed_target,
-    e3_temperature_step,
-)
+from posttrain.recipes.asrr.hooks import asrr_length_penalty
+from posttrain.recipes.dapo.hooks import dapo_overlong_penalty
+from posttrain.recipes.e3.hooks import allocate_rollouts, e3_annealed_target, e3_temperature_step
 
 QWEN_VOCAB = 152064  # ln|V| + ln ln|V| = 14.4113
 

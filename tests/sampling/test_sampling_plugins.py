@@ -12,22 +12,17 @@ import pytest
 import torch
 
 from posttrain.models import sequence_logprobs
+from posttrain.recipes.asrr.hooks import NO_THINKING_PREFIX, NO_THINKING_TEMPLATE, ASRRShaper
+from posttrain.recipes.dapo.hooks import DAPOOverlongShaper, DynamicSamplingWarning
+from posttrain.recipes.e3.hooks import e3_temperature_step
 from posttrain.rollout import FunctionRewardSource
-from posttrain.sampling import (
-    NO_THINKING_PREFIX,
-    NO_THINKING_TEMPLATE,
-    ASRRShaper,
-    DAPOOverlongShaper,
-    e3_temperature_step,
-)
-from posttrain.sampling.dapo import DynamicSamplingWarning
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 from _train_helpers import Constant, FirstCharDigit
 
-CONFIGS = Path(__file__).parents[2] / "src" / "posttrain" / "configs"
+RECIPES = Path(__file__).parents[2] / "src" / "posttrain" / "recipes"
 BASE = [
     "model.name=tiny",
     "model.device=cpu",
@@ -197,14 +192,14 @@ def test_dapo_sampler_warns_when_the_round_cap_is_hit(tmp_path):
 
 
 # ------------------------------------------------------------------------------- configs + resume
-@pytest.mark.parametrize("name", ["e3", "asrr", "dapo", "e3-asrr-dgpo"])
-def test_shipped_config_runs_one_step(tmp_path, name):
+@pytest.mark.parametrize(("recipe", "name"), [("e3", "e3"), ("asrr", "asrr"), ("dapo", "dapo"), ("e3", "e3-asrr-dgpo")])
+def test_shipped_config_runs_one_step(tmp_path, recipe, name):
     tr = trainer(
         tmp_path,
         'task.params={digits: 1, ops: "+", n_train: 8, n_heldout: 8, format: scratchpad}',
         "rollout.max_new_tokens=6",
         "rollout.group_size=8",
-        config=CONFIGS / f"{name}.yaml",
+        config=RECIPES / recipe / f"{name}.yaml",
     )
     (m,) = steps(tr, 1)
     assert m["num_sequences"] >= 8

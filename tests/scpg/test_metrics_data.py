@@ -2,9 +2,9 @@ import random
 
 import pytest
 
-from posttrain.scpg import data as D
-from posttrain.scpg.metrics import bleu4, bracket_prf, flat_tree, get_parser, strip_leaves, ted
-from posttrain.scpg.trees import Tree
+from posttrain.studies.scpg import data as D
+from posttrain.studies.scpg.metrics import bleu4, bracket_prf, flat_tree, get_parser, strip_leaves, ted
+from posttrain.studies.scpg.trees import Tree
 
 B = Tree.from_bracketed
 
@@ -51,7 +51,7 @@ def test_parsers():
         "(S (NP (DT the) (NN cat)) (VP (VBD saw) (NP (DT a) (NN dog))) (. .))"
     )
     assert p.parse("cat the saw a dog .") is None and p.parse("") is None
-    plug = get_parser("posttrain.scpg.data:GrammarParser")  # plug-in by import path
+    plug = get_parser("posttrain.studies.scpg.data:GrammarParser")  # plug-in by import path
     assert plug.parse("the cat saw a dog .") is not None
     with pytest.raises(ValueError):
         get_parser("no_such_parser")

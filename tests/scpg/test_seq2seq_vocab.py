@@ -3,8 +3,13 @@ import torch
 
 from posttrain.models import ADAPTERS, Seq2SeqAdapter, load_adapter
 from posttrain.models.seq2seq import build_t5_preset, build_word_tokenizer
-from posttrain.scpg.trees import Tree
-from posttrain.scpg.vocab import add_node_tokens, add_nonterminal_tokens, node_tokens, nonterminal_inventory
+from posttrain.studies.scpg.trees import Tree
+from posttrain.studies.scpg.vocab import (
+    add_node_tokens,
+    add_nonterminal_tokens,
+    node_tokens,
+    nonterminal_inventory,
+)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@ from collections import Counter
 
 import pytest
 
-from posttrain.scpg import tasks as T
-from posttrain.scpg.trees import Tree
+from posttrain.studies.scpg import tasks as T
+from posttrain.studies.scpg.trees import Tree
 
 SPEC = Tree.from_bracketed("(<node_3> (<node_7> <node_1>) (<node_2> <node_9>))")
 CAT = Tree.from_bracketed("(S (NP (DT the) (NN cat)) (VP (VBD ate) (NP (DT a) (NN mouse))))")
@@ -258,7 +258,7 @@ def test_inter_span_never_empty():
 
 
 def test_stage_pairs_skip_tasks_that_do_not_apply():
-    from posttrain.scpg.run import Corpus, PretrainConfig, stage_pairs
+    from posttrain.studies.scpg.run import Corpus, PretrainConfig, stage_pairs
 
     c = Corpus.__new__(Corpus)
     c.pretrain_trees, c.splits = [Tree.from_bracketed("(NN cat)"), CAT], {"train": []}

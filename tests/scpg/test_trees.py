@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.scpg.trees import NodeDetails, Tree, format_production
+from posttrain.studies.scpg.trees import NodeDetails, Tree, format_production
 
 SPEC = "(<node_3> (<node_7> <node_1>) (<node_2> <node_9>))"
 CAT = "(S (NP (DT the) (NN cat)) (VP (VBD ate) (NP (DT a) (NN mouse))))"

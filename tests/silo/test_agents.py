@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from posttrain.silo import TASK_IDS, generate_case, solve
-from posttrain.silo.agents import (
+from posttrain.benchmarks.silo import TASK_IDS, generate_case, solve
+from posttrain.benchmarks.silo.agents import (
     ADVERSARIAL_KINDS,
     AdversarialAgent,
     Agent,
@@ -26,9 +26,9 @@ from posttrain.silo.agents import (
     ScriptedAgent,
     make_agent,
 )
-from posttrain.silo.agents.scripted import read_task
-from posttrain.silo.engine import EngineConfig, run_case
-from posttrain.silo.parsing import format_tool_call
+from posttrain.benchmarks.silo.agents.scripted import read_task
+from posttrain.benchmarks.silo.engine import EngineConfig, run_case
+from posttrain.benchmarks.silo.parsing import format_tool_call
 
 PROTOCOLS = ("p2p", "bp", "sfs")
 SCRIPTED = ScriptedAgent()
@@ -266,7 +266,7 @@ def test_openai_client_runs_a_case_end_to_end_with_usage():
         agent = _client(srv.url, temperature=0.3)
 
         async def go():
-            from posttrain.silo.engine import SiloEngine
+            from posttrain.benchmarks.silo.engine import SiloEngine
 
             try:
                 return await SiloEngine(case, "p2p", agent, EngineConfig(max_rounds=5)).run()

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.silo import load_case, solve
-from posttrain.silo.agents import ScriptedAgent
-from posttrain.silo.agents.scripted import ScriptError, extract_shard, read_task
-from posttrain.silo.engine import case_task_id, run_case
-from posttrain.silo.parsing import LiteralError, parse_data_literal
+from posttrain.benchmarks.silo import load_case, solve
+from posttrain.benchmarks.silo.agents import ScriptedAgent
+from posttrain.benchmarks.silo.agents.scripted import ScriptError, extract_shard, read_task
+from posttrain.benchmarks.silo.engine import case_task_id, run_case
+from posttrain.benchmarks.silo.parsing import LiteralError, parse_data_literal
 
 REPO = Path(__file__).resolve().parents[2]
 AUTHORS_DIR = Path(
@@ -158,7 +158,7 @@ def test_parse_data_literal_rejects_non_literals(text):
 def test_parity_mode_reproduces_the_authors_files():
     """`generate_parity_suite` replays the authors' single random.seed(42) stream: the shards and the
     ground truth of all 60 files are reproduced exactly (prompt wording is ours)."""
-    from posttrain.silo.tasks import generate_parity_suite
+    from posttrain.benchmarks.silo.tasks import generate_parity_suite
 
     suite = generate_parity_suite([2, 5])
     assert len(suite) == len(AUTHORS_FILES) == 60

@@ -11,11 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.silo.agents.base import Agent, AgentReply
-from posttrain.silo.engine import EngineConfig, SiloEngine, char_token_count, regex_token_count, run_case
-from posttrain.silo.parsing import format_tool_call as tc
-from posttrain.silo.parsing import parse_tool_results
-from posttrain.silo.prompts import CORRECTIVE_MESSAGE, system_prompt
+from posttrain.benchmarks.silo.agents.base import Agent, AgentReply
+from posttrain.benchmarks.silo.engine import (
+    EngineConfig,
+    SiloEngine,
+    char_token_count,
+    regex_token_count,
+    run_case,
+)
+from posttrain.benchmarks.silo.parsing import format_tool_call as tc
+from posttrain.benchmarks.silo.parsing import parse_tool_results
+from posttrain.benchmarks.silo.prompts import CORRECTIVE_MESSAGE, system_prompt
 
 WAIT = tc("wait")
 
@@ -303,7 +309,7 @@ def test_prompt_sets_state_identity_and_tools():
 )
 def test_fast_token_count_matches_regex_definition(chunk):
     """The vectorised path for long texts counts exactly what the regex counts."""
-    from posttrain.silo.engine import _TOKEN_RE
+    from posttrain.benchmarks.silo.engine import _TOKEN_RE
 
     long_text = (chunk + " ") * (2100 // (len(chunk) + 1) + 1)
     assert len(long_text) >= 2048
@@ -312,7 +318,7 @@ def test_fast_token_count_matches_regex_definition(chunk):
 
 
 def test_scaffolds_inject_notes_and_keep_token_sums_exact():
-    from posttrain.silo.prompts import PLANNING_NOTE, SCRATCHPAD_NOTE, reminder_note
+    from posttrain.benchmarks.silo.prompts import PLANNING_NOTE, SCRATCHPAD_NOTE, reminder_note
 
     agent = Puppet({(1, 2): tc("submit_result", answer=7)}, default=WAIT)
     cfg = EngineConfig(max_rounds=3, scaffolds=("planning", "reminder", "scratchpad"))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from posttrain.silo import generate_case
-from posttrain.silo.agents import ScriptedAgent
-from posttrain.silo.engine import run_case
-from posttrain.silo.failures import analyze_failures, knowledge_masks
+from posttrain.benchmarks.silo import generate_case
+from posttrain.benchmarks.silo.agents import ScriptedAgent
+from posttrain.benchmarks.silo.engine import run_case
+from posttrain.benchmarks.silo.failures import analyze_failures, knowledge_masks
 
 
 def recv(round_, agent, *msgs):

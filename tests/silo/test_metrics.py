@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.silo import TASK_IDS, generate_case, task_level
-from posttrain.silo.metrics import (
+from posttrain.benchmarks.silo import TASK_IDS, generate_case, task_level
+from posttrain.benchmarks.silo.metrics import (
     _lis_length,
     answer_key,
     communication_density,

@@ -1,4 +1,4 @@
-"""N = 1 oracle baseline (posttrain.silo.oracle), oracle sweeps and the Table-2 / RCC report."""
+"""N = 1 oracle baseline (posttrain.benchmarks.silo.oracle), oracle sweeps and the Table-2 / RCC report."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from posttrain.cli import app
-from posttrain.silo import TASK_IDS, generate_case, load_case, solve, task_info
-from posttrain.silo.agents import ScriptedAgent
-from posttrain.silo.agents.base import Agent, AgentReply
-from posttrain.silo.engine import run_case
-from posttrain.silo.metrics import relative_coordination_cost
-from posttrain.silo.oracle import (
+from posttrain.benchmarks.silo import TASK_IDS, generate_case, load_case, solve, task_info
+from posttrain.benchmarks.silo.agents import ScriptedAgent
+from posttrain.benchmarks.silo.agents.base import Agent, AgentReply
+from posttrain.benchmarks.silo.engine import run_case
+from posttrain.benchmarks.silo.metrics import relative_coordination_cost
+from posttrain.benchmarks.silo.oracle import (
     LISTED_TASKS,
     OracleError,
     merge_shards,
@@ -27,11 +26,12 @@ from posttrain.silo.oracle import (
     oracle_input,
     read_oracle_input,
 )
-from posttrain.silo.parsing import format_tool_call, parse_tool_calls
-from posttrain.silo.protocols import make_protocol
-from posttrain.silo.report import RCC_UNDEFINED, table2, table2_rows, write_report
-from posttrain.silo.runner import AgentSpec, SweepConfig, load_rows, row_key, run_sweep
-from posttrain.silo.tasks.cases import case_to_json
+from posttrain.benchmarks.silo.parsing import format_tool_call, parse_tool_calls
+from posttrain.benchmarks.silo.protocols import make_protocol
+from posttrain.benchmarks.silo.report import RCC_UNDEFINED, table2, table2_rows, write_report
+from posttrain.benchmarks.silo.runner import AgentSpec, SweepConfig, load_rows, row_key, run_sweep
+from posttrain.benchmarks.silo.tasks.cases import case_to_json
+from posttrain.cli import app
 
 KS = (2, 5)
 SEGMENTED = {"II-11", "II-14", "II-20", "III-21"}

@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.silo.parsing import (
+from posttrain.benchmarks.silo.parsing import (
     ToolCall,
     convert_value,
     format_tool_call,

@@ -6,22 +6,22 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from posttrain.cli import app
-from posttrain.silo import TASK_IDS, generate_case
-from posttrain.silo.agents import AGENTS, AdversarialAgent, ScriptedAgent, make_agent
-from posttrain.silo.engine import (
+from posttrain.benchmarks.silo import TASK_IDS, generate_case
+from posttrain.benchmarks.silo.agents import AGENTS, AdversarialAgent, ScriptedAgent, make_agent
+from posttrain.benchmarks.silo.engine import (
     EngineConfig,
     load_tokenizer,
     resolve_token_counter,
     run_case,
     token_counters,
 )
-from posttrain.silo.prompts import prompt_sets
-from posttrain.silo.protocols import canonical_protocol, protocols
-from posttrain.silo.runner import load_rows
-from posttrain.silo.scoring import SCORINGS
-from posttrain.silo.tasks._base import TASKS
-from posttrain.silo.tasks.solvers import SOLVERS
+from posttrain.benchmarks.silo.prompts import prompt_sets
+from posttrain.benchmarks.silo.protocols import canonical_protocol, protocols
+from posttrain.benchmarks.silo.runner import load_rows
+from posttrain.benchmarks.silo.scoring import SCORINGS
+from posttrain.benchmarks.silo.tasks._base import TASKS
+from posttrain.benchmarks.silo.tasks.solvers import SOLVERS
+from posttrain.cli import app
 from posttrain.utils.registry import Registry, UnknownNameError
 
 

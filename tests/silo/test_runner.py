@@ -8,10 +8,17 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from posttrain.benchmarks.silo.agents import ScriptedAgent
+from posttrain.benchmarks.silo.report import table1, write_report
+from posttrain.benchmarks.silo.runner import (
+    AgentSpec,
+    SweepConfig,
+    load_rows,
+    repair_jsonl,
+    row_key,
+    run_sweep,
+)
 from posttrain.cli import app
-from posttrain.silo.agents import ScriptedAgent
-from posttrain.silo.report import table1, write_report
-from posttrain.silo.runner import AgentSpec, SweepConfig, load_rows, repair_jsonl, row_key, run_sweep
 
 TASKS = ["I-01", "II-11", "III-21"]
 

@@ -1,4 +1,4 @@
-"""Scoring modes (`posttrain.silo.scoring`): the `paper` mode's semantics on hand-made answers covering
+"""Scoring modes (`posttrain.benchmarks.silo.scoring`): the `paper` mode's semantics on hand-made answers covering
 each listed edge case, the `default` mode unchanged, rescoring saved cases, the report's mode labels,
 and the CLI guards of `posttrain silo run` (issue: agent counts, concurrency, protocol case)."""
 
@@ -9,15 +9,14 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from posttrain.cli import app
-from posttrain.silo import generate_case, metrics
-from posttrain.silo.agents import ScriptedAgent
-from posttrain.silo.agents.base import AgentReply
-from posttrain.silo.engine import EngineConfig, run_case
-from posttrain.silo.parsing import format_tool_call
-from posttrain.silo.report import compare_scorings, write_report
-from posttrain.silo.runner import AgentSpec, SweepConfig, load_rows, run_sweep
-from posttrain.silo.scoring import (
+from posttrain.benchmarks.silo import generate_case, metrics
+from posttrain.benchmarks.silo.agents import ScriptedAgent
+from posttrain.benchmarks.silo.agents.base import AgentReply
+from posttrain.benchmarks.silo.engine import EngineConfig, run_case
+from posttrain.benchmarks.silo.parsing import format_tool_call
+from posttrain.benchmarks.silo.report import compare_scorings, write_report
+from posttrain.benchmarks.silo.runner import AgentSpec, SweepConfig, load_rows, run_sweep
+from posttrain.benchmarks.silo.scoring import (
     SCORINGS,
     CaseScoreInput,
     get_scoring,
@@ -25,6 +24,7 @@ from posttrain.silo.scoring import (
     paper_normalize,
     paper_partial,
 )
+from posttrain.cli import app
 
 PAPER = get_scoring("paper")
 DEFAULT = get_scoring("default")

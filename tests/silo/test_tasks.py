@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.silo import (
+from posttrain.benchmarks.silo import (
     TASK_IDS,
     dependency_peers,
     generate_case,
@@ -25,17 +25,17 @@ from posttrain.silo import (
     task_level,
     write_cases,
 )
-from posttrain.silo.metrics import partial_correctness, success_rate
-from posttrain.silo.tasks import case_to_json, generate_parity_suite
-from posttrain.silo.tasks._base import contiguous_shards, fill_prompt
-from posttrain.silo.tasks.level2 import (
+from posttrain.benchmarks.silo.metrics import partial_correctness, success_rate
+from posttrain.benchmarks.silo.tasks import case_to_json, generate_parity_suite
+from posttrain.benchmarks.silo.tasks._base import contiguous_shards, fill_prompt
+from posttrain.benchmarks.silo.tasks.level2 import (
     block_hash,
     life_step,
     longest_palindrome_length,
     pattern_count,
     trapped_water,
 )
-from posttrain.silo.tasks.level3 import count_components, lpt_stats, pagerank_step
+from posttrain.benchmarks.silo.tasks.level3 import count_components, lpt_stats, pagerank_step
 
 SEGMENTED = {"II-11", "II-14", "II-20", "III-21"}
 
@@ -263,7 +263,7 @@ def test_global_random_state_untouched(tmp_path):
 
 def test_same_instance_in_a_fresh_process_with_another_hash_seed():
     code = (
-        "import hashlib; from posttrain.silo.tasks import generate_case, case_to_json;"
+        "import hashlib; from posttrain.benchmarks.silo.tasks import generate_case, case_to_json;"
         "print(hashlib.sha256(''.join(case_to_json(generate_case(t, 4, 9)) for t in "
         "('I-08', 'II-18', 'III-27')).encode()).hexdigest())"
     )

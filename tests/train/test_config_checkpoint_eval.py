@@ -65,9 +65,9 @@ def test_shipped_configs_validate():
 
     names = [p.name for p in files("posttrain.configs").iterdir() if p.name.endswith(".yaml")]
     assert {"demo.yaml", "grpo-arithmetic.yaml", "qwen3-gsm8k.yaml"} <= set(names)
-    from posttrain.analysis.runner import ConsistencyConfig, ForgettingConfig, InterventionConfig
-    from posttrain.cit.runner import CITConfig
-    from posttrain.scpg.run import FinetuneConfig, PretrainConfig
+    from posttrain.studies.analysis.runner import ConsistencyConfig, ForgettingConfig, InterventionConfig
+    from posttrain.studies.cit.runner import CITConfig
+    from posttrain.studies.scpg.run import FinetuneConfig, PretrainConfig
     from posttrain.utils.config import build_config
 
     # configs of the non-RL workflows, by file-name prefix; everything else is an RL config

@@ -19,7 +19,7 @@ runner = CliRunner()
 @pytest.fixture
 def calls(monkeypatch):
     rec: list[tuple[str, tuple, dict]] = []
-    import posttrain.rm.demo as rm_demo
+    import posttrain.recipes.patarm.demo as rm_demo
     import posttrain.train.demo as rl_demo
 
     monkeypatch.setattr(rl_demo, "run_demo", lambda *a, **k: rec.append(("rl", a, k)))

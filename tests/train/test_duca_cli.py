@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from posttrain.cli import app
 from posttrain.train.rl import DegenerateSettingWarning
 
-CONFIG = Path(__file__).resolve().parents[2] / "src/posttrain/configs/duca-sales.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "src/posttrain/recipes/duca/duca-sales.yaml"
 SMALL = [
     "rollout.prompts_per_step=2",
     "rollout.group_size=2",

@@ -190,9 +190,9 @@ def test_config_errors_name_the_key_before_any_model_is_loaded(plugins, override
 
 def test_registry_plugin_resolution_and_errors(plugins):
     from posttrain.algos import get_advantage, get_policy_loss
+    from posttrain.hooks import GROUP_SHAPERS
     from posttrain.rewards import get_reward
     from posttrain.rollout import ENGINES, EngineContext, RunnerContext, build_engine, build_runner
-    from posttrain.sampling import GROUP_SHAPERS
     from posttrain.tasks import get_task
 
     assert get_policy_loss("my_plugins:plugin_reinforce").name == "plugin-reinforce"

@@ -13,10 +13,7 @@ import pytest
 import torch
 
 from posttrain.algos import agg_loss, get_advantage, get_policy_loss, list_policy_losses
-from posttrain.models import sequence_logprobs
-from posttrain.rollout import EpisodeRunner, FunctionRewardSource, RewardSource, ScoredBatch
-from posttrain.rollout.reward_source import _Ready
-from posttrain.sampling import (
+from posttrain.hooks import (
     CONTROLLERS,
     REPLAY_BUFFERS,
     SAMPLERS,
@@ -26,6 +23,9 @@ from posttrain.sampling import (
     ReplayBuffer,
     Trajectory,
 )
+from posttrain.models import sequence_logprobs
+from posttrain.rollout import EpisodeRunner, FunctionRewardSource, RewardSource, ScoredBatch
+from posttrain.rollout.reward_source import _Ready
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from posttrain.hooks import UniformSampler
 from posttrain.models import (
     ADAPTERS,
     CausalLMAdapter,
@@ -18,7 +19,6 @@ from posttrain.models import (
     sequence_logprobs,
 )
 from posttrain.rollout import HFEngine, SamplingParams
-from posttrain.sampling import UniformSampler
 from posttrain.utils.data import EpochShuffler
 
 

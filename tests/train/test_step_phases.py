@@ -14,8 +14,8 @@ import torch
 from posttrain.algos import get_policy_loss
 from posttrain.algos.advantages import ADVANTAGES, register_advantage
 from posttrain.algos.policy_losses import LOSS_INPUTS, POLICY_LOSSES, Terms, register_policy_loss
+from posttrain.hooks import REPLAY_BUFFERS, SAMPLERS, PromptPlan, PromptSampler, ReplayBuffer, Trajectory
 from posttrain.rollout import EpisodeRunner, FunctionRewardSource
-from posttrain.sampling import REPLAY_BUFFERS, SAMPLERS, PromptPlan, PromptSampler, ReplayBuffer, Trajectory
 from posttrain.train import rl as rl_module
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer, StepForwards, StepRollout, StepScores

@@ -59,7 +59,7 @@ class AdvantageEstimator:
             return self.fn(r, inv, n_groups, **p)
 
 
-ADVANTAGES: Registry[AdvantageEstimator] = Registry(KIND)
+ADVANTAGES: Registry[AdvantageEstimator] = Registry(KIND, group="posttrain.advantages")
 
 
 def _no_params(name: str, p: dict) -> None:

@@ -182,7 +182,7 @@ class PolicyLoss:
         return loss, {k: m.detach() for k, m in metrics.items()}
 
 
-POLICY_LOSSES: Registry[PolicyLoss] = Registry(KIND)
+POLICY_LOSSES: Registry[PolicyLoss] = Registry(KIND, group="posttrain.policy_losses")
 
 
 def register_policy_loss(

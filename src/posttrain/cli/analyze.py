@@ -59,7 +59,7 @@ def consistency(
     overrides: list[str] | None = _OVERRIDES, config: Path | None = _CONFIG, as_json: bool = _JSON
 ) -> None:
     """Base vs tuned model on MCQ probes: accuracies, rank consistency (x100), KL, cosine."""
-    from posttrain.analysis.runner import ConsistencyConfig, run_consistency
+    from posttrain.studies.analysis.runner import ConsistencyConfig, run_consistency
 
     res = _run(ConsistencyConfig, run_consistency, config, overrides)
     _show("knowledge consistency", res, as_json)
@@ -70,7 +70,7 @@ def intervention(
     overrides: list[str] | None = _OVERRIDES, config: Path | None = _CONFIG, as_json: bool = _JSON
 ) -> None:
     """Knowledge-intervention groups: IFT per group, tuned accuracy vs consistency, partial correlation."""
-    from posttrain.analysis.runner import InterventionConfig, run_intervention
+    from posttrain.studies.analysis.runner import InterventionConfig, run_intervention
 
     res = _run(InterventionConfig, run_intervention, config, overrides)
     pc = res.get("partial_correlation")
@@ -87,7 +87,7 @@ def forgetting(
     overrides: list[str] | None = _OVERRIDES, config: Path | None = _CONFIG, as_json: bool = _JSON
 ) -> None:
     """Restoration protocol (proposed design): forgetting and recovery gaps along an IFT run."""
-    from posttrain.analysis.runner import ForgettingConfig, run_forgetting
+    from posttrain.studies.analysis.runner import ForgettingConfig, run_forgetting
 
     res = _run(ForgettingConfig, run_forgetting, config, overrides)
     t = res["transition_step"]

@@ -66,7 +66,7 @@ def ablation(
     ablation.json, ablation.md and ablation.png into --out (docs/sampling-methods.md)."""
     from rich.console import Console
 
-    from posttrain.bench.ablation import AblationSettings, print_ablation, run_ablation
+    from posttrain.benchmarks.ablation import AblationSettings, print_ablation, run_ablation
 
     given = {
         "arms": [a.strip() for a in arms.split(",") if a.strip()],

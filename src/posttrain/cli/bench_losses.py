@@ -32,7 +32,7 @@ def bench_losses(
     Targets: peak memory <= 1/4 of naive at V = 151,936; time <= 1.2x naive. Each variant runs in a
     fresh process; on CPU peak memory is the peak RSS above the RSS after the inputs were allocated.
     """
-    from posttrain.bench.losses import print_report, run_bench
+    from posttrain.benchmarks.perf.losses import print_report, run_bench
     from posttrain.utils.io import atomic_write_json
 
     try:

@@ -48,7 +48,7 @@ def rl_step(
 
     from rich.console import Console
 
-    from posttrain.bench.rl_step import get_preset, print_report, run_rl_step_bench
+    from posttrain.benchmarks.perf.rl_step import get_preset, print_report, run_rl_step_bench
     from posttrain.utils.io import atomic_write_json
 
     try:

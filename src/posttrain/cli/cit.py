@@ -17,7 +17,7 @@ app.add_typer(cit_app, name="cit")
 
 
 def _print(out_dir: Path) -> None:
-    from posttrain.cit.report import COLUMNS, table_rows, write_report
+    from posttrain.studies.cit.report import COLUMNS, table_rows, write_report
     from posttrain.utils.tables import print_table
 
     agg = write_report(out_dir)
@@ -34,8 +34,8 @@ def run_cmd(
 ) -> None:
     """Train the stream's tasks in order for every method and seed, evaluate all tasks after each stage
     (a rerun resumes after the last finished stage), then write the report."""
-    from posttrain.cit.data import CITDataError
-    from posttrain.cit.runner import CITConfig, run_cit
+    from posttrain.studies.cit.data import CITDataError
+    from posttrain.studies.cit.runner import CITConfig, run_cit
     from posttrain.utils.config import ConfigError, build_config
 
     try:

@@ -21,7 +21,7 @@ app.add_typer(rm_app, name="rm")
 
 
 def _pairs(data: Path, default_task_type: str) -> list:
-    from posttrain.rm.data import PreferenceDataError, load_preferences
+    from posttrain.recipes.patarm.data import PreferenceDataError, load_preferences
 
     try:
         return load_preferences(data, default_task_type=default_task_type)
@@ -77,7 +77,7 @@ def sft(
         cfg.eval.at_end = False  # held-out accuracy of the config's task is meaningless for a judge
     rows = None
     if pairs is not None:
-        from posttrain.rm.demo import judgment_traces
+        from posttrain.recipes.patarm.demo import judgment_traces
 
         try:
             rows = judgment_traces(
@@ -111,7 +111,7 @@ def train(
     from posttrain.utils.config import ConfigError, build_config
 
     if method == "bt":
-        from posttrain.rm.bt import BTConfig, train_bt
+        from posttrain.recipes.patarm.bt import BTConfig, train_bt
 
         if data is None:
             fail("--method bt needs --data (a preference file)")
@@ -132,7 +132,7 @@ def train(
         fail(str(e))
     if rl_cfg.rollout.runner.name != "par" or rl_cfg.reward.source.name != "par":
         fail(
-            "--method par needs rollout.runner.name=par and reward.source.name=par (see configs/rm-par-demo.yaml)"
+            "--method par needs rollout.runner.name=par and reward.source.name=par (see recipes/patarm/rm-par-demo.yaml)"
         )
     try:
         with RLTrainer(rl_cfg) as trainer:
@@ -166,8 +166,8 @@ def evaluate(
     """Pairwise accuracy of reward models on RewardBench / RM-Bench-format files.
 
     Per subset and category, with ties, position bias and bootstrap CIs: table, JSON, PNG."""
-    from posttrain.rm.evaluate import evaluate_pairwise, evaluate_pointwise, table, write_reports
-    from posttrain.rm.scorers import ScorerSpecError, build_scorer
+    from posttrain.recipes.patarm.evaluate import evaluate_pairwise, evaluate_pointwise, table, write_reports
+    from posttrain.recipes.patarm.scorers import ScorerSpecError, build_scorer
 
     if mode not in ("pointwise", "pairwise"):
         fail(f"unknown --mode {mode!r}; accepted: pointwise, pairwise")
@@ -222,7 +222,7 @@ def score(
 
     One JSON line per row with ``score`` (None when the judge gave no parsable score); preference rows
     get ``chosen_score`` and ``rejected_score``."""
-    from posttrain.rm.scorers import build_scorer
+    from posttrain.recipes.patarm.scorers import build_scorer
 
     rows: list[dict] = []
     try:
@@ -297,7 +297,7 @@ def demo(
     Synthetic preference pairs from 2-digit addition -> untrained / SFT / PAR judges and a BT baseline
     (held-out pairwise accuracy), then RL of a tiny policy with the PAR judge as its only reward vs a
     random judge (verifiable held-out accuracy)."""
-    from posttrain.rm.demo import run_rm_demo
+    from posttrain.recipes.patarm.demo import run_rm_demo
 
     try:
         run_rm_demo(

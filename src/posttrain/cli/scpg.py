@@ -54,7 +54,7 @@ def pretrain_cmd(
     progress: Optional[bool] = _PROGRESS,  # noqa: UP045
 ) -> None:
     """Stage 1 (structure tasks on label-randomised trees) and stage 2 (syntax multi-task) -> <out_dir>/model."""
-    from posttrain.scpg.run import PretrainConfig, pretrain
+    from posttrain.studies.scpg.run import PretrainConfig, pretrain
     from posttrain.utils.tables import print_table
 
     cfg = _load(PretrainConfig, config, overrides or [], progress)
@@ -74,7 +74,7 @@ def finetune_cmd(
     progress: Optional[bool] = _PROGRESS,  # noqa: UP045
 ) -> None:
     """SCPG fine-tuning in one input format (format=t5_prefix|aesop|...|triplet_nooutputtree)."""
-    from posttrain.scpg.run import FinetuneConfig, finetune
+    from posttrain.studies.scpg.run import FinetuneConfig, finetune
 
     cfg = _load(FinetuneConfig, config, overrides or [], progress)
     typer.echo(json.dumps(_run(finetune, cfg)))
@@ -87,7 +87,7 @@ def eval_cmd(
     progress: Optional[bool] = _PROGRESS,  # noqa: UP045
 ) -> None:
     """Beam-search paraphrases; BLEU-4, TED-R/TED-E, template match, tree F1 (overall, hardest, few-shot)."""
-    from posttrain.scpg.run import METRIC_COLUMNS, EvalConfig, evaluate, report_rows
+    from posttrain.studies.scpg.run import METRIC_COLUMNS, EvalConfig, evaluate, report_rows
     from posttrain.utils.tables import print_table
 
     cfg = _load(EvalConfig, config, overrides or [], progress)

@@ -82,7 +82,7 @@ def _agent_counts(values: list[str] | None, option: str = "--agents") -> list[in
 
 
 def _scoring(name: str, option: str = "--scoring") -> str:
-    from posttrain.silo.scoring import SCORINGS
+    from posttrain.benchmarks.silo.scoring import SCORINGS
     from posttrain.utils.registry import UnknownNameError
 
     try:
@@ -92,7 +92,7 @@ def _scoring(name: str, option: str = "--scoring") -> str:
 
 
 def _tasks(values: list[str] | None) -> list[str]:
-    from posttrain.silo import TASK_IDS, task_level
+    from posttrain.benchmarks.silo import TASK_IDS, task_level
 
     names = _split(values) or ["all"]
     levels = {"I": 1, "II": 2, "III": 3}
@@ -110,7 +110,7 @@ def _tasks(values: list[str] | None) -> list[str]:
 
 
 def _protocols(values: list[str] | None) -> list[str]:
-    from posttrain.silo.protocols import canonical_protocol
+    from posttrain.benchmarks.silo.protocols import canonical_protocol
     from posttrain.utils.registry import UnknownNameError
 
     try:
@@ -130,7 +130,7 @@ def generate_cmd(
     ),
 ) -> None:
     """Write one {TASK}_n{N}.json case file per task and N."""
-    from posttrain.silo import write_cases
+    from posttrain.benchmarks.silo import write_cases
 
     seeds = _ints(seed, "--seed")
     if len(seeds) != 1:
@@ -188,9 +188,9 @@ def run_cmd(
     ),
 ) -> None:
     """Run a sweep (resumable: cases already in DIR/results.jsonl are skipped)."""
-    from posttrain.silo.agents import make_agent
-    from posttrain.silo.prompts import PROMPT_SETS, SCAFFOLDS
-    from posttrain.silo.runner import AgentSpec, SweepConfig, run_sweep
+    from posttrain.benchmarks.silo.agents import make_agent
+    from posttrain.benchmarks.silo.prompts import PROMPT_SETS, SCAFFOLDS
+    from posttrain.benchmarks.silo.runner import AgentSpec, SweepConfig, run_sweep
 
     if prompt_set not in PROMPT_SETS:
         raise typer.BadParameter(f"--prompt-set: unknown {prompt_set!r}; known: {', '.join(PROMPT_SETS)}")
@@ -276,7 +276,7 @@ def report_cmd(
     ),
 ) -> None:
     """Table 1 layout (terminal + report.md), failure modes, Table 2 (oracle RCC), plots, report.json."""
-    from posttrain.silo.report import compare_scorings, write_report
+    from posttrain.benchmarks.silo.report import compare_scorings, write_report
     from posttrain.utils.io import atomic_write_text
     from posttrain.utils.tables import markdown_table, print_table
 
@@ -295,7 +295,7 @@ def report_cmd(
             atomic_write_text(
                 path,
                 "# SR and PCS of one sweep in each scoring mode\n\nThe same transcripts scored by "
-                "`default` and by `paper` (posttrain.silo.scoring).\n\n" + markdown_table(columns, body),
+                "`default` and by `paper` (posttrain.benchmarks.silo.scoring).\n\n" + markdown_table(columns, body),
             )
             written.append(path)
     except (FileNotFoundError, ValueError) as e:
@@ -313,7 +313,7 @@ def bench_silo_cmd(
     json_path: Path | None = typer.Option(None, "--json", help="write the measurements here"),
 ) -> None:
     """Time the SILO-BENCH grid with scripted agents: wall, peak RSS, engine overhead, success."""
-    from posttrain.bench.silo import run_silo_bench
+    from posttrain.benchmarks.silo.bench import run_silo_bench
     from posttrain.utils.io import atomic_write_json
     from posttrain.utils.progress import progress_bar
     from posttrain.utils.tables import print_table

@@ -80,7 +80,7 @@ def rl(
         None, help="key=value overrides, e.g. steps=50 objective.name=dgpo"
     ),
     config: Path | None = typer.Option(
-        None, "--config", "-c", help="YAML config (see src/posttrain/configs/)"
+        None, "--config", "-c", help="YAML config (src/posttrain/configs/, src/posttrain/recipes/<method>/)"
     ),
     resume: bool = _RESUME,
     overwrite: bool = _OVERWRITE,

@@ -3,7 +3,18 @@
 
 from posttrain.envs.base import ENVS, Env, StepResult, check_step, env_factory, list_envs, register_env
 from posttrain.envs.sales import CATALOG, CRITERIA, STORE_PROMPT, SalesEnv, SalesTask, ScriptedSeller
-from posttrain.envs.sales_llm import SalesLLMEnv  # registers 'sales-llm'
+
+# the LLM-played buyer needs an HTTP client (httpx): listed, imported on first use
+ENVS.register_lazy("sales-llm", "posttrain.envs.sales_llm:SalesLLMEnv")
+
+
+def __getattr__(name: str) -> object:
+    if name == "SalesLLMEnv":  # imported on first use (keeps httpx out of `import posttrain.envs`)
+        from posttrain.envs.sales_llm import SalesLLMEnv
+
+        return SalesLLMEnv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CATALOG",

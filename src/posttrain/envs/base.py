@@ -107,7 +107,7 @@ def check_step(env: Env, res: Any, turn: int) -> StepResult:
 
 
 EnvFactory = Callable[..., Env]
-ENVS: Registry[EnvFactory] = Registry("environment")
+ENVS: Registry[EnvFactory] = Registry("environment", group="posttrain.envs")
 ENVS.accept(any_callable, "a factory (**params) -> Env (a function or an Env class)")
 
 

@@ -31,10 +31,9 @@ from typing import Any
 import httpx
 from pydantic import Field, ValidationError, field_validator
 
+from posttrain.clients import AgentError, OpenAIChatAgent
 from posttrain.envs.base import StepResult, register_env
 from posttrain.envs.sales import SalesEnv
-from posttrain.silo.agents.base import AgentError
-from posttrain.silo.agents.openai_client import OpenAIChatAgent
 from posttrain.utils.config import StrictModel
 
 CUSTOMER_PROMPT = (

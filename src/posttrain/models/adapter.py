@@ -85,7 +85,13 @@ class ModelAdapter(Protocol):
         ...
 
 
-ADAPTERS: Registry[type] = Registry("model adapter")
+#: What an adapter borrows from higher layers (generation engine, atomic model-dir writer), listed
+#: lazily so that ``posttrain.models`` imports neither ``rollout`` nor ``train`` (layers point down).
+SERVICES: Registry[Any] = Registry("model-adapter service")
+SERVICES.register_lazy("hf-engine", "posttrain.rollout.hf:HFEngine")
+SERVICES.register_lazy("save-model-dir", "posttrain.train.checkpoint:save_model_dir")
+
+ADAPTERS: Registry[type] = Registry("model adapter", group="posttrain.model_adapters")
 """Adapter classes by kind; each has a ``load(spec, *, dtype, device, seed)`` class method. A plug-in
 (``model.adapter: package.module:MyAdapter``) is any class with that ``load`` class method."""
 
@@ -143,7 +149,7 @@ class CausalLMAdapter:
         )
 
     def engine(self, *, seed: int = 0, max_batch_size: int | None = None) -> Any:
-        from posttrain.rollout.hf import HFEngine
+        HFEngine = SERVICES.get("hf-engine")
 
         return HFEngine(self.model, self.tokenizer, seed=seed, max_batch_size=max_batch_size)
 
@@ -159,9 +165,7 @@ class CausalLMAdapter:
         return self.engine(seed=seed).generate(prompt_ids, n, params)
 
     def save(self, path: str | Path) -> Path:
-        from posttrain.train.checkpoint import save_model_dir
-
-        return save_model_dir(self.model, self.tokenizer, path)
+        return SERVICES.get("save-model-dir")(self.model, self.tokenizer, path)
 
 
 def load_adapter(

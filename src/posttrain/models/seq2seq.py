@@ -15,7 +15,7 @@ progress) trains a T5 unchanged: ``SFTTrainer(cfg, adapter=Seq2SeqAdapter(...), 
 
 Weights are drawn by T5's own initialiser under a private seeded RNG. A preset loaded by name gets the
 character tokenizer (``posttrain.models.tokenizer``) plus ``<extra_id_0..99>``; the DSMT workflow
-(``posttrain.scpg``) builds a word-level tokenizer over its corpus instead (:func:`build_word_tokenizer`).
+(``posttrain.studies.scpg``) builds a word-level tokenizer over its corpus instead (:func:`build_word_tokenizer`).
 Any local T5 / encoder-decoder directory (``save_pretrained`` layout) loads with ``local_files_only``.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from posttrain.models.adapter import ADAPTERS
+from posttrain.models.adapter import ADAPTERS, SERVICES
 from posttrain.models.loading import ModelSpecError, pick_device, resolve_dtype, resolve_model_dir
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
 
@@ -311,6 +311,4 @@ class Seq2SeqAdapter:
         return [" ".join(o.split()) for o in outs]
 
     def save(self, path: str | Path) -> Path:
-        from posttrain.train.checkpoint import save_model_dir
-
-        return save_model_dir(self.model, self.tokenizer, path)
+        return SERVICES.get("save-model-dir")(self.model, self.tokenizer, path)

@@ -72,7 +72,7 @@ def marker_of(example: Example, override: str | None = None) -> str | None:
     return m if isinstance(m, str) and m else None
 
 
-REWARDS: Registry[type] = Registry("reward")
+REWARDS: Registry[type] = Registry("reward", group="posttrain.rewards")
 
 
 def register_reward(name: str, *, aliases: tuple[str, ...] = ()):

@@ -90,9 +90,9 @@ class RewardSourceFactory(Protocol):
     def __call__(self, ctx: RewardSourceContext, /, **params: Any) -> RewardSource: ...
 
 
-ENGINES: Registry[EngineFactory] = Registry("rollout engine")
-RUNNERS: Registry[RunnerFactory] = Registry("episode runner")
-REWARD_SOURCES: Registry[RewardSourceFactory] = Registry("reward source")
+ENGINES: Registry[EngineFactory] = Registry("rollout engine", group="posttrain.engines")
+RUNNERS: Registry[RunnerFactory] = Registry("episode runner", group="posttrain.runners")
+REWARD_SOURCES: Registry[RewardSourceFactory] = Registry("reward source", group="posttrain.reward_sources")
 for _reg, _what in ((ENGINES, "RolloutEngine"), (RUNNERS, "EpisodeRunner"), (REWARD_SOURCES, "RewardSource")):
     _reg.accept(any_callable, f"a factory (ctx, **params) -> {_what} (a function or a class)")
 
@@ -170,6 +170,7 @@ def build_reward_source(
     return _build(REWARD_SOURCES, name, params, ctx)
 
 
-# PaTaRM judge components (reward sources 'judge' / 'par', runner 'par'; posttrain.rm.sources); imported
-# last because posttrain.rm.sources registers into the registries above
-from posttrain.rm import sources as _rm_sources  # noqa: E402,F401
+# PaTaRM judge components live in the patarm recipe (a higher layer): listed here, imported on first use
+REWARD_SOURCES.register_lazy("judge", "posttrain.recipes.patarm.sources:judge_reward_source")
+REWARD_SOURCES.register_lazy("par", "posttrain.recipes.patarm.sources:par_reward_source")
+RUNNERS.register_lazy("par", "posttrain.recipes.patarm.sources:par_runner")

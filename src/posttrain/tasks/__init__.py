@@ -26,8 +26,8 @@ from posttrain.tasks.jsonl import DatasetError, JsonlTask, gsm8k_final, last_box
 from posttrain.utils.registry import subclass_of
 
 TASKS.accept(subclass_of(Task), "a subclass of posttrain.tasks.Task")
-
-from posttrain.rm import preference_task as _preference_task  # noqa: E402,F401  (task "preferences")
+# pairwise preference data of the PaTaRM recipe (a higher layer): listed, imported on first use
+TASKS.register_lazy("preferences", "posttrain.recipes.patarm.preference_task:PreferenceTask")
 
 __all__ = [
     "DEFAULT_MARKER",

@@ -90,7 +90,7 @@ class Task:
         return f"{type(self).__name__}({args})"
 
 
-TASKS: Registry[type[Task]] = Registry("task")
+TASKS: Registry[type[Task]] = Registry("task", group="posttrain.tasks")
 
 
 def register_task(name: str, *, aliases: tuple[str, ...] = ()):

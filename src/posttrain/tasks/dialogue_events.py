@@ -20,7 +20,7 @@ are extended with ``ood`` (:data:`posttrain.tasks.base.OPTIONAL_SPLITS`).
 Reward (``event_label``, :mod:`posttrain.rewards.events`): 1 for the gold label, 0 for another valid
 label, ``−format_penalty`` (default 1, λ_fmt of APARL's reward ``R = acc − λ_fmt·1[format invalid]``)
 when the first line of the completion is not one of the 20 labels. :func:`classification_scores`
-gives accuracy and macro-F1 (the paper's metric) from predictions; :func:`evaluate_event_detection`
+gives accuracy and macro-F1 (the paper's metric) from predictions; :func:`posttrain.train.event_eval.evaluate_event_detection`
 runs a policy greedily on the in-domain and OOD splits.
 
 JSONL (``path=...``; read like the ``jsonl`` task's files, so ``.json`` arrays and ``.parquet`` work
@@ -438,37 +438,18 @@ class DialogueEventsTask(Task):
         }
 
 
-def evaluate_event_detection(
-    trainer: Any, *, splits: Sequence[str] = ("heldout", "ood"), n: int | None = None
-) -> dict[str, dict[str, float]]:
-    """Greedy accuracy and macro-F1 of a :class:`~posttrain.train.rl.RLTrainer`'s policy on the
-    task's in-domain (``heldout``) and ``ood`` splits, with its own engine and runner (the training
-    RNG is untouched)."""
-    from posttrain.rollout import EngineContext, RunnerContext, SamplingParams, build_engine, build_runner
-    from posttrain.train.evaluate import EVAL_SEED
+def __getattr__(name: str) -> Any:
+    """``evaluate_event_detection`` moved to :mod:`posttrain.train.event_eval` (a task does not import
+    the trainer: layers point down); the old name works for one release with a DeprecationWarning."""
+    if name == "evaluate_event_detection":
+        import importlib
+        import warnings
 
-    cfg, task = trainer.cfg, trainer.task
-    engine = build_engine(
-        cfg.rollout.engine.name,
-        cfg.rollout.engine.params,
-        EngineContext(
-            trainer.model, trainer.tokenizer, seed=EVAL_SEED, max_batch_size=cfg.rollout.max_batch_size
-        ),
-    )
-    runner = build_runner(
-        cfg.rollout.runner.name,
-        cfg.rollout.runner.params,
-        RunnerContext(engine, trainer.formatter, trainer.tokenizer, seed=EVAL_SEED),
-    )
-    labels = getattr(task, "labels", EVENTS)
-    out: dict[str, dict[str, float]] = {}
-    for s in splits:
-        exs = task.split(s)[: n or None]
-        eps = runner.run(
-            exs,
-            [1] * len(exs),
-            SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, logprobs=False),
+        warnings.warn(
+            "posttrain.tasks.dialogue_events.evaluate_event_detection moved to "
+            "posttrain.train.event_eval.evaluate_event_detection",
+            DeprecationWarning,
+            stacklevel=2,
         )
-        preds = [parse_label(t, labels) for t in eps.texts]
-        out[s] = classification_scores(preds, [e.answer for e in eps.examples])
-    return out
+        return importlib.import_module("posttrain.train.event_eval").evaluate_event_detection
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

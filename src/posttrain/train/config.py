@@ -394,9 +394,9 @@ class CheckpointConfig(StrictModel):
 
 
 def _hook(registry_attr: str, v: ComponentSpec) -> ComponentSpec:
-    import posttrain.sampling as sampling
+    import posttrain.hooks as hooks
 
-    registry = getattr(sampling, registry_attr)
+    registry = getattr(hooks, registry_attr)
     if registry_attr == "SAMPLERS":  # the trainer passes the training examples and the run's seed
         _check_spec(v, registry, skip_positional=1, reserved=("seed",))
     else:
@@ -412,7 +412,7 @@ def _hook(registry_attr: str, v: ComponentSpec) -> ComponentSpec:
 
 
 class HooksConfig(StrictModel):
-    """Loop hooks (``posttrain.sampling`` registries; ``package.module:Name`` for a plug-in). A hook's
+    """Loop hooks (``posttrain.hooks`` registries; ``package.module:Name`` for a plug-in). A hook's
     ``params`` are its constructor's keyword arguments (a sampler also receives the training examples
     and ``seed`` from the trainer)."""
 

@@ -168,7 +168,7 @@ def check_rl_hooks(
             f"hooks.sampler {type(sampler).__name__} filters groups (extra sampling rounds), which "
             "multi-process training does not support yet; run it in one process"
         )
-    from posttrain.sampling.hooks import NoReplay
+    from posttrain.hooks.base import NoReplay
 
     if not isinstance(replay, NoReplay):
         raise ValueError(
@@ -530,7 +530,7 @@ def shard(items: list[T]) -> list[T]:
 
 
 def shard_plan(plan: Any) -> Any:
-    """Rank r's contiguous block of the global :class:`~posttrain.sampling.PromptPlan` (all of it in one
+    """Rank r's contiguous block of the global :class:`~posttrain.hooks.PromptPlan` (all of it in one
     process). Prompts of a block keep their order, so concatenating the ranks' outcomes in rank order
     gives the global plan's order."""
     n = world_size()

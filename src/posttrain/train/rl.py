@@ -3,8 +3,8 @@
 :meth:`RLTrainer.step` runs five phases, each a method a reader can find and a test can call:
 
 1. :meth:`~RLTrainer.rollout` (**plan + rollout**) — controllers set the knobs (temperature τ); the
-   :class:`~posttrain.sampling.PromptSampler` picks prompts and a completion budget per prompt (groups
-   may differ in size); a :class:`~posttrain.sampling.ReplayBuffer` may supply stored trajectories for
+   :class:`~posttrain.hooks.PromptSampler` picks prompts and a completion budget per prompt (groups
+   may differ in size); a :class:`~posttrain.hooks.ReplayBuffer` may supply stored trajectories for
    some group slots; the :class:`~posttrain.rollout.EpisodeRunner` samples the rest at τ. Rewards are
    *submitted* to the :class:`~posttrain.rollout.RewardSource` right away (a worker pool scores them in
    the background). Returns a :class:`StepRollout`: the episodes and the model inputs, with two masks —
@@ -14,7 +14,7 @@
    ``ppo_epochs > 1`` or ``minibatches > 1``), reference log-probs (only when a reference is used) and
    the first micro-batch's policy forward run while the rewards are being scored.
 3. :meth:`~RLTrainer.score` (**rewards → group shaping → advantages**) — raw rewards R_i, correctness
-   c_i = [R_i ≥ threshold]; a :class:`~posttrain.sampling.GroupRewardShaper` maps them to R'_i seeing
+   c_i = [R_i ≥ threshold]; a :class:`~posttrain.hooks.GroupRewardShaper` maps them to R'_i seeing
    whole groups; the advantage estimator gives A_i from R', the group ids and the runner's
    ``advantage_inputs`` (e.g. GRPO: (R'_i − μ_g)/(σ_g + ε)).
 4. :meth:`~RLTrainer.update` — for each epoch and minibatch, gradients are accumulated over
@@ -57,6 +57,17 @@ import torch
 
 from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stats, kl_clamped, kl_penalty
 from posttrain.algos.kl import KL_ESTIMATORS
+from posttrain.hooks import (
+    CONTROLLERS,
+    GROUP_SHAPERS,
+    REPLAY_BUFFERS,
+    SAMPLERS,
+    GroupOutcome,
+    Knobs,
+    PromptPlan,
+    RunInfo,
+    Trajectory,
+)
 from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
 from posttrain.rollout import (
     EngineContext,
@@ -75,17 +86,6 @@ from posttrain.rollout import (
 )
 from posttrain.rollout.episodes import cat_row_inputs
 from posttrain.rollout.reward_source import RewardHandle, _Ready
-from posttrain.sampling import (
-    CONTROLLERS,
-    GROUP_SHAPERS,
-    REPLAY_BUFFERS,
-    SAMPLERS,
-    GroupOutcome,
-    Knobs,
-    PromptPlan,
-    RunInfo,
-    Trajectory,
-)
 from posttrain.train import dist
 from posttrain.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from posttrain.train.config import RLConfig
@@ -230,7 +230,7 @@ class RLTrainer:
     """GRPO-family RL trainer. ``RLTrainer(config).train()`` runs a full experiment;
     ``RLTrainer(config, model, tokenizer).step()`` does exactly one step (used by ``posttrain bench``).
 
-    Hooks are built from ``config.hooks`` via the registries in :mod:`posttrain.sampling`; engine,
+    Hooks are built from ``config.hooks`` via the registries in :mod:`posttrain.hooks`; engine,
     episode runner and reward source from ``rollout.engine``, ``rollout.runner`` and ``reward.source``
     via :mod:`posttrain.rollout.registry`. A ``runner`` or ``reward_source`` object can also be passed
     in directly (programmatic use).

@@ -7,7 +7,7 @@ Epoch shuffling
 epoch. Its state is ``{"epoch": e, "pos": p}`` (JSON), and the permutation of epoch e is a pure function
 of (n, seed, e), so a resumed run draws exactly the indices it would have drawn. Two orders exist:
 
-``"seeded"`` (the RL prompt sampler, :class:`posttrain.sampling.UniformSampler`)
+``"seeded"`` (the RL prompt sampler, :class:`posttrain.hooks.UniformSampler`)
     epoch e is ``random.Random(seed + e).shuffle(list(range(n)))``, read front to back.
 
 ``"stream"`` (SFT)

@@ -13,6 +13,19 @@ checked to be of the registry's kind. One code path serves all registries::
 
 A registry's ``accept(adapt, expected)`` sets how an imported object becomes an entry: ``adapt(obj)``
 returns the entry, or None when ``obj`` is not of the kind (then the error quotes ``expected``).
+
+**Lazy registration.** ``reg.register_lazy("judge", "posttrain.recipes.patarm.sources:judge_source")``
+lists a name whose code lives in a higher layer (or an optional dependency) without importing it: the
+name shows in ``names()``, ``in`` and the did-you-mean hints, and the first ``get`` imports the module
+(whose ``@register`` decorator may register the name itself) and takes the attribute. This is how the
+core lists the method recipes while no lower layer imports a higher one.
+
+**Entry points.** A registry built with ``group="posttrain.samplers"`` also lists the
+``importlib.metadata`` entry points of that group (read once, on first use), each as a lazy entry: an
+installed package adds a method without editing posttrain::
+
+    [project.entry-points."posttrain.samplers"]
+    my-sampler = "my_lab.sampling:MySampler"
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -74,15 +88,28 @@ def import_object(spec: str, kind: str = "object") -> Any:
     return obj
 
 
+_INSTANCES: weakref.WeakSet[Registry[Any]] = weakref.WeakSet()
+
+
+def all_registries() -> list[Registry[Any]]:
+    """Every registry created so far (the tests' snapshot fixture restores them all)."""
+    return list(_INSTANCES)
+
+
 class Registry(Generic[T]):
     """`reg = Registry("policy loss")`; `@reg.register("ppo", aliases=("grpo",))`; `reg.get("ppo")`;
     `reg.get("my_pkg.mod:Name")` imports a plug-in."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, group: str | None = None) -> None:
         self.kind = kind
+        self.group = group  # importlib.metadata entry-point group read on first use (None: none)
         self._items: dict[str, T] = {}
         self._aliases: dict[str, str] = {}
+        self._lazy: dict[str, str] = {}  # name -> "module:attr", imported on first get
+        self._lazy_aliases: dict[str, str] = {}
         self._plugins: dict[str, T] = {}
+        self._entry_points_read = group is None
+        _INSTANCES.add(self)
         self._adapt: Callable[[Any], T | None] = lambda obj: obj
         self._expected = "an object of this kind"
 
@@ -96,11 +123,61 @@ class Registry(Generic[T]):
                 if key in self._items or key in self._aliases:
                     raise ValueError(f"{self.kind} {key!r} is already registered")
             self._items[name] = obj
+            self._lazy.pop(name, None)  # a lazy entry whose module registers it on import
             for a in aliases:
                 self._aliases[a] = name
+                self._lazy_aliases.pop(a, None)
             return obj
 
         return deco
+
+    def register_lazy(self, name: str, target: str, *, aliases: tuple[str, ...] = ()) -> None:
+        """List ``name`` now, import ``target`` (``"package.module:attr"``) on its first ``get``.
+
+        The import may register ``name`` itself (a ``@register(name)`` decorator in that module);
+        otherwise the attribute, adapted like a plug-in, becomes the entry."""
+        if not is_import_path(target):
+            raise ValueError(f"{self.kind} {name!r}: lazy target {target!r} must be 'package.module:attr'")
+        for key in (name, *aliases):
+            if is_import_path(key):
+                raise ValueError(f"{self.kind} name {key!r} must not contain ':' (reserved for import paths)")
+            if key in self._items or key in self._aliases or key in self._lazy or key in self._lazy_aliases:
+                raise ValueError(f"{self.kind} {key!r} is already registered")
+        self._lazy[name] = target
+        for a in aliases:
+            self._lazy_aliases[a] = name
+
+    def _read_entry_points(self) -> None:
+        if self._entry_points_read:
+            return
+        self._entry_points_read = True
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=self.group or ""):
+            if ep.name in self:  # a built-in name wins; the installed plug-in stays reachable by path
+                continue
+            self.register_lazy(ep.name, ep.value)
+
+    def reload_entry_points(self) -> None:
+        """Read the entry-point group again (after installing a package in a running process)."""
+        self._entry_points_read = self.group is None
+        self._read_entry_points()
+
+    def _resolve_lazy(self, name: str) -> None:
+        """Import a lazy entry: its module may register it; else adapt the attribute."""
+        target = self._lazy[name]
+        obj = import_object(target, self.kind)
+        if name in self._items:  # the module's decorator registered it
+            return
+        entry = self._adapt(obj)
+        if entry is None:
+            what = type(obj).__name__ if not isinstance(obj, type) else f"class {obj.__name__}"
+            raise PluginError(f"{self.kind} {name!r} ({target}) is a {what}; expected {self._expected}")
+        aliases = [a for a, n in self._lazy_aliases.items() if n == name]
+        del self._lazy[name]
+        for a in aliases:
+            del self._lazy_aliases[a]
+        self.register(name, aliases=tuple(aliases))(entry)
 
     def accept(self, adapt: Callable[[Any], T | None], expected: str) -> None:
         """How an imported plug-in object becomes an entry: ``adapt(obj)`` -> entry, or None when
@@ -113,6 +190,11 @@ class Registry(Generic[T]):
         if is_import_path(name):
             self.get(name)  # raises when the plug-in is unusable
             return name
+        self._read_entry_points()
+        if name in self._lazy_aliases:
+            name = self._lazy_aliases[name]
+        if name in self._lazy:
+            self._resolve_lazy(name)
         if name in self._items:
             return name
         if name in self._aliases:
@@ -156,20 +238,49 @@ class Registry(Generic[T]):
         )
 
     def entries(self) -> Iterable[T]:
-        """Registered entries (without plug-ins)."""
+        """Registered entries (without plug-ins and without lazy entries not imported yet)."""
         return self._items.values()
 
+    def is_lazy(self, name: str) -> bool:
+        """True while ``name`` is listed lazily and its module has not been imported."""
+        self._read_entry_points()
+        return name in self._lazy or name in self._lazy_aliases
+
     def names(self, *, include_aliases: bool = False) -> list[str]:
-        names = list(self._items)
+        self._read_entry_points()
+        names = list(self._items) + list(self._lazy)
         if include_aliases:
-            names += list(self._aliases)
+            names += list(self._aliases) + list(self._lazy_aliases)
         return sorted(names)
 
+    def snapshot(self) -> tuple[dict[str, Any], ...]:
+        """The registry's state, for :meth:`restore` (tests: registrations made by one test do not leak)."""
+        return (
+            dict(self._items),
+            dict(self._aliases),
+            dict(self._lazy),
+            dict(self._lazy_aliases),
+            dict(self._plugins),
+        )
+
+    def restore(self, state: tuple[dict[str, Any], ...]) -> None:
+        """Put back a :meth:`snapshot` (entries resolved since then are kept: they are the same objects)."""
+        items, aliases, lazy, lazy_aliases, plugins = (dict(d) for d in state)
+        resolved = {k: v for k, v in self._items.items() if k in lazy}  # lazily imported meanwhile
+        resolved_aliases = {a: n for a, n in self._aliases.items() if n in resolved}
+        self._items, self._aliases, self._plugins = items, aliases, plugins
+        self._items.update(resolved)
+        self._aliases.update(resolved_aliases)
+        self._lazy = {k: v for k, v in lazy.items() if k not in resolved}
+        self._lazy_aliases = {a: n for a, n in lazy_aliases.items() if n not in resolved}
+
     def __contains__(self, name: object) -> bool:
-        return name in self._items or name in self._aliases
+        if isinstance(name, str):
+            self._read_entry_points()
+        return name in self._items or name in self._aliases or name in self._lazy or name in self._lazy_aliases
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._items))
+        return iter(self.names())
 
 
 # ------------------------------------------------------------------------------------- adapters

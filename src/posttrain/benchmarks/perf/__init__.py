@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks of the training core (`posttrain bench rl-step`, `posttrain bench losses`)."""

@@ -1,0 +1,311 @@
+"""Hook interfaces of the RL loop, with trivial default implementations.
+
+The loop in ``posttrain.train.rl`` calls only these interfaces. Methods plug in by subclassing and
+registering under a name, then selecting it in the config (``hooks.sampler.name`` etc.):
+
+==================  ======================================  ==============================================
+interface           called                                  methods it is for (paper)
+==================  ======================================  ==============================================
+PromptSampler       before rollout: which prompts, how      E3 per-prompt budgets (arXiv:2505.18573,
+                    many completions each; after rewards:   Alg. 1), APARL curriculum (arXiv:2507.01327),
+                    keep/resample groups; observe outcomes  DAPO dynamic sampling (arXiv:2503.14476)
+Controller          before each step (set knobs) and        E3 entropy-targeting temperature (arXiv:
+                    after it (update from metrics)          2505.18573, Eq. 4): the knob is used for
+                                                            rollout AND training logits
+ReplayBuffer        before rollout: trajectories to put     failure / experience replay (NexGRPO, ACL 2026
+                    into groups; after rewards: observe;    2026.acl-long.1682; ExGRPO, arXiv:2510.02245):
+                    importance weights for replayed tokens  replayed tokens get per-token ``is_weights``
+GroupRewardShaper   after rewards, before the advantage,    ASRR accuracy-gated length penalty (arXiv:
+                    seeing whole groups                     2505.15400, Eqs. 5-7), DAPO overlong shaping
+==================  ======================================  ==============================================
+
+State for checkpoints: ``state_dict()`` returns JSON-serialisable data (no pickle anywhere).
+Samplers may report numbers about their latest plan via ``metrics()`` (logged as ``sampler/<key>``);
+controllers get the vocabulary size and configured steps once via ``bind(RunInfo)`` and read the
+step's metrics (``entropy_pre_update``: no-grad entropy of the sampling policy at τ) in ``update``.
+A hook class may define ``validate_params(params)`` (raise ValueError naming the key): the config
+calls it when it is loaded, so bad values are config errors. Implementations of the methods above:
+:mod:`posttrain.recipes.e3.hooks`, :mod:`posttrain.recipes.asrr.hooks`, :mod:`posttrain.recipes.dapo.hooks`
+(``docs/sampling-methods.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from posttrain.utils.data import EpochShuffler
+from posttrain.utils.registry import Registry
+
+SAMPLERS: Registry[type[PromptSampler]] = Registry("prompt sampler", group="posttrain.samplers")
+CONTROLLERS: Registry[type[Controller]] = Registry("controller", group="posttrain.controllers")
+REPLAY_BUFFERS: Registry[type[ReplayBuffer]] = Registry("replay buffer", group="posttrain.replay_buffers")
+GROUP_SHAPERS: Registry[type[GroupRewardShaper]] = Registry("group reward shaper", group="posttrain.shapers")
+
+
+# --------------------------------------------------------------------------------------------- data
+@dataclass
+class PromptPlan:
+    """The prompts of one rollout round and how many completions each gets (variable group sizes)."""
+
+    examples: list[Any]
+    n_per_prompt: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.examples) != len(self.n_per_prompt):
+            raise ValueError(
+                f"PromptPlan: {len(self.examples)} examples but {len(self.n_per_prompt)} group sizes"
+            )
+        if any(n < 0 for n in self.n_per_prompt):
+            raise ValueError(f"PromptPlan: negative group size in {self.n_per_prompt}")
+
+
+@dataclass
+class GroupOutcome:
+    """What happened to one prompt's group: raw rewards, correctness, completion lengths (tokens)."""
+
+    example: Any
+    rewards: list[float]
+    correct: list[bool]
+    lengths: list[int]
+
+    @property
+    def accuracy(self) -> float:
+        return sum(self.correct) / len(self.correct) if self.correct else 0.0
+
+    @property
+    def zero_variance(self) -> bool:
+        return len(self.rewards) < 2 or max(self.rewards) - min(self.rewards) < 1e-12
+
+
+@dataclass
+class Knobs:
+    """Per-step settings that controllers may change. ``temperature`` is used both for sampling and for
+    the training log-probs (logits / T), which keeps old_logp, logp and the ratios consistent (E3)."""
+
+    temperature: float
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a hook may need to know about the run (given once via ``bind``): the policy's vocabulary
+    size and the number of steps the run is configured for; for samplers and replay buffers that score
+    text with the policy (APARL perplexities, NexGRPO embeddings) also the policy's
+    :class:`~posttrain.models.ModelAdapter` (``policy``, None outside the trainer), the prompt encoder
+    (``encode_prompt``: prompt text -> ids, with the run's template) and ``chunk_size`` for log-probs."""
+
+    vocab_size: int
+    total_steps: int
+    policy: Any = None
+    encode_prompt: Any = None
+    chunk_size: int = 1024
+
+
+@dataclass
+class Trajectory:
+    """A stored completion: token ids, per-token log-probs under the policy that produced it.
+
+    ``action_mask`` (same length; None = all 1) marks the policy's tokens of a multi-turn episode
+    (environment tokens 0); ``advantage_inputs`` holds the episode's row of each advantage input the
+    runner produced (a number, or a list with one entry per completion token for per-token inputs),
+    so a replayed trajectory can join fresh episodes that carry them. Plain JSON data, so buffers can
+    checkpoint it.
+    """
+
+    completion_ids: list[int]
+    logp_past: list[float]
+    finish_reason: str = "stop"
+    action_mask: list[int] | None = None
+    advantage_inputs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.completion_ids) != len(self.logp_past):
+            raise ValueError("Trajectory: completion_ids and logp_past must have the same length")
+        if self.action_mask is not None and len(self.action_mask) != len(self.completion_ids):
+            raise ValueError("Trajectory: action_mask must have one entry per completion token")
+
+
+# ---------------------------------------------------------------------------------------- interfaces
+class PromptSampler(ABC):
+    """Chooses prompts and per-prompt completion budgets.
+
+    ``filters_groups``: when True the loop waits for rewards, calls :meth:`keep_groups` and, while
+    fewer than the requested groups were kept, samples another round (at most ``max_rounds``).
+    """
+
+    filters_groups: bool = False
+    max_rounds: int = 1
+
+    @abstractmethod
+    def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan: ...
+
+    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+        """Called once by the trainer before the first step (policy, prompt encoder, configured steps)."""
+
+    def keep_groups(self, outcomes: list[GroupOutcome]) -> list[bool]:
+        return [True] * len(outcomes)
+
+    def observe_eval(self, result: dict[str, Any], step: int) -> None:  # noqa: B027 - optional hook
+        """The trainer's held-out evaluation (``accuracy`` ...) after ``step`` steps (curricula)."""
+
+    def observe(self, outcomes: list[GroupOutcome], step: int) -> None:  # noqa: B027 - optional hook
+        """Statistics after each step (difficulty ranks, curriculum)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers about the latest step's plan, logged as ``sampler/<key>`` (e.g. budgets, rounds)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class Controller(ABC):
+    """Updates a knob from the metrics of the finished step; applies it before the next one."""
+
+    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+        """Called once by the trainer before the first step (vocabulary size, configured steps)."""
+
+    @abstractmethod
+    def apply(self, knobs: Knobs, step: int) -> None: ...
+
+    @abstractmethod
+    def update(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        """Returns metrics to log (e.g. the new temperature)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class ReplayBuffer(ABC):
+    """Offers stored trajectories to put into groups next to fresh samples (off-policy)."""
+
+    #: True when the buffer needs the per-token sampling log-probs of fresh rollouts in :meth:`observe`
+    #: (to store them as ``Trajectory.logp_past``). The trainer then refuses an engine whose batches
+    #: come without log-probs, instead of failing inside the buffer.
+    needs_logprobs: bool = False
+
+    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+        """Called once by the trainer before the first step (e.g. the policy, for embeddings)."""
+
+    def mix(self, plan: PromptPlan, step: int) -> PromptPlan:
+        """The plan to roll out: by default the sampler's; a buffer may swap some prompts for stored
+        questions (the ExGRPO batch mix, arXiv:2510.02245 §3). Called before :meth:`draw`."""
+        return plan
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers about the buffer (size, replayed, gated), logged as ``replay/<key>``."""
+        return {}
+
+    @abstractmethod
+    def draw(self, plan: PromptPlan, step: int) -> list[list[Trajectory]]:
+        """For each prompt of the plan, the trajectories to include in its group (at most its size;
+        the loop samples the rest fresh)."""
+
+    def observe(self, episodes: Any, rewards: torch.Tensor, correct: torch.Tensor, step: int) -> None:  # noqa: B027
+        """See the scored episodes of a step (store failures, update statistics)."""
+
+    def is_weights(self, logp: torch.Tensor, logp_past: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-token importance weights of replayed tokens, default ``min(exp(logp − logp_past), 10)``
+        with ``logp`` detached (π_θ / π_past, the off-policy correction of experience replay as in
+        ExGRPO, arXiv:2510.02245)."""
+        w = torch.exp((logp.detach() - logp_past).clamp(-20, 20)).clamp(max=10.0)
+        return torch.where(mask.bool(), w, torch.ones_like(w))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class GroupRewardShaper(ABC):
+    """Maps raw rewards to shaped rewards with whole-group statistics visible."""
+
+    @abstractmethod
+    def shape(
+        self,
+        rewards: torch.Tensor,
+        group_ids: torch.Tensor,
+        *,
+        correct: torch.Tensor,
+        lengths: torch.Tensor,
+        truncated: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
+# ----------------------------------------------------------------------------------------- defaults
+@SAMPLERS.register("uniform")
+class UniformSampler(PromptSampler):
+    """Epoch-wise shuffled pass over the training examples, ``group_size`` completions per prompt.
+
+    Order for epoch e is a permutation drawn from ``random.Random(seed + e)`` (the ``"seeded"`` order
+    of :class:`posttrain.utils.data.EpochShuffler`, shared with SFT), so the state is just
+    (epoch, position) and resumes exactly."""
+
+    def __init__(self, examples: list[Any], *, seed: int = 0) -> None:
+        if not examples:
+            raise ValueError("UniformSampler: the training split is empty")
+        self.examples = examples
+        self.seed = seed
+        self._shuffler = EpochShuffler(len(examples), seed=seed, order="seeded")
+
+    @property
+    def epoch(self) -> int:
+        return self._shuffler.epoch
+
+    @property
+    def pos(self) -> int:
+        return self._shuffler.pos
+
+    def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan:
+        picked = [self.examples[i] for i in self._shuffler.take(num_prompts)]
+        return PromptPlan(picked, [group_size] * num_prompts)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._shuffler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._shuffler.load_state_dict(state)
+
+
+@CONTROLLERS.register("constant-temperature")
+class ConstantTemperature(Controller):
+    """Keeps the temperature at ``value`` (the trivial controller; E3's entropy-targeting controller
+    implements the same interface)."""
+
+    def __init__(self, *, value: float = 1.0) -> None:
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"constant-temperature: value must be > 0, got {value}")
+        self.value = value
+
+    def apply(self, knobs: Knobs, step: int) -> None:
+        knobs.temperature = self.value
+
+    def update(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        return {"temperature": self.value}
+
+
+@REPLAY_BUFFERS.register("none")
+class NoReplay(ReplayBuffer):
+    """Replays nothing: every group is fresh and on-policy."""
+
+    def draw(self, plan: PromptPlan, step: int) -> list[list[Trajectory]]:
+        return [[] for _ in plan.examples]
+
+
+@GROUP_SHAPERS.register("none")
+class IdentityShaper(GroupRewardShaper):
+    """Leaves rewards unchanged."""
+
+    def shape(self, rewards, group_ids, *, correct, lengths, truncated):
+        return rewards

@@ -1,0 +1,1 @@
+"""The aparl recipe: see README.md in this folder."""

@@ -1,0 +1,345 @@
+"""APARL: perplexity-aware dual-loop curriculum (proposed design).
+
+Source: APARL, "Adaptive Perplexity-Aware Reinforcement Learning" for abnormal-event detection in
+customer-service dialogues (arXiv:2507.01327, EMNLP 2025 Industry). The abstract states a dual-loop
+dynamic curriculum that moves to harder samples as the model improves, with perplexity-aware sampling;
+it gives no perplexity definition, schedule or thresholds, so the rule below is a **proposed design**
+and every threshold is a parameter.
+
+* **Inner loop** (every step): DAPO dynamic sampling (arXiv:2503.14476 §3.3,
+  :class:`~posttrain.recipes.dapo.hooks.DAPOSampler`): groups whose rewards are all equal are dropped and,
+  while fewer than ``rollout.prompts_per_step`` groups are kept, another round is drawn (at most
+  ``max_rounds``; ``max_rounds: 1`` = drop only).
+* **Outer loop** (every ``stage_steps`` steps, default one pass over the pool): the policy's
+  perplexity of the gold answer given the prompt, ``PPL(x) = exp(−mean_t log π(y*_t | x))`` (answer
+  tokens + EOS, temperature 1), for every item still in the pool, computed in batches of
+  ``batch_size`` rows through the model adapter's chunked log-probs
+  (:func:`posttrain.models.sequence_logprobs`); the cost (seconds, rows, tokens) is logged as
+  ``sampler/ppl_*``. Items with ``PPL ≤ saturated_ppl`` or whose latest group was all correct are
+  **saturated** and leave the pool for good (never below ``min_pool`` items). The next stage samples
+  prompts with
+
+      p(x) ∝ 1[q(x) ≥ q_lo] · PPL(x)^γ,     q_lo = min(level · quantile_step, max_quantile)
+
+  where ``q(x)`` is x's perplexity rank in the pool scaled to [0, 1] (0 = lowest PPL). ``level``
+  starts at 0 and rises by one at each stage boundary where the accuracy signal is ≥
+  ``shift_accuracy``: the held-out accuracy of the trainer's latest evaluation
+  (``accuracy_source: heldout``; ``eval.every`` sets how often; before the first evaluation the
+  training-batch accuracy of the last stage is used) or the training-batch accuracy
+  (``accuracy_source: train``). So the pool shifts toward higher perplexity as accuracy rises.
+
+Example: gold-answer log-probs [−0.1, −0.5, −0.3] → PPL = exp(0.3) = 1.3499 (:func:`perplexity`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any
+
+import torch
+
+from posttrain.hooks.base import SAMPLERS, GroupOutcome, PromptPlan, RunInfo, UniformSampler
+from posttrain.models.logprobs import pad_right
+from posttrain.recipes.dapo.hooks import DAPOSampler
+
+
+# ------------------------------------------------------------------------------------ pure functions
+def perplexity(logps: list[float]) -> float:
+    """``exp(−mean(logps))``."""
+    if not logps:
+        raise ValueError("perplexity: no tokens")
+    return math.exp(-sum(logps) / len(logps))
+
+
+def quantile_floor(level: int, quantile_step: float, max_quantile: float) -> float:
+    """``q_lo = min(level · quantile_step, max_quantile)``."""
+    return min(level * quantile_step, max_quantile)
+
+
+def next_level(level: int, accuracy: float | None, shift_accuracy: float, max_level: int) -> int:
+    """The curriculum level after a stage: one up when ``accuracy ≥ shift_accuracy`` (capped)."""
+    if accuracy is not None and accuracy >= shift_accuracy:
+        return min(level + 1, max_level)
+    return level
+
+
+def aparl_weights(ppl: dict[str, float], *, gamma: float = 1.0, quantile_lo: float = 0.0) -> dict[str, float]:
+    """Sampling probabilities ``p(x) ∝ 1[q(x) ≥ q_lo] · PPL(x)^γ`` (q = perplexity rank scaled to
+    [0, 1], ties broken by id); they sum to 1 over the items kept."""
+    if not ppl:
+        return {}
+    order = sorted(ppl, key=lambda k: (ppl[k], k))
+    n = len(order)
+    q = {k: (i / (n - 1) if n > 1 else 1.0) for i, k in enumerate(order)}
+    raw = {k: ppl[k] ** gamma for k in order if q[k] >= quantile_lo - 1e-12}
+    s = sum(raw.values())
+    return {k: v / s for k, v in raw.items()}
+
+
+def gold_perplexities(
+    policy: Any,
+    encode_prompt: Any,
+    examples: list[Any],
+    *,
+    batch_size: int = 64,
+    chunk_size: int = 1024,
+) -> tuple[list[float], int]:
+    """PPL of each example's gold answer (+ EOS) after its prompt under ``policy`` (a model adapter),
+    in right-padded batches, no gradient. Returns (perplexities, answer tokens scored)."""
+    tok = policy.tokenizer
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    out: list[float] = []
+    tokens = 0
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        for start in range(0, len(examples), batch_size):
+            part = examples[start : start + batch_size]
+            rows = []
+            for ex in part:
+                p = list(encode_prompt(ex.prompt))
+                a = [int(t) for t in tok.encode(str(ex.answer), add_special_tokens=False)]
+                if eos is not None:
+                    a.append(int(eos))
+                rows.append((p, a))
+            ids, attn, score = pad_right(
+                [p + a for p, a in rows], pad, [[0] * len(p) + [1] * len(a) for p, a in rows]
+            )
+            dev = policy.device
+            with torch.no_grad():
+                lp, _ = policy.logprobs(ids.to(dev), attn.to(dev), score.to(dev), chunk_size=chunk_size)
+            lp = lp.float().cpu()
+            for i in range(len(rows)):
+                m = score[i].bool()
+                out.append(math.exp(-float(lp[i][m].mean())))
+                tokens += int(m.sum())
+    finally:
+        policy.model.train(was_training)
+    return out, tokens
+
+
+def _qid(example: Any) -> str:
+    return str(getattr(example, "id", None) or getattr(example, "prompt", example))
+
+
+# ------------------------------------------------------------------------------------------ sampler
+class _CurriculumDraw(UniformSampler):
+    """Draws prompts from the curriculum's weights (between :class:`DAPOSampler` and the uniform
+    sampler in :class:`APARLSampler`'s MRO, so DAPO's rounds and group filtering call this draw)."""
+
+    def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan:
+        self._round += 1
+        weights = self.weights
+        if not weights:  # no policy bound (outside the trainer): the uniform pass
+            return super().plan(step, num_prompts, group_size)
+        rng = random.Random(f"aparl:{self.seed}:{step}:{self._round}")
+        ids, w = list(weights), list(weights.values())
+        picked: list[str] = []
+        while len(picked) < num_prompts:  # without replacement; a pass over a small pool repeats
+            left_ids, left_w = list(ids), list(w)
+            while left_ids and len(picked) < num_prompts:
+                j = rng.choices(range(len(left_ids)), weights=left_w)[0]
+                picked.append(left_ids.pop(j))
+                left_w.pop(j)
+        exs = [self.by_id[q] for q in picked]
+        self._sampled_ppl = [self.ppl[q] for q in picked]
+        return PromptPlan(exs, [group_size] * num_prompts)
+
+
+@SAMPLERS.register("aparl")
+class APARLSampler(DAPOSampler, _CurriculumDraw):
+    """APARL dual-loop curriculum, **proposed design** (module docstring). Parameters: the DAPO inner
+    loop's ``max_rounds`` / ``oversample``; the outer loop's ``stage_steps`` (None = one pass over the
+    pool at ``rollout.prompts_per_step``), ``gamma`` (γ), ``quantile_step``, ``max_quantile``,
+    ``shift_accuracy``, ``accuracy_source`` (heldout | train), ``saturated_ppl``, ``drop_solved``
+    (an all-correct group saturates its item), ``min_pool``, ``batch_size`` (perplexity rows per
+    forward)."""
+
+    def __init__(
+        self,
+        examples: list[Any],
+        *,
+        seed: int = 0,
+        max_rounds: int = 10,
+        oversample: float = 1.0,
+        stage_steps: int | None = None,
+        gamma: float = 1.0,
+        quantile_step: float = 0.25,
+        max_quantile: float = 0.75,
+        shift_accuracy: float = 0.6,
+        accuracy_source: str = "heldout",
+        saturated_ppl: float = 1.05,
+        drop_solved: bool = True,
+        min_pool: int = 32,
+        batch_size: int = 64,
+    ) -> None:
+        self.validate_params(
+            {
+                "max_rounds": max_rounds,
+                "oversample": oversample,
+                "stage_steps": stage_steps,
+                "gamma": gamma,
+                "quantile_step": quantile_step,
+                "max_quantile": max_quantile,
+                "shift_accuracy": shift_accuracy,
+                "accuracy_source": accuracy_source,
+                "saturated_ppl": saturated_ppl,
+                "min_pool": min_pool,
+                "batch_size": batch_size,
+            }
+        )
+        super().__init__(examples, seed=seed, max_rounds=max_rounds, oversample=oversample)
+        self.stage_steps, self.gamma = stage_steps, gamma
+        self.quantile_step, self.max_quantile = quantile_step, max_quantile
+        self.shift_accuracy, self.accuracy_source = shift_accuracy, accuracy_source
+        self.saturated_ppl, self.drop_solved = saturated_ppl, drop_solved
+        self.min_pool, self.batch_size = min_pool, batch_size
+        self.max_level = math.ceil(max_quantile / quantile_step) if quantile_step > 0 else 0
+        self.by_id = {_qid(e): e for e in examples}
+        self.dropped: set[str] = set()
+        self.solved: set[str] = set()  # items whose latest group was all correct (saturate next stage)
+        self.ppl: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.level = 0
+        self.stage = -1
+        self.heldout_acc: float | None = None
+        self._train_acc: list[float] = []
+        self._round = 0
+        self._sampled_ppl: list[float] = []
+        self._stage_stats: dict[str, float] = {}
+        self.policy: Any = None
+        self.encode_prompt: Any = None
+        self.chunk_size = 1024
+
+    @staticmethod
+    def validate_params(params: dict[str, Any]) -> None:
+        DAPOSampler.validate_params(params)
+        ss = params.get("stage_steps")
+        if ss is not None and not (isinstance(ss, int) and ss >= 1):
+            raise ValueError(f"stage_steps must be an integer >= 1 or null, got {ss!r}")
+        for key, lo in (("gamma", 0.0), ("quantile_step", 0.0), ("saturated_ppl", 0.0)):
+            v = params.get(key, 1.0)
+            if not (isinstance(v, int | float) and v >= lo):
+                raise ValueError(f"{key} must be a number >= {lo}, got {v!r}")
+        for key in ("max_quantile", "shift_accuracy"):
+            v = params.get(key, 0.5)
+            if not (isinstance(v, int | float) and 0 <= v <= 1):
+                raise ValueError(f"{key} must lie in [0, 1], got {v!r}")
+        if params.get("accuracy_source", "heldout") not in ("heldout", "train"):
+            raise ValueError(
+                f"accuracy_source must be 'heldout' or 'train', got {params.get('accuracy_source')!r}"
+            )
+        for key in ("min_pool", "batch_size"):
+            v = params.get(key, 1)
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"{key} must be an integer >= 1, got {v!r}")
+
+    def bind(self, run: RunInfo) -> None:
+        self.policy, self.encode_prompt, self.chunk_size = run.policy, run.encode_prompt, run.chunk_size
+
+    # -- outer loop -----------------------------------------------------------------------------
+    def accuracy_signal(self) -> float | None:
+        train = sum(self._train_acc) / len(self._train_acc) if self._train_acc else None
+        if self.accuracy_source == "heldout" and self.heldout_acc is not None:
+            return self.heldout_acc
+        return train
+
+    def new_stage(self, step: int) -> None:
+        """Stage boundary: move the level, re-score the pool's perplexities, drop saturated items,
+        re-weight."""
+        t0 = time.perf_counter()
+        acc = self.accuracy_signal()
+        if self.stage >= 0:
+            self.level = next_level(self.level, acc, self.shift_accuracy, self.max_level)
+        self.stage += 1
+        active = [q for q in self.by_id if q not in self.dropped]
+        ppl, tokens = gold_perplexities(
+            self.policy,
+            self.encode_prompt,
+            [self.by_id[q] for q in active],
+            batch_size=self.batch_size,
+            chunk_size=self.chunk_size,
+        )
+        self.ppl = dict(zip(active, ppl, strict=True))
+        sat = [
+            q for q in active if self.ppl[q] <= self.saturated_ppl or (self.drop_solved and q in self.solved)
+        ]
+        room = max(len(active) - self.min_pool, 0)
+        if len(sat) > room:  # keep at least min_pool items: the highest-perplexity saturated ones stay
+            sat = sorted(sat, key=lambda q: (self.ppl[q], q))[:room]
+        self.dropped.update(sat)
+        for q in sat:
+            del self.ppl[q]
+        self.solved.clear()
+        q_lo = quantile_floor(self.level, self.quantile_step, self.max_quantile)
+        self.weights = aparl_weights(self.ppl, gamma=self.gamma, quantile_lo=q_lo)
+        vals = sorted(self.ppl.values())
+        self._stage_stats = {
+            "stage": float(self.stage),
+            "level": float(self.level),
+            "quantile_lo": q_lo,
+            "accuracy_signal": float("nan") if acc is None else float(acc),
+            "pool_size": float(len(self.ppl)),
+            "pool_sampled": float(len(self.weights)),
+            "dropped_total": float(len(self.dropped)),
+            "dropped_now": float(len(sat)),
+            "ppl_pool_median": vals[len(vals) // 2] if vals else float("nan"),
+            "ppl_seconds": time.perf_counter() - t0,
+            "ppl_rows": float(len(active)),
+            "ppl_tokens": float(tokens),
+        }
+        self._train_acc = []
+
+    def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan:
+        if step != self._step:  # first round of a step (DAPOSampler.plan sets _step)
+            self._round = 0
+            every = self.stage_steps or max(1, math.ceil(len(self.by_id) / max(num_prompts, 1)))
+            if self.policy is not None and (self.stage < 0 or step % every == 0):
+                self.new_stage(step)
+            elif self.policy is not None:
+                self._stage_stats["ppl_seconds"] = 0.0  # logged cost: only at stage boundaries
+        return super().plan(step, num_prompts, group_size)
+
+    # -- statistics -----------------------------------------------------------------------------
+    def observe(self, outcomes: list[GroupOutcome], step: int) -> None:
+        if outcomes:
+            self._train_acc.append(sum(o.accuracy for o in outcomes) / len(outcomes))
+        for o in outcomes:
+            if o.correct and all(o.correct):
+                self.solved.add(_qid(o.example))
+
+    def observe_eval(self, result: dict[str, Any], step: int) -> None:
+        if "accuracy" in result:
+            self.heldout_acc = float(result["accuracy"])
+
+    def metrics(self) -> dict[str, float]:
+        out = {**super().metrics(), **self._stage_stats}
+        if self._sampled_ppl:
+            out["ppl_sampled_mean"] = sum(self._sampled_ppl) / len(self._sampled_ppl)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "dropped": sorted(self.dropped),
+            "solved": sorted(self.solved),
+            "ppl": self.ppl,
+            "level": self.level,
+            "stage": self.stage,
+            "heldout_acc": self.heldout_acc,
+            "train_acc": self._train_acc,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.dropped = set(state["dropped"])
+        self.solved = set(state["solved"])
+        self.ppl = {k: float(v) for k, v in state["ppl"].items()}
+        self.level, self.stage = int(state["level"]), int(state["stage"])
+        self.heldout_acc = state["heldout_acc"]
+        self._train_acc = [float(v) for v in state["train_acc"]]
+        q_lo = quantile_floor(self.level, self.quantile_step, self.max_quantile)
+        self.weights = aparl_weights(self.ppl, gamma=self.gamma, quantile_lo=q_lo)

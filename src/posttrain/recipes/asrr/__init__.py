@@ -1,0 +1,1 @@
+"""The asrr recipe: see README.md in this folder."""

@@ -1,0 +1,1 @@
+"""The dapo recipe: see README.md in this folder."""

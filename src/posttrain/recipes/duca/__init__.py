@@ -1,0 +1,1 @@
+"""The duca recipe: see README.md in this folder."""

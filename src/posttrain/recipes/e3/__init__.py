@@ -1,0 +1,1 @@
+"""The e3 recipe: see README.md in this folder."""

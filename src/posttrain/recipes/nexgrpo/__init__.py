@@ -1,0 +1,1 @@
+"""The nexgrpo recipe: see README.md in this folder."""
