@@ -1,23 +1,24 @@
 """Suite-wide fixtures.
 
-Registries are process-global: a test (or a documented example) that registers a plug-in by import
-would otherwise leak its names into later tests, whose exact-list checks then depend on test order.
-Every test gets the algos registries back as they were."""
+Registries are process-global: a test (or a documented example) that registers a plug-in, or a
+module-level ``@register`` in a test file, would otherwise leak its names into later tests, whose
+exact-list checks then depend on test order. Every test gets every registry back as it was
+(:meth:`posttrain.utils.registry.Registry.snapshot`; names imported lazily meanwhile stay resolved,
+their modules being imported for good)."""
 
 from __future__ import annotations
 
 import pytest
 
-from posttrain.algos.advantages import ADVANTAGES
-from posttrain.algos.policy_losses import POLICY_LOSSES
+import posttrain.algos
+import posttrain.hooks
+import posttrain.rollout  # noqa: F401
+from posttrain.utils.registry import all_registries
 
 
 @pytest.fixture(autouse=True)
-def _restore_algos_registries():
-    saved = [(r, dict(r._items), dict(r._aliases)) for r in (POLICY_LOSSES, ADVANTAGES)]
+def _restore_registries():
+    saved = [(r, r.snapshot()) for r in all_registries()]
     yield
-    for reg, items, aliases in saved:
-        reg._items.clear()
-        reg._items.update(items)
-        reg._aliases.clear()
-        reg._aliases.update(aliases)
+    for reg, state in saved:
+        reg.restore(state)

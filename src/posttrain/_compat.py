@@ -39,7 +39,10 @@ MOVED_MODULES: dict[str, str] = {
     "posttrain.sampling.aparl": "posttrain.recipes.aparl.sampler",
     "posttrain.envs.duca_demo": "posttrain.recipes.duca.demo",
     "posttrain.silo.agents.openai_client": "posttrain.clients.openai_chat",
-    "posttrain.bench.silo": "posttrain.benchmarks.silo_bench",
+    "posttrain.bench.silo": "posttrain.benchmarks.silo.bench",
+    "posttrain.bench.rl_step": "posttrain.benchmarks.perf.rl_step",
+    "posttrain.bench.losses": "posttrain.benchmarks.perf.losses",
+    "posttrain.bench.common": "posttrain.benchmarks.perf.common",
 }
 
 

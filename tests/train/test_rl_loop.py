@@ -129,9 +129,6 @@ class _VariableSampler(PromptSampler):
         return PromptPlan(self.examples[:4], list(self.SIZES))
 
 
-SAMPLERS.register("test-variable")(_VariableSampler)
-
-
 def test_variable_group_sizes(tmp_path):
     tr = trainer(tmp_path, "hooks.sampler.name=test-variable", reward=FirstCharDigit())
     with warnings.catch_warnings():
@@ -389,9 +386,6 @@ class _HalfTemperature(Controller):
         self.seen = state["seen"]
 
 
-CONTROLLERS.register("test-half")(_HalfTemperature)
-
-
 class _ReplayFirst(ReplayBuffer):
     """Replays the first fresh completion of the previous step into the first group."""
 
@@ -412,9 +406,6 @@ class _ReplayFirst(ReplayBuffer):
         self.stored = Trajectory(
             b.completion_ids[0, :n].tolist(), b.logprobs[0, :n].tolist(), b.finish_reasons[0]
         )
-
-
-REPLAY_BUFFERS.register("test-first")(_ReplayFirst)
 
 
 def test_controller_temperature_drives_rollout_and_training(tmp_path):
@@ -450,9 +441,6 @@ class _ReplayFirstShifted(_ReplayFirst):
         w = super().is_weights(logp, logp_past, mask)
         self.calls.append((logp.detach().clone(), logp_past.clone(), mask.clone(), w.detach().clone()))
         return w
-
-
-REPLAY_BUFFERS.register("test-first-shifted")(_ReplayFirstShifted)
 
 
 def test_replay_buffer_trajectories_join_groups_with_is_weights(tmp_path):
@@ -563,9 +551,6 @@ class _KeepMixed(PromptSampler):
         return [not o.zero_variance for o in outcomes]
 
 
-SAMPLERS.register("test-keep-mixed")(_KeepMixed)
-
-
 def test_group_filtering_sampler_resamples_and_keeps_only_informative_groups(tmp_path):
     """Mutant tried: the loop ignores `keep_groups` (keeps every group) -> 1 round, zero_var_frac 0.5.
     (The old test asserted zero_var_frac only inside an `if` that may be false.)"""
@@ -665,3 +650,17 @@ def test_resuming_a_finished_run_does_not_rewrite_its_checkpoint(tmp_path):
         done.train(progress=False)
     after = ckpts[0].stat().st_ino, ckpts[0].stat().st_mtime_ns
     assert after == before
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_hooks():
+    """This module's test hooks, registered for its tests only (restored afterwards)."""
+    saved = [(r, r.snapshot()) for r in (CONTROLLERS, REPLAY_BUFFERS, SAMPLERS)]
+    SAMPLERS.register("test-variable")(_VariableSampler)
+    CONTROLLERS.register("test-half")(_HalfTemperature)
+    REPLAY_BUFFERS.register("test-first")(_ReplayFirst)
+    REPLAY_BUFFERS.register("test-first-shifted")(_ReplayFirstShifted)
+    SAMPLERS.register("test-keep-mixed")(_KeepMixed)
+    yield
+    for reg, state in saved:
+        reg.restore(state)

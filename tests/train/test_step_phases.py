@@ -247,9 +247,6 @@ class _KeepEveryOther(PromptSampler):
         return [i % 2 == 1 for i in range(len(outcomes))]
 
 
-SAMPLERS.register("test-every-other")(_KeepEveryOther)
-
-
 def test_advantage_inputs_survive_group_filtering(tmp_path, turn_bonus_advantage):
     tr = make(tmp_path, "hooks.sampler.name=test-every-other", "advantage.name=test-turn-bonus")
     tr.runner = _BonusRunner(tr.runner)
@@ -296,9 +293,6 @@ class _ReplayWithInputs(ReplayBuffer):
         )
 
 
-REPLAY_BUFFERS.register("test-replay-inputs")(_ReplayWithInputs)
-
-
 def test_advantage_inputs_survive_replay(tmp_path, turn_bonus_advantage):
     tr = make(tmp_path, "hooks.replay.name=test-replay-inputs", "advantage.name=test-turn-bonus")
     tr.runner = _BonusRunner(tr.runner)
@@ -337,9 +331,6 @@ class _ReplayPlain(_ReplayWithInputs):
         self.stored = Trajectory(
             b.completion_ids[0, :n].tolist(), b.logprobs[0, :n].tolist(), b.finish_reasons[0]
         )
-
-
-REPLAY_BUFFERS.register("test-first-plain")(_ReplayPlain)
 
 
 # ------------------------------------------------------------------------------ dead-code satellites
@@ -401,9 +392,6 @@ class _ReplayWithEnvTokens(_ReplayWithInputs):
         )
 
 
-REPLAY_BUFFERS.register("test-replay-env")(_ReplayWithEnvTokens)
-
-
 def test_replayed_trajectory_keeps_its_action_mask(tmp_path):
     tr = make(
         tmp_path, "hooks.replay.name=test-replay-env", "rollout.max_new_tokens=4", "rollout.min_new_tokens=4"
@@ -419,3 +407,16 @@ def test_replayed_trajectory_keeps_its_action_mask(tmp_path):
     assert b.action_mask[-1].tolist() == [1, 1, 0, 1]  # replayed row: the env token is not an action
     assert b.action_mask[:-1].tolist() == b.completion_mask[:-1].tolist()  # fresh rows: all actions
     assert b.logprobs[-1, 2] == 0 and ro.actions[-1].tolist() == [1.0, 1.0, 0.0, 1.0]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_hooks():
+    """This module's test hooks, registered for its tests only (restored afterwards)."""
+    saved = [(r, r.snapshot()) for r in (REPLAY_BUFFERS, SAMPLERS)]
+    SAMPLERS.register("test-every-other")(_KeepEveryOther)
+    REPLAY_BUFFERS.register("test-replay-inputs")(_ReplayWithInputs)
+    REPLAY_BUFFERS.register("test-first-plain")(_ReplayPlain)
+    REPLAY_BUFFERS.register("test-replay-env")(_ReplayWithEnvTokens)
+    yield
+    for reg, state in saved:
+        reg.restore(state)

@@ -39,8 +39,18 @@ KIND = "advantage estimator"
 class AdvantageEstimator:
     """A registered estimator: checks inputs and params, then runs the formula under no_grad."""
 
-    def __init__(self, name: str, fn: Callable[..., Tensor], validate: Callable[[str, dict], None]):
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Tensor],
+        validate: Callable[[str, dict], None],
+        *,
+        group_baseline: bool = False,
+    ):
         self.name = name
+        #: True when the estimator's baseline is the group's other rewards (a singleton group then
+        #: gives A = raw reward or 0: the trainer warns about rollout.group_size = 1)
+        self.group_baseline = group_baseline
         self.fn = fn
         self.defaults = keyword_defaults(fn)
         self._validate = validate
@@ -72,11 +82,16 @@ def _validate_eps(name: str, p: dict) -> None:
         require(isinstance(p["norm_std"], bool), KIND, name, "norm_std", "true or false", p["norm_std"])
 
 
-def register_advantage(name: str, *, aliases: tuple[str, ...] = (), validate=_no_params):
-    """Decorator: register `fn(rewards, inverse_group_index, n_groups, **params) -> (B,)`."""
+def register_advantage(
+    name: str, *, aliases: tuple[str, ...] = (), validate=_no_params, group_baseline: bool = False
+):
+    """Decorator: register `fn(rewards, inverse_group_index, n_groups, **params) -> (B,)`;
+    ``group_baseline``: the baseline is the group's rewards (needs groups of >= 2)."""
 
     def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        ADVANTAGES.register(name, aliases=aliases)(AdvantageEstimator(name, fn, validate))
+        ADVANTAGES.register(name, aliases=aliases)(
+            AdvantageEstimator(name, fn, validate, group_baseline=group_baseline)
+        )
         return fn
 
     return deco
@@ -154,7 +169,7 @@ def group_stats(values: Tensor, inv: Tensor, n_groups: int) -> tuple[Tensor, Ten
 # estimators
 
 
-@register_advantage("grpo", validate=_validate_eps)
+@register_advantage("grpo", validate=_validate_eps, group_baseline=True)
 def grpo(r: Tensor, inv: Tensor, n_groups: int, *, norm_std: bool = True, eps: float = 1e-6) -> Tensor:
     """GRPO group-normalised advantage (verl ``compute_grpo_outcome_advantage``; DeepSeekMath, arXiv 2402.03300).
 
@@ -173,7 +188,7 @@ def grpo(r: Tensor, inv: Tensor, n_groups: int, *, norm_std: bool = True, eps: f
     return (r - mu) / (sd + eps)
 
 
-@register_advantage("dr_grpo")
+@register_advantage("dr_grpo", group_baseline=True)
 def dr_grpo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
     """Dr.GRPO advantage: A_i = R_i − mean_g(R), no std division (Dr.GRPO, arXiv 2503.20783).
 
@@ -182,7 +197,7 @@ def dr_grpo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
     return grpo(r, inv, n_groups, norm_std=False)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", group_baseline=True)
 def rloo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
     """RLOO leave-one-out baseline (Ahmadian et al. 2024, arXiv 2402.14740; verl ``rloo``).
 

@@ -7,6 +7,7 @@ import another's package.
 """
 
 from posttrain.clients.base import Agent, AgentError, AgentReply
+from posttrain.clients.batch import EndpointGenerator
 from posttrain.clients.openai_chat import RETRY_STATUS, OpenAIChatAgent
 
-__all__ = ["RETRY_STATUS", "Agent", "AgentError", "AgentReply", "OpenAIChatAgent"]
+__all__ = ["RETRY_STATUS", "Agent", "AgentError", "AgentReply", "EndpointGenerator", "OpenAIChatAgent"]

@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.utils.errors import PosttrainError
+
 
 @dataclass
 class AgentReply:
@@ -22,7 +24,7 @@ class AgentReply:
     usage: dict[str, Any] | None = None
 
 
-class AgentError(RuntimeError):
+class AgentError(PosttrainError, RuntimeError):
     """An agent backend failed for good (e.g. an LLM endpoint after the retry cap)."""
 
 

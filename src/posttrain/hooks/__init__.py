@@ -1,4 +1,5 @@
-"""Hook slots of the RL loop: prompt sampler, controllers, replay buffer, group reward shapers.
+"""Hook slots of the RL loop: prompt sampler, group filter, controllers, replay buffer, group reward
+shapers (the order they act in a step: :mod:`posttrain.hooks.base`).
 
 The interfaces and trivial defaults live in :mod:`posttrain.hooks.base`; the method implementations
 live in their recipes (``posttrain.recipes.<method>``) and are listed here lazily, so naming
@@ -10,14 +11,18 @@ also accepts a plug-in ``package.module:Name`` naming a subclass of its interfac
 
 from posttrain.hooks.base import (
     CONTROLLERS,
+    GROUP_FILTERS,
     GROUP_SHAPERS,
     REPLAY_BUFFERS,
     SAMPLERS,
     ConstantTemperature,
     Controller,
+    GroupDecision,
+    GroupFilter,
     GroupOutcome,
     GroupRewardShaper,
     IdentityShaper,
+    KeepAll,
     Knobs,
     NoReplay,
     PromptPlan,
@@ -27,6 +32,7 @@ from posttrain.hooks.base import (
     Trajectory,
     UniformSampler,
 )
+from posttrain.hooks.filters import DynamicSamplingFilter, DynamicSamplingWarning, SamplerKeepFilter
 from posttrain.utils.registry import subclass_of
 
 for _reg, _base in (
@@ -34,6 +40,7 @@ for _reg, _base in (
     (CONTROLLERS, Controller),
     (REPLAY_BUFFERS, ReplayBuffer),
     (GROUP_SHAPERS, GroupRewardShaper),
+    (GROUP_FILTERS, GroupFilter),
 ):
     _reg.accept(subclass_of(_base), f"a subclass of posttrain.hooks.{_base.__name__}")
 
@@ -50,20 +57,27 @@ GROUP_SHAPERS.register_lazy("dapo-overlong", "posttrain.recipes.dapo.hooks:DAPOO
 
 __all__ = [
     "CONTROLLERS",
+    "GROUP_FILTERS",
     "GROUP_SHAPERS",
     "REPLAY_BUFFERS",
     "SAMPLERS",
     "ConstantTemperature",
     "Controller",
+    "DynamicSamplingFilter",
+    "DynamicSamplingWarning",
+    "GroupDecision",
+    "GroupFilter",
     "GroupOutcome",
     "GroupRewardShaper",
     "IdentityShaper",
+    "KeepAll",
     "Knobs",
     "NoReplay",
     "PromptPlan",
     "PromptSampler",
     "ReplayBuffer",
     "RunInfo",
+    "SamplerKeepFilter",
     "Trajectory",
     "UniformSampler",
 ]

@@ -1,4 +1,4 @@
-"""Hook interfaces of the RL loop, with trivial default implementations.
+r"""Hook interfaces of the RL loop, with trivial default implementations.
 
 The loop in ``posttrain.train.rl`` calls only these interfaces. Methods plug in by subclassing and
 registering under a name, then selecting it in the config (``hooks.sampler.name`` etc.):
@@ -15,9 +15,28 @@ Controller          before each step (set knobs) and        E3 entropy-targeting
 ReplayBuffer        before rollout: trajectories to put     failure / experience replay (NexGRPO, ACL 2026
                     into groups; after rewards: observe;    2026.acl-long.1682; ExGRPO, arXiv:2510.02245):
                     importance weights for replayed tokens  replayed tokens get per-token ``is_weights``
+GroupFilter         after rewards: keep or drop each group  DAPO dynamic sampling (arXiv:2503.14476 §3.3),
+                    (with a reason); the loop samples more  also APARL's inner loop (arXiv:2507.01327)
+                    rounds until enough groups are kept,
+                    at most ``max_rounds``
 GroupRewardShaper   after rewards, before the advantage,    ASRR accuracy-gated length penalty (arXiv:
-                    seeing whole groups                     2505.15400, Eqs. 5-7), DAPO overlong shaping
+                    seeing whole groups; ``hooks.shapers``  2505.15400, Eqs. 5-7), DAPO overlong shaping
+                    is a list applied in order
 ==================  ======================================  ==============================================
+
+How the slots compose in one step (the contract the trainer keeps, tested in
+``tests/train/test_hook_composition.py``):
+
+1. controllers ``apply`` the knobs (temperature);
+2. the sampler ``plan``\s round 1; the replay buffer ``mix``\es and ``draw``\s **exactly once per
+   step, on round 1's plan, before any sampling round** (later rounds of a filtering step are fresh
+   samples only, so a buffer never sees the same step twice);
+3. each round is rolled out; with a group filter the loop waits for rewards, the filter decides per
+   group (keep / drop + reason) and, while fewer than ``rollout.prompts_per_step`` groups are kept and
+   fewer than ``max_rounds`` rounds were drawn, the sampler plans another round;
+4. the shapers map raw rewards to the rewards the advantage sees, in list order;
+5. after the update, every hook that defines ``observe`` sees the step; every hook that defines
+   ``observe_eval(result, step)`` sees each held-out evaluation (curricula); controllers ``update``.
 
 State for checkpoints: ``state_dict()`` returns JSON-serialisable data (no pickle anywhere).
 Samplers may report numbers about their latest plan via ``metrics()`` (logged as ``sampler/<key>``);
@@ -45,6 +64,7 @@ SAMPLERS: Registry[type[PromptSampler]] = Registry("prompt sampler", group="post
 CONTROLLERS: Registry[type[Controller]] = Registry("controller", group="posttrain.controllers")
 REPLAY_BUFFERS: Registry[type[ReplayBuffer]] = Registry("replay buffer", group="posttrain.replay_buffers")
 GROUP_SHAPERS: Registry[type[GroupRewardShaper]] = Registry("group reward shaper", group="posttrain.shapers")
+GROUP_FILTERS: Registry[type[GroupFilter]] = Registry("group filter", group="posttrain.group_filters")
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -133,8 +153,11 @@ class Trajectory:
 class PromptSampler(ABC):
     """Chooses prompts and per-prompt completion budgets.
 
-    ``filters_groups``: when True the loop waits for rewards, calls :meth:`keep_groups` and, while
-    fewer than the requested groups were kept, samples another round (at most ``max_rounds``).
+    A sampler that comes with its own group filter (DAPO's, APARL's inner loop) returns it from
+    :meth:`group_filter`; otherwise ``hooks.filter`` chooses one (or none).
+
+    Pre-0.2 interface, still honoured: ``filters_groups = True`` with :meth:`keep_groups` and
+    ``max_rounds`` makes the sampler's keep rule the step's filter.
     """
 
     filters_groups: bool = False
@@ -145,6 +168,10 @@ class PromptSampler(ABC):
 
     def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
         """Called once by the trainer before the first step (policy, prompt encoder, configured steps)."""
+
+    def group_filter(self) -> GroupFilter | None:
+        """The group filter this sampler needs (None: whatever ``hooks.filter`` says)."""
+        return None
 
     def keep_groups(self, outcomes: list[GroupOutcome]) -> list[bool]:
         return [True] * len(outcomes)
@@ -228,6 +255,53 @@ class ReplayBuffer(ABC):
         pass
 
 
+@dataclass(frozen=True)
+class GroupDecision:
+    """A group filter's verdict on one group: ``keep`` it or not, and why (logged as
+    ``filter/dropped_<reason>`` counts)."""
+
+    keep: bool
+    reason: str = "kept"
+
+
+class GroupFilter(ABC):
+    """Keeps or drops whole groups once their rewards are known (DAPO-style dynamic sampling).
+
+    ``max_rounds``: at most this many sampling rounds per step; ``oversample``: a round asks the
+    sampler for ``ceil(missing_groups · oversample)`` prompts. The trainer calls :meth:`start_step`,
+    then per round :meth:`start_round` (the round's plan) and :meth:`decide` (outcomes of the round's
+    groups, ``need`` = groups still wanted), which returns one :class:`GroupDecision` per outcome.
+    """
+
+    max_rounds: int = 1
+    oversample: float = 1.0
+    #: False for the no-op filter: the loop then does one round and does not wait for rewards
+    active: bool = True
+
+    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+        """Called once by the trainer before the first step."""
+
+    def start_step(self, step: int, requested: int) -> None:  # noqa: B027 - optional hook
+        """A new step that wants ``requested`` groups."""
+
+    def start_round(self, plan: PromptPlan) -> None:  # noqa: B027 - optional hook
+        """The plan of the round about to be rolled out."""
+
+    @abstractmethod
+    def decide(self, outcomes: list[GroupOutcome], need: int) -> list[GroupDecision]: ...
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers about the latest step (rounds, groups kept, drops by reason), logged as
+        ``filter/<key>``."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        pass
+
+
 class GroupRewardShaper(ABC):
     """Maps raw rewards to shaped rewards with whole-group statistics visible."""
 
@@ -301,6 +375,16 @@ class NoReplay(ReplayBuffer):
 
     def draw(self, plan: PromptPlan, step: int) -> list[list[Trajectory]]:
         return [[] for _ in plan.examples]
+
+
+@GROUP_FILTERS.register("none")
+class KeepAll(GroupFilter):
+    """Keeps every group: one sampling round, rewards scored while the forwards run."""
+
+    active = False
+
+    def decide(self, outcomes: list[GroupOutcome], need: int) -> list[GroupDecision]:
+        return [GroupDecision(True) for _ in outcomes]
 
 
 @GROUP_SHAPERS.register("none")

@@ -17,9 +17,10 @@ from typing import Any, Literal
 
 from posttrain.models.presets import PRESETS, build_preset_model, list_presets
 from posttrain.models.tokenizer import build_char_tokenizer
+from posttrain.utils.errors import PosttrainError
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(PosttrainError, ValueError):
     """A model spec that is neither a known preset nor a loadable local model directory."""
 
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.serve.config import ChatMessage, ServeConfig
+from posttrain.utils.errors import PosttrainError
 
 
-class RequestError(ValueError):
+class RequestError(PosttrainError, ValueError):
     """A request the model cannot serve as asked (HTTP 400); ``code`` is OpenAI's error code."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:

@@ -25,13 +25,14 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, check_split_sizes, register_task
+from posttrain.utils.errors import PosttrainError
 
 MAX_EXPRESSION_CHARS = 300
 MAX_NESTING = 32
 _TOKEN = re.compile(r"\s*(?:(\d+)|(\S))")
 
 
-class ExpressionError(ValueError):
+class ExpressionError(PosttrainError, ValueError):
     """The text is not an arithmetic expression over integers, + - * / and parentheses."""
 
 

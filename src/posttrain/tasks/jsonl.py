@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, register_task
+from posttrain.utils.errors import PosttrainError
 
 _EXTRACT = ("gsm8k", "boxed", "none")
 _DEFAULT_REWARD = {"gsm8k": "numeric", "boxed": "math_verify", "none": "exact_match"}
@@ -36,7 +37,7 @@ _CALCULATOR = re.compile(r"<<[^<>\n]*>>")  # GSM8K calculator annotations, e.g. 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|[{}]")
 
 
-class DatasetError(ValueError):
+class DatasetError(PosttrainError, ValueError):
     """A dataset file or row that cannot be used; the message names file, row and field."""
 
 

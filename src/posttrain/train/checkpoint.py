@@ -30,12 +30,13 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from posttrain.utils.errors import PosttrainError
 from posttrain.utils.io import atomic_write_text, default_dir_mode, default_file_mode, make_public_dir
 
 LATEST = "latest"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(PosttrainError, ValueError):
     """A checkpoint that cannot be read; the message names the file and what is wrong with it."""
 
 

@@ -417,11 +417,18 @@ class HooksConfig(StrictModel):
     and ``seed`` from the trainer)."""
 
     sampler: ComponentSpec = ComponentSpec(name="uniform")
+    """Which prompts, how many completions each (``posttrain.hooks.SAMPLERS``)."""
+    filter: ComponentSpec = ComponentSpec(name="none")
+    """Keep / drop groups once rewarded, sampling more rounds (``dynamic-sampling`` = DAPO's)."""
     controllers: list[ComponentSpec] = Field(default_factory=list)
     replay: ComponentSpec = ComponentSpec(name="none")
+    """Stored trajectories mixed into the step's groups, once per step before any round."""
     shaper: ComponentSpec = ComponentSpec(name="none")
+    """One group reward shaper (kept for pre-0.2 configs): applied first, then ``shapers``."""
+    shapers: list[ComponentSpec] = Field(default_factory=list)
+    """Group reward shapers applied in list order (e.g. ASRR, then the DAPO overlong penalty)."""
 
-    @field_validator("sampler", "replay", "shaper", mode="before")
+    @field_validator("sampler", "filter", "replay", "shaper", mode="before")
     @classmethod
     def _fill_name(cls, v: Any, info: Any) -> Any:
         return _default_name(v, cls.model_fields[info.field_name].default.name)
@@ -445,6 +452,20 @@ class HooksConfig(StrictModel):
     @classmethod
     def _g(cls, v: ComponentSpec) -> ComponentSpec:
         return _hook("GROUP_SHAPERS", v)
+
+    @field_validator("shapers")
+    @classmethod
+    def _gs(cls, v: list[ComponentSpec]) -> list[ComponentSpec]:
+        return [_hook("GROUP_SHAPERS", x) for x in v]
+
+    @field_validator("filter")
+    @classmethod
+    def _f(cls, v: ComponentSpec) -> ComponentSpec:
+        return _hook("GROUP_FILTERS", v)
+
+    def shaper_specs(self) -> list[ComponentSpec]:
+        """The shapers in the order they apply: ``shaper`` (unless ``none``), then ``shapers``."""
+        return ([self.shaper] if self.shaper.name != "none" else []) + list(self.shapers)
 
 
 class RLConfig(StrictModel):

@@ -139,7 +139,13 @@ def require_single_process(what: str) -> None:
 
 
 def check_rl_hooks(
-    prompts_per_step: int, sampler: Any, replay: Any, *, engine: Any = None, model: Any = None
+    prompts_per_step: int,
+    sampler: Any,
+    replay: Any,
+    *,
+    engine: Any = None,
+    model: Any = None,
+    group_filter: Any = None,
 ) -> None:
     """Refuse what data-parallel RL does not support yet (nothing to check in one process): a global
     batch that does not split evenly, group-filtering samplers (their extra sampling rounds would
@@ -163,9 +169,9 @@ def check_rl_hooks(
             f"rollout.prompts_per_step={prompts_per_step} is not a multiple of the world size {n}; every "
             "rank trains on prompts_per_step / world_size prompts"
         )
-    if getattr(sampler, "filters_groups", False):
+    if group_filter is not None or getattr(sampler, "filters_groups", False):
         raise ValueError(
-            f"hooks.sampler {type(sampler).__name__} filters groups (extra sampling rounds), which "
+            f"hooks.sampler / hooks.filter {type(group_filter or sampler).__name__} filters groups (extra sampling rounds), which "
             "multi-process training does not support yet; run it in one process"
         )
     from posttrain.hooks.base import NoReplay

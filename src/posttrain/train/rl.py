@@ -44,6 +44,7 @@ evaluation, checkpoints and resume. Distributed concerns live in :mod:`posttrain
 from __future__ import annotations
 
 import copy
+import math
 import random
 import time
 import warnings
@@ -59,13 +60,16 @@ from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stat
 from posttrain.algos.kl import KL_ESTIMATORS
 from posttrain.hooks import (
     CONTROLLERS,
+    GROUP_FILTERS,
     GROUP_SHAPERS,
     REPLAY_BUFFERS,
     SAMPLERS,
+    GroupFilter,
     GroupOutcome,
     Knobs,
     PromptPlan,
     RunInfo,
+    SamplerKeepFilter,
     Trajectory,
 )
 from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
@@ -160,6 +164,7 @@ class StepScores:
     errors: int = 0
     components: dict[str, list[float]] = field(default_factory=dict)
     seconds: float = 0.0
+    shaping: dict[str, float] = field(default_factory=dict)  # mean |change| each shaper made, in order
 
 
 @dataclass
@@ -232,20 +237,35 @@ class RLTrainer:
 
     Hooks are built from ``config.hooks`` via the registries in :mod:`posttrain.hooks`; engine,
     episode runner and reward source from ``rollout.engine``, ``rollout.runner`` and ``reward.source``
-    via :mod:`posttrain.rollout.registry`. A ``runner`` or ``reward_source`` object can also be passed
-    in directly (programmatic use).
+    via :mod:`posttrain.rollout.registry`.
+
+    Programmatic use: every component can also be passed in as an object, which then replaces the
+    configured name — ``task`` (a :class:`~posttrain.tasks.Task`), ``reward`` (any callable
+    ``(completion, example) -> float``; one that cannot be pickled, e.g. a lambda or a function defined
+    in a notebook, is scored in this process), ``reward_source``, ``runner``, ``sampler``,
+    ``group_filter``, ``replay``, ``shapers`` (a list, applied in order) and ``controllers``.
+    ``config`` defaults to ``RLConfig()``; a dict is validated as one.
     """
 
     def __init__(
         self,
-        config: RLConfig,
+        config: RLConfig | dict[str, Any] | None = None,
         model: Any = None,
         tokenizer: Any = None,
         *,
         resume: bool = False,
         reward_source: RewardSource | None = None,
         runner: EpisodeRunner | None = None,
+        task: Any = None,
+        reward: Callable[[str, Any], float] | None = None,
+        sampler: Any = None,
+        group_filter: Any = None,
+        replay: Any = None,
+        shapers: list[Any] | None = None,
+        controllers: list[Any] | None = None,
     ) -> None:
+        if config is None or isinstance(config, dict):
+            config = RLConfig.model_validate(config or {})
         self.cfg = cfg = config
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -279,9 +299,19 @@ class RLTrainer:
         from posttrain.rewards import get_reward
         from posttrain.tasks import get_task
 
-        self.task = get_task(cfg.task.name, **cfg.task.params)
+        self.task = task if task is not None else get_task(cfg.task.name, **cfg.task.params)
         self.train_examples = self.task.split("train")
-        self.reward_fn = get_reward(cfg.reward.name or self.task.default_reward, **cfg.reward.params)
+        if reward is not None:
+            if not callable(reward):
+                raise ValueError(
+                    f"RLTrainer(reward=...): expected a callable (completion, example) -> float, got {reward!r}"
+                )
+            self.reward_fn = reward
+        else:
+            self.reward_fn = get_reward(cfg.reward.name or self.task.default_reward, **cfg.reward.params)
+        workers = cfg.reward.num_workers
+        if reward is not None and workers and not _picklable(reward):
+            workers = 0  # a lambda / notebook function cannot go to worker processes: score in-process
         # engine, episode runner and reward source: registry factories named in the config
         # (rollout.engine, rollout.runner, reward.source); runner / reward_source may also be passed in
         self._own_reward_source = reward_source is None
@@ -292,7 +322,7 @@ class RLTrainer:
                 self.reward_fn,
                 self.task,
                 tokenizer,
-                num_workers=cfg.reward.num_workers,
+                num_workers=workers,
                 timeout_s=cfg.reward.timeout_s,
                 seed=dist.rank_seed(cfg.seed),
             ),
@@ -336,8 +366,14 @@ class RLTrainer:
         self.optimizer = build_adamw(model, cfg.optimizer)
 
         h = cfg.hooks
-        self.sampler = SAMPLERS.get(h.sampler.name)(self.train_examples, seed=cfg.seed, **h.sampler.params)
-        self.controllers = [CONTROLLERS.get(c.name)(**c.params) for c in h.controllers]
+        self.sampler = sampler or SAMPLERS.get(h.sampler.name)(
+            self.train_examples, seed=cfg.seed, **h.sampler.params
+        )
+        self.controllers = (
+            list(controllers)
+            if controllers is not None
+            else [CONTROLLERS.get(c.name)(**c.params) for c in h.controllers]
+        )
         run_info = RunInfo(
             vocab_size=int(model.get_output_embeddings().weight.shape[0]),
             total_steps=cfg.steps,
@@ -347,17 +383,32 @@ class RLTrainer:
         )
         for c in self.controllers:
             c.bind(run_info)
-        self.replay = REPLAY_BUFFERS.get(h.replay.name)(**h.replay.params)
+        self.replay = replay or REPLAY_BUFFERS.get(h.replay.name)(**h.replay.params)
+        self.group_filter = self._build_filter(
+            group_filter or GROUP_FILTERS.get(h.filter.name)(**h.filter.params)
+        )
         self.sampler.bind(run_info)
         self.replay.bind(run_info)
-        self.shaper = GROUP_SHAPERS.get(h.shaper.name)(**h.shaper.params)
+        if self.group_filter is not None:
+            self.group_filter.bind(run_info)
+        if shapers is not None:
+            self.shapers = list(shapers)
+            self._shaper_names = [type(s).__name__ for s in self.shapers]
+        else:
+            self.shapers = [GROUP_SHAPERS.get(s.name)(**s.params) for s in h.shaper_specs()]
+            self._shaper_names = [s.name for s in h.shaper_specs()]
         self.knobs = Knobs(temperature=cfg.rollout.temperature)
         self.step_idx = 0
         self._checkpointed_step = -1  # step of the checkpoint on disk that matches the weights
         self._last_warned: dict[str, int] = {}
         self._check_settings()
         dist.check_rl_hooks(
-            cfg.rollout.prompts_per_step, self.sampler, self.replay, engine=self.engine, model=model
+            cfg.rollout.prompts_per_step,
+            self.sampler,
+            self.replay,
+            engine=self.engine,
+            model=model,
+            group_filter=self.group_filter,
         )
         if ckpt is not None:
             self._restore(ckpt)
@@ -413,40 +464,75 @@ class RLTrainer:
             seconds=time.perf_counter() - t0,
         )
 
+    def _build_filter(self, configured: GroupFilter) -> GroupFilter | None:
+        """The step's group filter: the sampler's own (``group_filter()``, or a pre-0.2 sampler's
+        ``keep_groups``), else ``hooks.filter``; None when no filter is active."""
+        own = self.sampler.group_filter()
+        if own is None and getattr(self.sampler, "filters_groups", False):
+            own = SamplerKeepFilter(self.sampler)
+        if own is not None and configured.active:
+            raise ValueError(
+                f"hooks.filter {self.cfg.hooks.filter.name!r}: hooks.sampler {self.cfg.hooks.sampler.name!r} "
+                "filters groups itself; set hooks.filter.name=none, or use a sampler without a filter "
+                "(e.g. 'uniform') with this filter"
+            )
+        chosen = own or configured
+        return chosen if chosen.active else None
+
+    def hooks(self) -> list[Any]:
+        """Every hook object of the run (sampler, filter, replay buffer, shapers, controllers)."""
+        return [self.sampler, self.group_filter, self.replay, *self.shapers, *self.controllers]
+
     def _rollout(self, params: SamplingParams) -> tuple[Episodes, RewardHandle, int]:
-        """Sample episodes. Without group filtering: one round, rewards still being scored. With it
-        (DAPO dynamic sampling, arXiv:2503.14476): rounds until enough groups are kept, rewards known."""
-        cfg = self.cfg
+        """Sample the step's episodes.
+
+        Contract (``posttrain.hooks.base``): the replay buffer's ``mix`` and ``draw`` run exactly once
+        per step, on the first round's plan, before any rollout. Without a group filter: that one
+        round, rewards still being scored. With one (DAPO dynamic sampling, arXiv:2503.14476): rounds
+        until ``rollout.prompts_per_step`` groups are kept or the filter's ``max_rounds`` is reached;
+        later rounds are fresh samples only; rewards are known when this returns."""
+        cfg, step, filt = self.cfg, self.step_idx, self.group_filter
         need, kept_parts, kept_scores, rounds = cfg.rollout.prompts_per_step, [], [], 0
+        if filt is not None:
+            filt.start_step(step, need)
         last: tuple[Episodes, ScoredBatch] | None = None
         while True:
             rounds += 1
+            n_prompts = need if filt is None else math.ceil(need * filt.oversample)
             # every rank plans the global batch and keeps its block of prompts (dist.shard_plan)
-            plan = dist.shard_plan(self.sampler.plan(self.step_idx, need, cfg.rollout.group_size))
-            episodes = self._episodes_for(plan, params)
+            plan = dist.shard_plan(self.sampler.plan(step, n_prompts, cfg.rollout.group_size))
+            if rounds == 1:  # replay: once per step, before any rollout
+                plan = self.replay.mix(plan, step)
+                replayed = self.replay.draw(plan, step)
+            else:
+                replayed = [[] for _ in plan.examples]
+            if filt is not None:
+                filt.start_round(plan)
+            episodes = self._episodes_for(plan, replayed, params)
             if episodes.rewards is not None:  # the environment scored its own episodes
                 handle = _Ready(ScoredBatch(rewards=[float(r) for r in episodes.rewards]))
             else:
                 handle = self.reward_source.submit(episodes.texts, episodes.examples)
-            if not self.sampler.filters_groups:
+            if filt is None:
                 return episodes, handle, rounds
             res = handle.result()
             last = (episodes, res)
             raw = torch.tensor(res.rewards, dtype=torch.float32)
-            outcomes = self._outcomes(episodes, raw)
-            keep = self.sampler.keep_groups(outcomes)
+            decisions = filt.decide(self._outcomes(episodes, raw), need)
             gids = torch.unique(episodes.batch.group_ids)
-            keep_ids = gids[torch.tensor(keep, dtype=torch.bool)]
+            keep_ids = gids[torch.tensor([d.keep for d in decisions], dtype=torch.bool)]
             rows = torch.isin(episodes.batch.group_ids, keep_ids).nonzero().flatten()
             if len(rows):
                 kept_parts.append(episodes.select(rows))
                 kept_scores.append(_select_scored(res, rows.tolist()))
                 need -= len(keep_ids)
-            if need <= 0 or rounds >= self.sampler.max_rounds:
+            if need <= 0 or rounds >= filt.max_rounds:
                 break
         if not kept_parts:  # nothing informative: train on the last round (zero advantages)
             self._warn(
-                "no_groups_kept", "sampler kept no group in any round; training on the last round", force=True
+                "no_groups_kept",
+                "the group filter kept no group in any round; training on the last round",
+                force=True,
             )
             kept_parts, kept_scores = [last[0]], [last[1]]
         merged = Episodes.concat(kept_parts)
@@ -459,10 +545,10 @@ class RLTrainer:
         )
         return merged, _Ready(scores), rounds
 
-    def _episodes_for(self, plan: PromptPlan, params: SamplingParams) -> Episodes:
-        """Fresh episodes for the plan, plus replayed trajectories merged into the same groups."""
-        plan = self.replay.mix(plan, self.step_idx)
-        replayed = self.replay.draw(plan, self.step_idx)
+    def _episodes_for(
+        self, plan: PromptPlan, replayed: list[list[Trajectory]], params: SamplingParams
+    ) -> Episodes:
+        """Fresh episodes for the plan, plus the replayed trajectories merged into the same groups."""
         if len(replayed) != len(plan.examples):
             raise ValueError(f"replay buffer returned {len(replayed)} lists for {len(plan.examples)} prompts")
         fresh = [n - len(r) for n, r in zip(plan.n_per_prompt, replayed, strict=True)]
@@ -583,12 +669,20 @@ class RLTrainer:
             raise ValueError(f"reward source returned {raw.shape[0]} rewards for {len(episodes)} completions")
         correct = raw >= self.cfg.reward.success_threshold
         b = episodes.batch
-        shaped = self.shaper.shape(
-            raw.clone(), b.group_ids, correct=correct, lengths=b.action_lengths.cpu(), truncated=b.truncated
-        )
+        shaped, changes = raw.clone(), {}
+        for i, (name, shaper) in enumerate(zip(self._shaper_names, self.shapers, strict=True)):
+            before = shaped
+            shaped = shaper.shape(
+                before.clone(),
+                b.group_ids,
+                correct=correct,
+                lengths=b.action_lengths.cpu(),
+                truncated=b.truncated,
+            )
+            changes[f"shaping/{i}_{name}_abs_change"] = float((shaped - before).abs().mean())
         adv = self.adv_fn(shaped, b.group_ids, **self.cfg.advantage.params, **episodes.advantage_inputs)
         wait = time.perf_counter() - t0
-        return StepScores(raw, correct, shaped, adv, res.timeouts, res.errors, res.components, wait)
+        return StepScores(raw, correct, shaped, adv, res.timeouts, res.errors, res.components, wait, changes)
 
     # ------------------------------------------------------------------------------------ 4. update
     def update(self, ro: StepRollout, fw: StepForwards, scores: StepScores) -> StepUpdate:
@@ -709,8 +803,8 @@ class RLTrainer:
             time_step=wall,
             tokens_per_s=gen_tokens / max(wall, 1e-9),
         )
-        # entropy of the policy that sampled, at τ, without gradient (E3's controller reads it): on-policy
-        # the update's forwards all precede its single optimizer step, so its entropy metric is that
+        # entropy of the policy that sampled, at τ, without gradient (for controllers that target an
+        # entropy): on-policy the update's forwards all precede its single optimizer step, so it is that
         if fw.old_entropy is not None:
             metrics["entropy_pre_update"] = float(
                 (fw.old_entropy * ro.actions).sum() / ro.actions.sum().clamp(min=1)
@@ -718,7 +812,10 @@ class RLTrainer:
         else:
             metrics["entropy_pre_update"] = metrics["entropy"]
         metrics.update({f"sampler/{k}": v for k, v in self.sampler.metrics().items()})
+        if self.group_filter is not None and self.group_filter is not self.sampler.group_filter():
+            metrics.update({f"filter/{k}": v for k, v in self.group_filter.metrics().items()})
         metrics.update({f"replay/{k}": v for k, v in self.replay.metrics().items()})
+        metrics.update(scores.shaping)
         # distributed: the global batch's metrics and outcomes, so every rank's hooks see the same
         metrics = dist.reduce_metrics(
             metrics,
@@ -791,7 +888,7 @@ class RLTrainer:
     def _check_settings(self) -> None:
         cfg = self.cfg
         n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-        if cfg.rollout.group_size == 1 and cfg.advantage.name in ("grpo", "dr_grpo", "rloo"):
+        if cfg.rollout.group_size == 1 and self.adv_fn.group_baseline:
             self._warn(
                 "group1",
                 f"rollout.group_size=1 with advantage {cfg.advantage.name!r}: every group is a singleton, "
@@ -851,6 +948,7 @@ class RLTrainer:
             "sampler": self.sampler.state_dict(),
             "controllers": [c.state_dict() for c in self.controllers],
             "replay": self.replay.state_dict(),
+            "filter": self.group_filter.state_dict() if self.group_filter is not None else {},
             "knobs": {"temperature": self.knobs.temperature},
         }
         extra = {f"engine.{k}": v for k, v in self.engine.state_dict().items()}
@@ -882,6 +980,8 @@ class RLTrainer:
         for c, s in zip(self.controllers, state["controllers"], strict=True):
             c.load_state_dict(s)
         self.replay.load_state_dict(state["replay"])
+        if self.group_filter is not None and state.get("filter"):  # pre-0.2 checkpoints have none
+            self.group_filter.load_state_dict(state["filter"])
         self.knobs = Knobs(temperature=state["knobs"]["temperature"])
         ext = dist.restore_rank_state(state)  # this rank's RNG and extra tensors (rank 0: the saved ones)
         self.engine.load_state_dict(
@@ -920,7 +1020,10 @@ class RLTrainer:
                     temperature=e.temperature,
                 )
             )
-        self.sampler.observe_eval(result, self.step_idx)  # curricula read the held-out accuracy (APARL)
+        for hook in self.hooks():  # curricula read the held-out accuracy
+            observe_eval = getattr(hook, "observe_eval", None)
+            if observe_eval is not None:
+                observe_eval(result, self.step_idx)
         return result
 
     # ---------------------------------------------------------------------------------- full run
@@ -1005,6 +1108,17 @@ class RLTrainer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _picklable(obj: Any) -> bool:
+    """True when ``obj`` can go to reward-pool worker processes (module-level classes and functions)."""
+    import pickle
+
+    try:
+        pickle.dumps(obj)
+    except Exception:
+        return False
+    return True
 
 
 def _strip(ev: dict[str, Any]) -> dict[str, Any]:

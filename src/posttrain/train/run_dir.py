@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from posttrain.utils.errors import PosttrainError
 from posttrain.utils.io import atomic_write_text
 
 RUN_ENTRIES = (
@@ -64,7 +65,7 @@ HARMLESS_KEYS = (
 """Config keys (and sections) a resumed run may change: they do not change what is trained."""
 
 
-class RunDirError(ValueError):
+class RunDirError(PosttrainError, ValueError):
     """A run folder that this run may not write into as asked; the message says what to do."""
 
 

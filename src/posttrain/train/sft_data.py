@@ -33,9 +33,10 @@ from typing import Any
 
 from posttrain.utils.config import StrictModel
 from posttrain.utils.data import DataFileError, iter_jsonl
+from posttrain.utils.errors import PosttrainError
 
 
-class SFTDataError(ValueError):
+class SFTDataError(PosttrainError, ValueError):
     """Training data that is not what SFT expects; the message names the file and line (or row)."""
 
 

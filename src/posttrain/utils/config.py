@@ -24,10 +24,12 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from posttrain.utils.errors import PosttrainError
+
 T = TypeVar("T", bound=BaseModel)
 
 
-class ConfigError(ValueError):
+class ConfigError(PosttrainError, ValueError):
     """A configuration problem, with a message that names the key and the accepted values."""
 
 

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from posttrain.utils.errors import PosttrainError
+
 
 # ------------------------------------------------------------------------------------- shuffling
 class _Seeded:
@@ -104,7 +106,7 @@ class EpochShuffler:
 
 
 # ------------------------------------------------------------------------------------ JSONL rows
-class DataFileError(ValueError):
+class DataFileError(PosttrainError, ValueError):
     """A data file that cannot be read as expected; the message names the file and line."""
 
 

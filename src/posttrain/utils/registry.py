@@ -37,17 +37,19 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
+from posttrain.utils.errors import PosttrainError
+
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError, ValueError):
+class UnknownNameError(PosttrainError, KeyError, ValueError):
     """Lookup of a name that is not registered; the message lists the known names."""
 
     def __str__(self) -> str:  # KeyError would show the repr of the message
         return str(self.args[0])
 
 
-class PluginError(ValueError):
+class PluginError(PosttrainError, ValueError):
     """A ``package.module:Name`` that cannot be imported, has no such attribute, or is the wrong kind."""
 
 
@@ -264,11 +266,14 @@ class Registry(Generic[T]):
         )
 
     def restore(self, state: tuple[dict[str, Any], ...]) -> None:
-        """Put back a :meth:`snapshot` (entries resolved since then are kept: they are the same objects)."""
-        items, aliases, lazy, lazy_aliases, plugins = (dict(d) for d in state)
+        """Put back a :meth:`snapshot`: names registered since are gone; lazy names and plug-in paths
+        resolved since stay resolved (their modules were imported and will not register again)."""
+        items, aliases, lazy, lazy_aliases, _plugins = (dict(d) for d in state)
         resolved = {k: v for k, v in self._items.items() if k in lazy}  # lazily imported meanwhile
         resolved_aliases = {a: n for a, n in self._aliases.items() if n in resolved}
-        self._items, self._aliases, self._plugins = items, aliases, plugins
+        # resolved plug-in paths stay cached: their modules are imported for good and do not register
+        # again, so a later lookup of the same path must still find the entry
+        self._items, self._aliases = items, aliases
         self._items.update(resolved)
         self._aliases.update(resolved_aliases)
         self._lazy = {k: v for k, v in lazy.items() if k not in resolved}
@@ -277,7 +282,9 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         if isinstance(name, str):
             self._read_entry_points()
-        return name in self._items or name in self._aliases or name in self._lazy or name in self._lazy_aliases
+        return (
+            name in self._items or name in self._aliases or name in self._lazy or name in self._lazy_aliases
+        )
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -36,6 +36,7 @@ import re
 from typing import Any
 
 from posttrain.benchmarks.silo.tasks._base import render_shard
+from posttrain.utils.errors import PosttrainError
 
 #: Tasks whose oracle input lists the k shards one by one instead of merging them (see module doc).
 LISTED_TASKS = frozenset({"III-29"})
@@ -78,7 +79,7 @@ _SUBMISSION = (
 )
 
 
-class OracleError(ValueError):
+class OracleError(PosttrainError, ValueError):
     """A case that cannot be turned into its N = 1 oracle; the message names the case and the problem."""
 
 

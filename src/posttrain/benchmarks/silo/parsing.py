@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.utils.errors import PosttrainError
+
 _THINK_RE = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _TOOL_RE = re.compile(r"<tool>\s*(.*?)\s*</tool>", re.DOTALL)
@@ -138,7 +140,7 @@ _OPEN = {"[": "]", "(": ")", "{": "}"}
 _CLOSE = set(_OPEN.values())
 
 
-class LiteralError(ValueError):
+class LiteralError(PosttrainError, ValueError):
     """Text that does not start with a JSON or Python literal (the message shows its start)."""
 
 

@@ -7,7 +7,7 @@ it gives no perplexity definition, schedule or thresholds, so the rule below is 
 and every threshold is a parameter.
 
 * **Inner loop** (every step): DAPO dynamic sampling (arXiv:2503.14476 §3.3,
-  :class:`~posttrain.recipes.dapo.hooks.DAPOSampler`): groups whose rewards are all equal are dropped and,
+  :class:`~posttrain.hooks.filters.DynamicSamplingFilter`): groups whose rewards are all equal are dropped and,
   while fewer than ``rollout.prompts_per_step`` groups are kept, another round is drawn (at most
   ``max_rounds``; ``max_rounds: 1`` = drop only).
 * **Outer loop** (every ``stage_steps`` steps, default one pass over the pool): the policy's
@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 
-from posttrain.hooks.base import SAMPLERS, GroupOutcome, PromptPlan, RunInfo, UniformSampler
+from posttrain.hooks.base import SAMPLERS, GroupFilter, GroupOutcome, PromptPlan, RunInfo, UniformSampler
+from posttrain.hooks.filters import DynamicSamplingFilter
 from posttrain.models.logprobs import pad_right
-from posttrain.recipes.dapo.hooks import DAPOSampler
 
 
 # ------------------------------------------------------------------------------------ pure functions
@@ -127,8 +127,7 @@ def _qid(example: Any) -> str:
 
 # ------------------------------------------------------------------------------------------ sampler
 class _CurriculumDraw(UniformSampler):
-    """Draws prompts from the curriculum's weights (between :class:`DAPOSampler` and the uniform
-    sampler in :class:`APARLSampler`'s MRO, so DAPO's rounds and group filtering call this draw)."""
+    """Draws prompts from the curriculum's weights (the uniform pass until a policy is bound)."""
 
     def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan:
         self._round += 1
@@ -150,9 +149,10 @@ class _CurriculumDraw(UniformSampler):
 
 
 @SAMPLERS.register("aparl")
-class APARLSampler(DAPOSampler, _CurriculumDraw):
-    """APARL dual-loop curriculum, **proposed design** (module docstring). Parameters: the DAPO inner
-    loop's ``max_rounds`` / ``oversample``; the outer loop's ``stage_steps`` (None = one pass over the
+class APARLSampler(_CurriculumDraw):
+    """APARL dual-loop curriculum, **proposed design** (module docstring): this sampler (the outer
+    loop) plus the core :class:`~posttrain.hooks.filters.DynamicSamplingFilter` as its group filter
+    (the inner loop). Parameters: the inner loop's ``max_rounds`` / ``oversample``; the outer loop's ``stage_steps`` (None = one pass over the
     pool at ``rollout.prompts_per_step``), ``gamma`` (γ), ``quantile_step``, ``max_quantile``,
     ``shift_accuracy``, ``accuracy_source`` (heldout | train), ``saturated_ppl``, ``drop_solved``
     (an all-correct group saturates its item), ``min_pool``, ``batch_size`` (perplexity rows per
@@ -191,7 +191,12 @@ class APARLSampler(DAPOSampler, _CurriculumDraw):
                 "batch_size": batch_size,
             }
         )
-        super().__init__(examples, seed=seed, max_rounds=max_rounds, oversample=oversample)
+        super().__init__(examples, seed=seed)
+        self._filter = DynamicSamplingFilter(
+            max_rounds=max_rounds, oversample=oversample, label="hooks.sampler 'aparl'"
+        )
+        self.max_rounds, self.oversample = max_rounds, oversample
+        self._step = -1
         self.stage_steps, self.gamma = stage_steps, gamma
         self.quantile_step, self.max_quantile = quantile_step, max_quantile
         self.shift_accuracy, self.accuracy_source = shift_accuracy, accuracy_source
@@ -216,7 +221,7 @@ class APARLSampler(DAPOSampler, _CurriculumDraw):
 
     @staticmethod
     def validate_params(params: dict[str, Any]) -> None:
-        DAPOSampler.validate_params(params)
+        DynamicSamplingFilter.validate_params(params)
         ss = params.get("stage_steps")
         if ss is not None and not (isinstance(ss, int) and ss >= 1):
             raise ValueError(f"stage_steps must be an integer >= 1 or null, got {ss!r}")
@@ -236,6 +241,9 @@ class APARLSampler(DAPOSampler, _CurriculumDraw):
             v = params.get(key, 1)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"{key} must be an integer >= 1, got {v!r}")
+
+    def group_filter(self) -> GroupFilter:
+        return self._filter
 
     def bind(self, run: RunInfo) -> None:
         self.policy, self.encode_prompt, self.chunk_size = run.policy, run.encode_prompt, run.chunk_size
@@ -294,7 +302,8 @@ class APARLSampler(DAPOSampler, _CurriculumDraw):
         self._train_acc = []
 
     def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan:
-        if step != self._step:  # first round of a step (DAPOSampler.plan sets _step)
+        if step != self._step:  # first round of a step
+            self._step = step
             self._round = 0
             every = self.stage_steps or max(1, math.ceil(len(self.by_id) / max(num_prompts, 1)))
             if self.policy is not None and (self.stage < 0 or step % every == 0):
@@ -316,7 +325,7 @@ class APARLSampler(DAPOSampler, _CurriculumDraw):
             self.heldout_acc = float(result["accuracy"])
 
     def metrics(self) -> dict[str, float]:
-        out = {**super().metrics(), **self._stage_stats}
+        out = {**self._filter.metrics(), **self._stage_stats}
         if self._sampled_ppl:
             out["ppl_sampled_mean"] = sum(self._sampled_ppl) / len(self._sampled_ppl)
         return out

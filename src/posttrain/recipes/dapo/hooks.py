@@ -9,20 +9,20 @@ the token-mean loss are loss settings (``objective.params.clip_high``, ``objecti
 
 from __future__ import annotations
 
-import math
-import warnings
 from typing import Any
 
 import torch
 
-from posttrain.hooks.base import (
-    GROUP_SHAPERS,
-    SAMPLERS,
-    GroupOutcome,
-    GroupRewardShaper,
-    PromptPlan,
-    UniformSampler,
-)
+from posttrain.hooks.base import GROUP_SHAPERS, SAMPLERS, GroupFilter, GroupRewardShaper, UniformSampler
+from posttrain.hooks.filters import DynamicSamplingFilter, DynamicSamplingWarning
+
+__all__ = [
+    "DAPOOverlongShaper",
+    "DAPOSampler",
+    "DynamicSamplingWarning",
+    "dapo_overlong_penalty",
+    "validate_overlong",
+]
 
 
 def dapo_overlong_penalty(length: int, *, max_length: int, buffer: int, factor: float = 1.0) -> float:
@@ -70,72 +70,29 @@ class DAPOOverlongShaper(GroupRewardShaper):
         return rewards + torch.tensor(pen, dtype=rewards.dtype)
 
 
-class DynamicSamplingWarning(RuntimeWarning):
-    """DAPO dynamic sampling hit its round cap before collecting the requested groups."""
-
-
 @SAMPLERS.register("dapo")
 class DAPOSampler(UniformSampler):
-    """DAPO dynamic sampling (arXiv:2503.14476, §3.3; verl ``filter_groups``, metric ``acc``/score).
-
-    Each round draws ``ceil(remaining · oversample)`` prompts from the uniform sampler's shuffled
-    epochs; groups whose rewards are all equal are dropped; rounds continue until the step holds
-    ``rollout.prompts_per_step`` groups (extra kept groups beyond that are dropped, as verl truncates to
-    ``train_batch_size``) or ``max_rounds`` rounds were drawn (verl ``max_num_gen_batches`` = 10). On
-    hitting the cap the step trains on what it kept and a :class:`DynamicSamplingWarning` says so
-    (a ``[proposed]`` choice: verl raises when unlimited is off). Rollouts spent are reported as
-    ``sampler/rollouts_generated``.
+    """DAPO dynamic sampling as one sampler (``hooks.sampler: dapo``): the uniform sampler's shuffled
+    epochs plus the :class:`~posttrain.hooks.filters.DynamicSamplingFilter` (``max_rounds``,
+    ``oversample``), which drops groups whose rewards are all equal and asks for more rounds. The same
+    as ``hooks.sampler: uniform`` + ``hooks.filter: dynamic-sampling``; its numbers are logged as
+    ``sampler/rounds``, ``sampler/rollouts_generated``, ``sampler/groups_kept``, ``sampler/cap_hit``.
     """
-
-    filters_groups = True
 
     def __init__(
         self, examples: list[Any], *, seed: int = 0, max_rounds: int = 10, oversample: float = 1.0
     ) -> None:
         self.validate_params({"max_rounds": max_rounds, "oversample": oversample})
         super().__init__(examples, seed=seed)
-        self.max_rounds = max_rounds
-        self.oversample = oversample
-        self._step = -1
-        self._need = 0
-        self._stats = {"rounds": 0.0, "rollouts_generated": 0.0, "groups_kept": 0.0, "cap_hit": 0.0}
+        self._filter = DynamicSamplingFilter(
+            max_rounds=max_rounds, oversample=oversample, label="hooks.sampler 'dapo'"
+        )
+        self.max_rounds, self.oversample = max_rounds, oversample
 
-    @staticmethod
-    def validate_params(params: dict[str, Any]) -> None:
-        r, o = params.get("max_rounds", 10), params.get("oversample", 1.0)
-        if not (isinstance(r, int) and r >= 1):
-            raise ValueError(f"max_rounds must be an integer >= 1, got {r!r}")
-        if not (isinstance(o, int | float) and o >= 1):
-            raise ValueError(f"oversample must be a number >= 1, got {o!r}")
+    validate_params = staticmethod(DynamicSamplingFilter.validate_params)
 
-    def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan:
-        if step != self._step:  # first round of a new step
-            self._step = step
-            self._requested = num_prompts
-            self._stats = {"rounds": 0.0, "rollouts_generated": 0.0, "groups_kept": 0.0, "cap_hit": 0.0}
-        self._need = num_prompts
-        plan = super().plan(step, math.ceil(num_prompts * self.oversample), group_size)
-        self._stats["rounds"] += 1
-        self._stats["rollouts_generated"] += sum(plan.n_per_prompt)
-        return plan
-
-    def keep_groups(self, outcomes: list[GroupOutcome]) -> list[bool]:
-        keep, n = [], 0
-        for o in outcomes:
-            k = not o.zero_variance and n < self._need
-            n += k
-            keep.append(k)
-        self._stats["groups_kept"] += n
-        if n < self._need and self._stats["rounds"] >= self.max_rounds:
-            self._stats["cap_hit"] = 1.0
-            warnings.warn(
-                f"hooks.sampler 'dapo': after max_rounds={self.max_rounds} rounds only "
-                f"{int(self._stats['groups_kept'])} of {self._requested} groups have non-constant rewards; "
-                "training on those (raise max_rounds or oversample, or the task is too easy/hard)",
-                DynamicSamplingWarning,
-                stacklevel=2,
-            )
-        return keep
+    def group_filter(self) -> GroupFilter:
+        return self._filter
 
     def metrics(self) -> dict[str, float]:
-        return dict(self._stats)
+        return self._filter.metrics()

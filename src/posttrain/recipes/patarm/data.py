@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.recipes.patarm.prompts import TASK_TYPES
+from posttrain.utils.errors import PosttrainError
 
 
-class PreferenceDataError(ValueError):
+class PreferenceDataError(PosttrainError, ValueError):
     """A preference file or row that cannot be used; the message names file, line and field."""
 
 

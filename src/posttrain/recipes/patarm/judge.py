@@ -27,9 +27,7 @@ none), ``judge_parsed`` (1 when every judgment parsed), ``judge_failed`` (1 when
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import os
 import random
 import threading
 from abc import ABC, abstractmethod
@@ -37,6 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.clients.batch import EndpointGenerator
 from posttrain.recipes.patarm.prompts import DEFAULT_SCALE, normalise_score, parse_score, pointwise_prompt
 from posttrain.rollout.reward_source import RewardHandle, RewardSource, ScoredBatch
 
@@ -105,59 +104,10 @@ class HFJudge(Judge):
         return list(self.tokenizer.batch_decode(batch.completion_lists(), skip_special_tokens=True))
 
 
-class EndpointJudge(Judge):
-    """A judge behind an OpenAI-compatible endpoint. The API key is read from the environment variable
-    ``api_key_env`` (never from a config file). Per-request timeout ``timeout_s`` and ``max_retries``
-    capped retries are the client's; an item that still fails is ``None``."""
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        api_key_env: str | None = None,
-        temperature: float | None = 0.0,
-        max_tokens: int | None = 1024,
-        concurrency: int = 8,
-        timeout_s: float = 120.0,
-        max_retries: int = 2,
-        backoff_base: float = 0.5,
-        backoff_max: float = 10.0,
-        extra_body: dict[str, Any] | None = None,
-    ) -> None:
-        from posttrain.clients import OpenAIChatAgent
-
-        key = os.environ.get(api_key_env) if api_key_env else None
-        self.agent = OpenAIChatAgent(
-            base_url,
-            model,
-            key,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            concurrency=concurrency,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            backoff_base=backoff_base,
-            backoff_max=backoff_max,
-            extra_body=extra_body,
-        )
-        self.last_errors: list[str] = []
-
-    def generate(self, prompts: list[str]) -> list[str | None]:
-        async def one(p: str) -> str | None:
-            try:
-                return (await self.agent.reply([{"role": "user", "content": p}])).text
-            except Exception as e:  # AgentError after the capped retries, or anything unexpected
-                self.last_errors.append(f"{type(e).__name__}: {e}")
-                return None
-
-        async def run() -> list[str | None]:
-            try:
-                return list(await asyncio.gather(*(one(p) for p in prompts)))
-            finally:
-                await self.agent.aclose()
-
-        return asyncio.run(run())
+class EndpointJudge(EndpointGenerator, Judge):
+    """A judge behind an OpenAI-compatible endpoint (:class:`posttrain.clients.EndpointGenerator`:
+    the API key from the environment variable ``api_key_env``, never from a config file; per-request
+    ``timeout_s`` and capped ``max_retries``; an item that still fails is ``None``)."""
 
 
 class RandomJudge(Judge):

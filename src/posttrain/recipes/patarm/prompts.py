@@ -33,6 +33,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
+from posttrain.utils.errors import PosttrainError
+
 TASK_TYPES: tuple[str, ...] = ("chat", "math", "code", "safety")
 RubricStyle = Literal["full", "names", "none"]
 RUBRIC_STYLES: tuple[str, ...] = ("full", "names", "none")
@@ -56,7 +58,7 @@ _TAIL = 4096
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 
 
-class RubricError(ValueError):
+class RubricError(PosttrainError, ValueError):
     """An unknown task type or a malformed rubric file."""
 
 

@@ -16,9 +16,10 @@ from typing import Any
 
 from posttrain.recipes.patarm.data import PreferencePair
 from posttrain.recipes.patarm.prompts import DEFAULT_SCALE, pairwise_prompt, parse_preference
+from posttrain.utils.errors import PosttrainError
 
 
-class ScorerSpecError(ValueError):
+class ScorerSpecError(PosttrainError, ValueError):
     """A reward-model spec that is not ``hf:…``, ``endpoint:…#…`` or ``bt:…``."""
 
 

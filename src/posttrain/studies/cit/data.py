@@ -30,13 +30,14 @@ from typing import Any
 
 from posttrain.train.sft_data import SFTExample
 from posttrain.utils.data import DataFileError, iter_jsonl
+from posttrain.utils.errors import PosttrainError
 
 OPEN, CLOSE = "[[", "]]"
 DEFAULT_PROMPT_FORMAT = "{instruction}\n{input}\n"
 DEFAULT_MASK = "_"
 
 
-class CITDataError(ValueError):
+class CITDataError(PosttrainError, ValueError):
     """Instruction data that is not what CIT expects; the message names the file and line (or row)."""
 
 

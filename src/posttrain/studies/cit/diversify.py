@@ -100,9 +100,9 @@ class EndpointRewriter:
     def __init__(
         self, base_url: str, model: str, *, api_key_env: str | None = None, concurrency: int = 8
     ) -> None:
-        from posttrain.recipes.patarm.judge import EndpointJudge
+        from posttrain.clients import EndpointGenerator
 
-        self.client = EndpointJudge(
+        self.client = EndpointGenerator(
             base_url, model, api_key_env=api_key_env, temperature=0.7, max_tokens=256, concurrency=concurrency
         )
         self.fallbacks = 0

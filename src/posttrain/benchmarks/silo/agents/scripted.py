@@ -38,6 +38,7 @@ from posttrain.benchmarks.silo.parsing import (
     parse_data_literal,
     parse_tool_results,
 )
+from posttrain.utils.errors import PosttrainError
 from posttrain.utils.registry import Registry
 
 _ID_RE = re.compile(r"agent ID is:\s*(\d+)")
@@ -46,7 +47,7 @@ _TITLE_RE = re.compile(r"\*\*Task:\s*(.+?)\*\*")
 _DATA_HEAD_RE = re.compile(r"^\*\*Your (?:Local )?Data[^\n]*\*\*\s*$", re.MULTILINE)
 
 
-class ScriptError(RuntimeError):
+class ScriptError(PosttrainError, RuntimeError):
     """The scripted agent could not read what it needs from its context (names the missing piece)."""
 
 

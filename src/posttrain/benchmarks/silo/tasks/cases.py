@@ -34,6 +34,7 @@ from posttrain.benchmarks.silo.tasks._base import (
     TaskSpec,
     fill_prompt,
 )
+from posttrain.utils.errors import PosttrainError
 from posttrain.utils.io import atomic_write_text
 
 DEFAULT_AGENT_COUNTS = (2, 5, 10, 20, 50, 100)
@@ -235,7 +236,7 @@ def generate_parity_suite(
 # ----------------------------------------------------------------------------------------------- loading
 
 
-class CaseFileError(ValueError):
+class CaseFileError(PosttrainError, ValueError):
     """A case file that cannot be used; the message names the file and the bad key."""
 
 
