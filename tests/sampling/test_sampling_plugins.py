@@ -192,7 +192,9 @@ def test_dapo_sampler_warns_when_the_round_cap_is_hit(tmp_path):
 
 
 # ------------------------------------------------------------------------------- configs + resume
-@pytest.mark.parametrize(("recipe", "name"), [("e3", "e3"), ("asrr", "asrr"), ("dapo", "dapo"), ("e3", "e3-asrr-dgpo")])
+@pytest.mark.parametrize(
+    ("recipe", "name"), [("e3", "e3"), ("asrr", "asrr"), ("dapo", "dapo"), ("e3", "e3-asrr-dgpo")]
+)
 def test_shipped_config_runs_one_step(tmp_path, recipe, name):
     tr = trainer(
         tmp_path,

@@ -295,7 +295,8 @@ def report_cmd(
             atomic_write_text(
                 path,
                 "# SR and PCS of one sweep in each scoring mode\n\nThe same transcripts scored by "
-                "`default` and by `paper` (posttrain.benchmarks.silo.scoring).\n\n" + markdown_table(columns, body),
+                "`default` and by `paper` (posttrain.benchmarks.silo.scoring).\n\n"
+                + markdown_table(columns, body),
             )
             written.append(path)
     except (FileNotFoundError, ValueError) as e:

@@ -222,7 +222,7 @@ class CaseResult:
     agent_s: float
     agent_rounds: int
     transcript: list[dict[str, Any]] = field(default_factory=list, repr=False)
-    scoring: str = "default"  # the scoring mode of `metrics`, `correct`, `success` (posttrain.benchmarks.silo.scoring)
+    scoring: str = "default"  # the scoring mode of `metrics`, `correct`, `success` (benchmarks.silo.scoring)
     message_counts: dict[str, int] = field(
         default_factory=dict
     )  # m of D per variant: code, paper, bp_weighted

@@ -189,7 +189,7 @@ class ScriptedAgent(Agent):
             raise ScriptError("cannot tell the protocol from the system prompt's tool list")
         seat = current_seat()  # set by the engine: the task from the case's case_id
         task_id, shard = read_task(user, seat.task_id if seat is not None else None)
-        if n == 1:  # N = 1 oracle baseline (posttrain.benchmarks.silo.oracle): the whole input is here; answer at once
+        if n == 1:  # N = 1 oracle baseline (benchmarks.silo.oracle): the whole input is here; answer now
             from posttrain.benchmarks.silo import solve
             from posttrain.benchmarks.silo.oracle import read_oracle_input
 
