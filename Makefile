@@ -27,13 +27,16 @@ demo: setup
 	$(BIN)/posttrain demo --out runs/demo --overwrite
 
 # -rs lists every skipped test with its reason (e.g. the verl cross-check: verl is not an extra)
+# lint-imports: the layer and independence contracts of pyproject.toml [tool.importlinter]
 test: setup $(BIN)/.bench-installed
 	$(BIN)/ruff check src tests
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q -rs
 
 lint: setup
 	$(BIN)/ruff check src tests
+	$(BIN)/lint-imports
 	$(BIN)/ruff format --check src tests
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .import_linter_cache
