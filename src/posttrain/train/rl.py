@@ -44,7 +44,6 @@ evaluation, checkpoints and resume. Distributed concerns live in :mod:`posttrain
 from __future__ import annotations
 
 import copy
-import math
 import random
 import time
 import warnings
@@ -67,10 +66,8 @@ from posttrain.hooks import (
     GroupFilter,
     GroupOutcome,
     Knobs,
-    PromptPlan,
     RunInfo,
     SamplerKeepFilter,
-    Trajectory,
 )
 from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
 from posttrain.rollout import (
@@ -83,15 +80,20 @@ from posttrain.rollout import (
     RolloutBatch,
     RunnerContext,
     SamplingParams,
-    ScoredBatch,
     build_engine,
     build_reward_source,
     build_runner,
 )
-from posttrain.rollout.episodes import cat_row_inputs
-from posttrain.rollout.reward_source import RewardHandle, _Ready
+from posttrain.rollout.reward_source import RewardHandle
 from posttrain.train import dist
 from posttrain.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from posttrain.train.collector import (
+    EngineMismatchWeights,
+    ImportanceWeights,
+    ReplayWeights,
+    RolloutCollector,
+    combine_weights,
+)
 from posttrain.train.config import RLConfig
 from posttrain.train.logger import MetricsLogger
 from posttrain.train.optim import build_adamw, clip_and_step, scheduled_lr, set_lr
@@ -231,6 +233,15 @@ _LOSS_INPUTS: dict[str, Callable[[_Micro], torch.Tensor]] = {
 }
 
 
+def _collector_attr(name: str) -> property:
+    """A trainer attribute that is the collector's component ``name`` (read and write)."""
+    return property(
+        lambda self: getattr(self.collector, name),
+        lambda self, value: setattr(self.collector, name, value),
+        doc=f"The rollout collector's ``{name}``.",
+    )
+
+
 class RLTrainer:
     """GRPO-family RL trainer. ``RLTrainer(config).train()`` runs a full experiment;
     ``RLTrainer(config, model, tokenizer).step()`` does exactly one step (used by ``posttrain bench``).
@@ -246,6 +257,12 @@ class RLTrainer:
     ``group_filter``, ``replay``, ``shapers`` (a list, applied in order) and ``controllers``.
     ``config`` defaults to ``RLConfig()``; a dict is validated as one.
     """
+
+    sampler = _collector_attr("sampler")
+    replay = _collector_attr("replay")
+    group_filter = _collector_attr("group_filter")
+    runner = _collector_attr("runner")
+    reward_source = _collector_attr("reward_source")
 
     def __init__(
         self,
@@ -315,6 +332,17 @@ class RLTrainer:
         # engine, episode runner and reward source: registry factories named in the config
         # (rollout.engine, rollout.runner, reward.source); runner / reward_source may also be passed in
         self._own_reward_source = reward_source is None
+        # the step's rollout (sampler, replay, filter, runner, reward source) lives in the collector;
+        # the trainer's attributes of the same names read and write it
+        self.collector = RolloutCollector(
+            prompts_per_step=cfg.rollout.prompts_per_step,
+            group_size=cfg.rollout.group_size,
+            success_threshold=cfg.reward.success_threshold,
+            formatter=None,
+            tokenizer=tokenizer,
+            engine=None,
+            warn=self._warn,
+        )
         self.reward_source = reward_source or build_reward_source(
             cfg.reward.source.name,
             cfg.reward.source.params,
@@ -337,6 +365,7 @@ class RLTrainer:
                 model, tokenizer, seed=dist.rank_seed(cfg.seed + 1), max_batch_size=cfg.rollout.max_batch_size
             ),
         )
+        self.collector.formatter, self.collector.engine = self.formatter, self.engine
         self.runner = runner or build_runner(
             cfg.rollout.runner.name,
             cfg.rollout.runner.params,
@@ -391,6 +420,11 @@ class RLTrainer:
         self.replay.bind(run_info)
         if self.group_filter is not None:
             self.group_filter.bind(run_info)
+        #: per-token importance-weight providers, multiplied (replayed rows; engine mismatch on fresh rows)
+        self.is_weights: list[ImportanceWeights] = [
+            ReplayWeights(lambda: self.replay),
+            EngineMismatchWeights(lambda: self.engine),
+        ]
         if shapers is not None:
             self.shapers = list(shapers)
             self._shaper_names = [type(s).__name__ for s in self.shapers]
@@ -484,128 +518,9 @@ class RLTrainer:
         return [self.sampler, self.group_filter, self.replay, *self.shapers, *self.controllers]
 
     def _rollout(self, params: SamplingParams) -> tuple[Episodes, RewardHandle, int]:
-        """Sample the step's episodes.
-
-        Contract (``posttrain.hooks.base``): the replay buffer's ``mix`` and ``draw`` run exactly once
-        per step, on the first round's plan, before any rollout. Without a group filter: that one
-        round, rewards still being scored. With one (DAPO dynamic sampling, arXiv:2503.14476): rounds
-        until ``rollout.prompts_per_step`` groups are kept or the filter's ``max_rounds`` is reached;
-        later rounds are fresh samples only; rewards are known when this returns."""
-        cfg, step, filt = self.cfg, self.step_idx, self.group_filter
-        need, kept_parts, kept_scores, rounds = cfg.rollout.prompts_per_step, [], [], 0
-        if filt is not None:
-            filt.start_step(step, need)
-        last: tuple[Episodes, ScoredBatch] | None = None
-        while True:
-            rounds += 1
-            n_prompts = need if filt is None else math.ceil(need * filt.oversample)
-            # every rank plans the global batch and keeps its block of prompts (dist.shard_plan)
-            plan = dist.shard_plan(self.sampler.plan(step, n_prompts, cfg.rollout.group_size))
-            if rounds == 1:  # replay: once per step, before any rollout
-                plan = self.replay.mix(plan, step)
-                replayed = self.replay.draw(plan, step)
-            else:
-                replayed = [[] for _ in plan.examples]
-            if filt is not None:
-                filt.start_round(plan)
-            episodes = self._episodes_for(plan, replayed, params)
-            if episodes.rewards is not None:  # the environment scored its own episodes
-                handle = _Ready(ScoredBatch(rewards=[float(r) for r in episodes.rewards]))
-            else:
-                handle = self.reward_source.submit(episodes.texts, episodes.examples)
-            if filt is None:
-                return episodes, handle, rounds
-            res = handle.result()
-            last = (episodes, res)
-            raw = torch.tensor(res.rewards, dtype=torch.float32)
-            decisions = filt.decide(self._outcomes(episodes, raw), need)
-            gids = torch.unique(episodes.batch.group_ids)
-            keep_ids = gids[torch.tensor([d.keep for d in decisions], dtype=torch.bool)]
-            rows = torch.isin(episodes.batch.group_ids, keep_ids).nonzero().flatten()
-            if len(rows):
-                kept_parts.append(episodes.select(rows))
-                kept_scores.append(_select_scored(res, rows.tolist()))
-                need -= len(keep_ids)
-            if need <= 0 or rounds >= filt.max_rounds:
-                break
-        if not kept_parts:  # nothing informative: train on the last round (zero advantages)
-            self._warn(
-                "no_groups_kept",
-                "the group filter kept no group in any round; training on the last round",
-                force=True,
-            )
-            kept_parts, kept_scores = [last[0]], [last[1]]
-        merged = Episodes.concat(kept_parts)
-        common = set.intersection(*(set(s.components) for s in kept_scores))
-        scores = ScoredBatch(
-            rewards=[r for s in kept_scores for r in s.rewards],
-            timeouts=sum(s.timeouts for s in kept_scores),
-            errors=sum(s.errors for s in kept_scores),
-            components={k: [v for s in kept_scores for v in s.components[k]] for k in sorted(common)},
-        )
-        return merged, _Ready(scores), rounds
-
-    def _episodes_for(
-        self, plan: PromptPlan, replayed: list[list[Trajectory]], params: SamplingParams
-    ) -> Episodes:
-        """Fresh episodes for the plan, plus the replayed trajectories merged into the same groups."""
-        if len(replayed) != len(plan.examples):
-            raise ValueError(f"replay buffer returned {len(replayed)} lists for {len(plan.examples)} prompts")
-        fresh = [n - len(r) for n, r in zip(plan.n_per_prompt, replayed, strict=True)]
-        if any(f < 0 for f in fresh):
-            raise ValueError("replay buffer returned more trajectories than a group's size")
-        if not any(replayed):
-            return self.runner.run(plan.examples, fresh, params)
-        new = self.runner.run(plan.examples, fresh, params) if sum(fresh) else None
-        past = self._replayed_episodes(plan, replayed)
-        if new is None:
-            return past
-        if new.rewards is not None:
-            raise ValueError(
-                "hooks.replay: replayed trajectories cannot join episodes that the episode runner scored "
-                "itself (rewards); use a replay buffer only with runners whose episodes are scored by the "
-                "reward source"
-            )
-        # same group numbering (plan index): concatenate without renumbering
-        widths = [new.batch.completion_ids.shape[1], past.batch.completion_ids.shape[1]]
-        return Episodes(
-            batch=RolloutBatch.concat([new.batch, past.batch]),
-            texts=new.texts + past.texts,
-            examples=new.examples + past.examples,
-            advantage_inputs=cat_row_inputs(
-                [new.advantage_inputs, past.advantage_inputs], widths, where="hooks.replay: advantage_inputs"
-            ),
-            replayed=torch.cat([new.replayed, past.replayed]),
-        )
-
-    def _replayed_episodes(self, plan: PromptPlan, replayed: list[list[Trajectory]]) -> Episodes:
-        rows = [
-            (g, ex, tr)
-            for g, (ex, trajs) in enumerate(zip(plan.examples, replayed, strict=True))
-            for tr in trajs
-        ]
-        comps = [tr.completion_ids for _, _, tr in rows]
-        with_env = any(tr.action_mask is not None for _, _, tr in rows)
-        batch = RolloutBatch.from_token_lists(
-            [self.formatter.encode(ex.prompt) for _, ex, _ in rows],
-            comps,
-            pad_token_id=self.engine.pad_token_id,
-            group_ids=[g for g, _, _ in rows],
-            finish_reasons=[tr.finish_reason for _, _, tr in rows],
-            actions=[tr.action_mask or [1] * len(tr.completion_ids) for _, _, tr in rows]
-            if with_env
-            else None,
-            logprobs=[tr.logp_past for _, _, tr in rows],
-        )
-        adv_inputs = cat_row_inputs(
-            [{k: torch.tensor(v)[None] for k, v in tr.advantage_inputs.items()} for _, _, tr in rows],
-            [len(c) for c in comps],
-            where="hooks.replay: Trajectory.advantage_inputs",
-        )
-        texts = self.tokenizer.batch_decode(comps, skip_special_tokens=True)
-        examples = [ex for _, ex, _ in rows]
-        ones = torch.ones(len(rows), dtype=torch.bool)
-        return Episodes(batch, list(texts), examples, advantage_inputs=adv_inputs, replayed=ones)
+        """The step's episodes, their reward handle and the number of sampling rounds (the
+        collector's :meth:`~posttrain.train.collector.RolloutCollector.collect`)."""
+        return self.collector.collect(self.step_idx, params)
 
     def _check_logprobs(self, episodes: Episodes) -> None:
         """Refuse a batch without sampling log-probs when a hook or the loss needs them."""
@@ -730,16 +645,8 @@ class RLTrainer:
         rows, logp, ent, ro, fw = mb.rows, mb.logp, mb.entropy, mb.rollout, mb.forwards
         m = ro.actions[rows]
         old = logp.detach() if fw.old_logp is None else fw.old_logp[rows]
-        is_weights = None
-        if bool(ro.episodes.replayed.any()):
-            replayed = ro.episodes.replayed.to(self.device)[rows]
-            w = self.replay.is_weights(logp.detach(), ro.batch.logprobs[rows], m)
-            is_weights = torch.where(replayed[:, None], w, torch.ones_like(w))
-        if ro.batch.logprobs is not None:  # sampler/trainer mismatch (e.g. truncated IS, rollout/vllm.py)
-            w = self.engine.rollout_is_weights(old, ro.batch.logprobs[rows], m)
-            if w is not None:  # fresh rows only: replayed rows carry past-policy log-probs
-                w = torch.where(ro.episodes.replayed.to(self.device)[rows][:, None], torch.ones_like(w), w)
-                is_weights = w if is_weights is None else is_weights * w
+        # per-token importance weights: the product of the providers' (replay, engine mismatch, ...)
+        is_weights = combine_weights([p(rows, logp, old, m, ro.episodes, ro.batch) for p in self.is_weights])
         scale = cfg.objective.scale or float(cfg.rollout.max_new_tokens)
         agg = cfg.objective.agg or self.loss_fn.default_agg
         norm = {"scale": scale, "global_tokens": g_tokens, "global_seqs": g_seqs}
@@ -837,21 +744,7 @@ class RLTrainer:
 
     # ----------------------------------------------------------------------------------- internals
     def _outcomes(self, episodes: Episodes, raw: torch.Tensor) -> list[GroupOutcome]:
-        correct = raw >= self.cfg.reward.success_threshold
-        gids = episodes.batch.group_ids
-        lengths = episodes.batch.action_lengths.cpu()
-        out = []
-        for g in torch.unique(gids).tolist():
-            rows = (gids == g).nonzero().flatten().tolist()
-            out.append(
-                GroupOutcome(
-                    example=episodes.examples[rows[0]],
-                    rewards=[float(raw[i]) for i in rows],
-                    correct=[bool(correct[i]) for i in rows],
-                    lengths=[int(lengths[i]) for i in rows],
-                )
-            )
-        return out
+        return self.collector.outcomes(episodes, raw)
 
     def _batch_metrics(self, episodes: Episodes, scored: StepScores) -> dict[str, float]:
         b = episodes.batch
@@ -1123,12 +1016,3 @@ def _picklable(obj: Any) -> bool:
 
 def _strip(ev: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ev.items() if k != "samples"}
-
-
-def _select_scored(res: ScoredBatch, rows: list[int]) -> ScoredBatch:
-    return ScoredBatch(
-        rewards=[res.rewards[i] for i in rows],
-        timeouts=res.timeouts,
-        errors=res.errors,
-        components={k: [vals[i] for i in rows] for k, vals in res.components.items()},
-    )
