@@ -58,6 +58,7 @@ import torch
 from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stats, kl_clamped, kl_penalty
 from posttrain.algos.kl import KL_ESTIMATORS
 from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
+from posttrain.models.lora import AdapterDisabledLM, is_lora, prepare_model
 from posttrain.rollout import (
     EngineContext,
     EpisodeRunner,
@@ -269,6 +270,8 @@ class RLTrainer:
             )
         else:
             lm = CausalLMAdapter(model, tokenizer)
+        # model.lora: adapters added (or a resumed LoRA checkpoint kept as loaded); models/lora.py
+        lm.model = model = prepare_model(model, cfg, resumed=ckpt is not None)
         self.lm = lm  # everything that scores tokens goes through the adapter
         self.model, self.tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
@@ -317,17 +320,20 @@ class RLTrainer:
         self.adv_fn = get_advantage(cfg.advantage.name)
         self.ref_lm = None
         if cfg.kl.coef > 0 or "ref_logp" in self.loss_fn.inputs:  # the INITIAL policy, never a resumed one
-            if ckpt is None:
-                self.ref_lm = CausalLMAdapter(copy.deepcopy(model), tokenizer)
+            if is_lora(model):  # LoRA: the same module with its adapters disabled (no second copy)
+                self.ref_lm = AdapterDisabledLM(lm)
             else:
-                self.ref_lm = load_adapter(
-                    cfg.model.name,
-                    kind=cfg.model.adapter,
-                    dtype=cfg.model.dtype,
-                    device=str(self.device),
-                    seed=cfg.seed,
-                )
-            self.ref_lm.model.eval().requires_grad_(False)
+                if ckpt is None:
+                    self.ref_lm = CausalLMAdapter(copy.deepcopy(model), tokenizer)
+                else:
+                    self.ref_lm = load_adapter(
+                        cfg.model.name,
+                        kind=cfg.model.adapter,
+                        dtype=cfg.model.dtype,
+                        device=str(self.device),
+                        seed=cfg.seed,
+                    )
+                self.ref_lm.model.eval().requires_grad_(False)
         # forwards with gradient go through this: the adapter itself, or one over DDP / FSDP2 around the
         # model; FSDP2 shards the parameters in place, so the optimizer is built after it
         self.train_lm = dist.wrap_adapter(

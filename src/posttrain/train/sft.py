@@ -206,6 +206,7 @@ class SFTTrainer:
         extra_loss: Any = None,
     ) -> None:
         from posttrain.models import CausalLMAdapter, load_adapter
+        from posttrain.models.lora import prepare_model
         from posttrain.rollout import PromptFormatter
         from posttrain.train import dist
         from posttrain.train.checkpoint import resolve_checkpoint
@@ -239,6 +240,8 @@ class SFTTrainer:
                 )
             else:
                 adapter = CausalLMAdapter(model, tokenizer)
+        # model.lora: adapters added (a resumed LoRA checkpoint is kept as loaded); models/lora.py
+        adapter.model = prepare_model(adapter.model, cfg, resumed=ckpt is not None)
         self.lm = adapter
         self.model, self.tokenizer = adapter.model, adapter.tokenizer
         self.device = adapter.device
