@@ -94,7 +94,8 @@ class SFTConfig(StrictModel):
     task: TaskConfig = TaskConfig()
     """Source of reference completions (when ``data`` is None) and of the held-out evaluation."""
     data: str | None = None
-    """JSONL file of prompt/completion, text or messages rows (overrides the task's completions)."""
+    """Prompt/completion, text or messages rows (TRL's SFT formats; overrides the task's completions):
+    a JSONL / JSON / parquet / arrow file or a ``datasets`` ``save_to_disk`` directory."""
     data_fields: DataFields = DataFields()
     """Column names in ``data`` / ``eval_data``, e.g. ``{prompt: question, completion: answer}``."""
     eval_data: str | None = None
