@@ -13,6 +13,7 @@ from posttrain.cli import bench_rl as _bench_rl  # noqa: F401
 from posttrain.cli import cit as _cit  # noqa: F401
 from posttrain.cli import export as _export  # noqa: F401
 from posttrain.cli import rm as _rm  # noqa: F401
+from posttrain.cli import samples as _samples  # noqa: F401
 from posttrain.cli import scpg as _scpg  # noqa: F401
 from posttrain.cli import serve as _serve  # noqa: F401
 from posttrain.cli import silo as _silo  # noqa: F401

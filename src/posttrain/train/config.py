@@ -403,6 +403,10 @@ class LoggingConfig(StrictModel):
     every: int = Field(10, ge=0)
     """Without a progress bar (nohup, Slurm, a pipe): one plain log line every this many steps
     (step/total, reward, accuracy, mean length, elapsed, ETA); 0 = none."""
+    samples_every: int = Field(10, ge=0)
+    """Every this many steps, the step's prompts, completions, rewards, advantages and truncation flags
+    go to ``samples.jsonl`` (and TensorBoard / W&B when on); ``posttrain samples RUN`` shows them.
+    0 = never."""
 
 
 class DistributedConfig(StrictModel):

@@ -377,6 +377,7 @@ class RLTrainer:
         fw = self.forward_without_rewards(ro)  # 2. overlaps with reward scoring
         scores = self.score(ro)  # 3. rewards -> group shaping -> advantages
         upd = self.update(ro, fw, scores)  # 4. optimizer updates
+        self.last_scored = (ro, scores)  # what samples.jsonl shows (train/samples.py)
         return self.report(ro, fw, scores, upd, t_start=t_start)  # 5. metrics + hooks
 
     # ------------------------------------------------------------------------- 1. plan + rollout
@@ -984,6 +985,7 @@ class RLTrainer:
                 while self.step_idx < cfg.steps:
                     last = self.step()
                     logger.log_step(last)
+                    logger.log_samples(self.step_idx, self.last_scored, every=cfg.logging.samples_every)
                     bar.advance(reward=last["reward_mean"], acc=last["accuracy"], len=last["length_mean"])
                     s = self.step_idx
                     if cfg.eval.every and s % cfg.eval.every == 0 and s < cfg.steps:

@@ -36,6 +36,7 @@ from posttrain.utils.io import atomic_write_text
 
 RUN_ENTRIES = (
     "metrics.jsonl",
+    "samples.jsonl",
     "config.yaml",
     "checkpoints",
     "model",
