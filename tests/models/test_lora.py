@@ -202,3 +202,26 @@ def test_rl_from_a_lora_sft_run_merges_it_first(tmp_path):
     cfg2 = rl_cfg(tmp_path / "lora", f"model.name={tmp_path / 'sft'}", *LORA, "kl.coef=0.1", "steps=0")
     with RLTrainer(cfg2) as tr, torch.no_grad(), tr.model.disable_adapter():
         torch.testing.assert_close(tr.model(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_cli_rl_with_lora_then_eval_and_resume(tmp_path):
+    """`posttrain rl model.lora.rank=4` end to end: adapter-only checkpoint, `posttrain eval --model RUN`
+    loads base + adapter, `--resume` continues it."""
+    run = tmp_path / "run"
+    args = [
+        "rl",
+        *[a for a in BASE if not a.startswith("rollout.prompts")],
+        "rollout.prompts_per_step=2",
+        "eval.at_end=false",
+        "kl.coef=0.05",
+        *LORA,
+        f"out_dir={run}",
+    ]
+    res = CliRunner().invoke(app, [*args, "steps=1"])
+    assert res.exit_code == 0, res.output
+    assert is_adapter_dir(run / "checkpoints" / "step_000001" / "model")
+    ev = CliRunner().invoke(app, ["eval", "--model", str(run), "--n", "2", "--max-new-tokens", "2"])
+    assert ev.exit_code == 0, ev.output
+    res = CliRunner().invoke(app, [*args, "steps=2", "--resume"])
+    assert res.exit_code == 0, res.output
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
