@@ -66,7 +66,7 @@ class MetricsLogger:
     def log_samples(self, step: int, scored: Any, *, every: int) -> None:
         """Every ``every``-th step (0 = never): the step's completions (``scored`` = the step's
         ``(StepRollout, StepScores)``) to ``samples.jsonl`` and the enabled loggers."""
-        if not every or step % every:
+        if not every or step % every or scored is None:  # None: a custom step() that kept no batch
             return
         self.samples.write(sample_rows(step, *scored), tensorboard=self._tb, wandb=self._wandb)
 

@@ -985,7 +985,9 @@ class RLTrainer:
                 while self.step_idx < cfg.steps:
                     last = self.step()
                     logger.log_step(last)
-                    logger.log_samples(self.step_idx, self.last_scored, every=cfg.logging.samples_every)
+                    logger.log_samples(
+                        self.step_idx, getattr(self, "last_scored", None), every=cfg.logging.samples_every
+                    )
                     bar.advance(reward=last["reward_mean"], acc=last["accuracy"], len=last["length_mean"])
                     s = self.step_idx
                     if cfg.eval.every and s % cfg.eval.every == 0 and s < cfg.steps:
