@@ -322,17 +322,17 @@ class RLTrainer:
         if cfg.kl.coef > 0 or "ref_logp" in self.loss_fn.inputs:  # the INITIAL policy, never a resumed one
             if is_lora(model):  # LoRA: the same module with its adapters disabled (no second copy)
                 self.ref_lm = AdapterDisabledLM(lm)
+            elif ckpt is None:
+                self.ref_lm = CausalLMAdapter(copy.deepcopy(model), tokenizer)
             else:
-                if ckpt is None:
-                    self.ref_lm = CausalLMAdapter(copy.deepcopy(model), tokenizer)
-                else:
-                    self.ref_lm = load_adapter(
-                        cfg.model.name,
-                        kind=cfg.model.adapter,
-                        dtype=cfg.model.dtype,
-                        device=str(self.device),
-                        seed=cfg.seed,
-                    )
+                self.ref_lm = load_adapter(
+                    cfg.model.name,
+                    kind=cfg.model.adapter,
+                    dtype=cfg.model.dtype,
+                    device=str(self.device),
+                    seed=cfg.seed,
+                )
+            if not is_lora(model):
                 self.ref_lm.model.eval().requires_grad_(False)
         # forwards with gradient go through this: the adapter itself, or one over DDP / FSDP2 around the
         # model; FSDP2 shards the parameters in place, so the optimizer is built after it
