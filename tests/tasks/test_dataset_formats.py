@@ -248,3 +248,33 @@ def test_rl_cli_on_a_verl_parquet_end_to_end(tmp_path):
     assert res.exit_code == 0, res.output
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in recs].count("step") == 1
+
+
+def test_sft_cli_on_a_saved_trl_conversational_dataset(tmp_path):
+    from posttrain.cli import app
+
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"{a}+{a}="}],
+            "completion": [{"role": "assistant", "content": str(2 * a)}],
+        }
+        for a in range(6)
+    ]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "sft"))
+    res = CliRunner().invoke(
+        app,
+        [
+            "sft",
+            "model.name=tiny",
+            "model.device=cpu",
+            f"data={tmp_path / 'sft'}",
+            "steps=2",
+            "batch_size=3",
+            "eval.at_end=false",
+            "threads=1",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "step"] == [1, 2]
