@@ -16,9 +16,10 @@ $(BIN)/.installed: pyproject.toml
 
 # `make test` (and so CI, .ci/run) also installs the `bench` extra (TRL, accelerate, datasets; about
 # 35 s more on first use), so the TRL side of `posttrain bench rl-step` is tested too, and the `scpg`
-# extra (sacrebleu, zss) for the SCPG metrics; `make demo` does not.
+# extra (sacrebleu, zss) for the SCPG metrics and the `lora` extra (peft) for model.lora; `make demo`
+# does not.
 $(BIN)/.bench-installed: $(BIN)/.installed
-	$(BIN)/pip install --quiet -e ".[dev,bench,scpg]"
+	$(BIN)/pip install --quiet -e ".[dev,bench,scpg,lora]"
 	touch $@
 
 setup: $(BIN)/.installed

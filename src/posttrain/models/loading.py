@@ -93,26 +93,31 @@ def resolve_model_dir(spec: str) -> str:
     if spec in PRESETS:
         return spec
     path = Path(spec).expanduser()
-    if not path.is_dir() or (path / "config.json").is_file():
+    if not path.is_dir() or _is_model_dir(path):
         return spec
     for root in (path / "checkpoints", path):
         latest = root / "latest"
         if latest.is_file():
             name = latest.read_text(encoding="utf-8").strip()
             model = root / name / "model"
-            if not (model / "config.json").is_file():
+            if not _is_model_dir(model):
                 raise ModelSpecError(
                     f"model {spec!r}: {str(latest)!r} points to {name!r}, which has no model/config.json "
                     "(an incomplete checkpoint)"
                 )
             return str(model)
-    if (path / "model" / "config.json").is_file():
+    if _is_model_dir(path / "model"):
         return str(path / "model")
     raise ModelSpecError(
         f"model {spec!r}: directory {str(path)!r} has no config.json, so it is not a Hugging Face model "
         "directory, and it is not a run folder either (no checkpoints/latest, no model/config.json); "
         f"expected one of those or a preset ({', '.join(list_presets())})"
     )
+
+
+def _is_model_dir(path: Path) -> bool:
+    """A full Hugging Face model directory or a LoRA adapter directory (posttrain.models.lora)."""
+    return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
 
 
 def ensure_pad_token(tokenizer: Any, model: Any = None) -> None:
@@ -157,7 +162,13 @@ def load_model_and_tokenizer(
         tokenizer = build_char_tokenizer()
         model = build_preset_model(spec, tokenizer, seed=seed, dtype=torch_dtype)
     else:
-        model, tokenizer = _load_local_dir(resolve_model_dir(spec), torch_dtype)
+        local = resolve_model_dir(spec)
+        from posttrain.models.lora import is_adapter_dir, load_adapter_dir
+
+        if is_adapter_dir(local):  # a LoRA adapter: its base model with the adapter on top
+            model, tokenizer = load_adapter_dir(local, dtype=torch_dtype)
+        else:
+            model, tokenizer = _load_local_dir(local, torch_dtype)
     ensure_pad_token(tokenizer, model)
     if padding_side is not None:
         if padding_side not in ("left", "right"):

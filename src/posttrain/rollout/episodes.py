@@ -47,15 +47,15 @@ class PromptFormatter:
         return self.template.replace("{prompt}", prompt)
 
     def encode(self, prompt: str) -> list[int]:
-        text = self.text(prompt)
-        if self.chat:
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
+        messages = getattr(prompt, "messages", None)  # a conversation (tasks.ChatPrompt): always chat
+        if self.chat or messages:
+            turns = [{"role": r, "content": c} for r, c in messages or [("user", prompt)]]
+            turns[-1]["content"] = self.text(turns[-1]["content"])
+            ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             return [int(i) for i in ids]
-        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+        return [int(i) for i in self.tokenizer.encode(self.text(prompt), add_special_tokens=False)]
 
     def encode_completion(self, completion: str) -> list[int]:
         """Completion text -> ids followed by EOS (the SFT target)."""

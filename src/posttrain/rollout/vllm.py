@@ -16,6 +16,12 @@ What it does:
   optimizer phase; the policy's ``state_dict`` (Hugging Face parameter names; a DDP/FSDP wrapper's
   ``.module`` is unwrapped) is loaded into vLLM's model with its own ``load_weights``, then the
   prefix cache is reset.
+* **LoRA policies** (``model.lora``, a peft model): vLLM is built with ``enable_lora=True`` from the
+  BASE weights (the frozen base, written once to a temporary directory with Hugging Face names), and
+  ``sync_weights`` syncs the adapter only: it writes the adapter (peft's ``save_pretrained``, a few MB)
+  to a fresh directory and generates with a new ``LoRARequest`` for it (vLLM's documented multi-LoRA
+  API), so the base weights never move after start-up (after a level-2 sleep they are reloaded once
+  from the trainer's frozen base). Written for a GPU like the rest of this module; not yet run.
 * **Sleep / wake** (``sleep_level`` 1 or 2, default 2; 0 = never sleep): after generating, vLLM sleeps
   (level 1: weights copied to CPU, KV cache freed; level 2: both freed, as TRL's colocate mode, since
   the next ``sync_weights`` overwrites the weights anyway), returning the GPU memory to the trainer;
@@ -36,6 +42,7 @@ batch compositions, so resumed runs match in distribution, not bit for bit.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import weakref
@@ -43,6 +50,7 @@ from typing import Any
 
 import torch
 
+from posttrain.models.lora import is_lora
 from posttrain.rollout.base import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -112,6 +120,35 @@ def truncated_is_weights(
     return torch.where(valid, w, torch.ones_like(w)).to(trainer_logp.dtype)
 
 
+#: LoRA ranks vLLM accepts for ``max_lora_rank``.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of rank ``rank``."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
+
+
+def lora_rank(model: torch.nn.Module) -> int:
+    """Rank of a peft model's active adapter."""
+    cfg = model.peft_config[model.active_adapter]
+    return int(cfg.r)
+
+
+def lora_base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen base weights of a peft model under their Hugging Face names: adapter tensors
+    (``lora_A`` / ``lora_B``) dropped, peft's ``.base_layer`` removed from wrapped layers' names."""
+    out = {}
+    for name, t in model.get_base_model().state_dict().items():
+        if ".lora_" in name:
+            continue
+        out[name.replace(".base_layer.", ".")] = t.detach()
+    return out
+
+
 def _import_vllm() -> Any:
     try:
         import vllm
@@ -142,6 +179,8 @@ class _SharedLLM:
     def __init__(self, llm: Any, sleep_level: int) -> None:
         self.llm = llm
         self.sleep_level = sleep_level
+        self.lora_request: Any = None  # LoRA policies: the request of the last synced adapter
+        self.lora_version = 0
         self.weights_asleep = False
         self.kv_asleep = False
 
@@ -189,6 +228,7 @@ class VLLMEngine(RolloutEngine):
         self.generator = torch.Generator()
         self.generator.manual_seed(seed)
         self._vllm = _import_vllm()
+        self._lora = is_lora(_unwrap(model))
         base = _unwrap(model)
         shared = _SHARED.get(base)
         if shared is None:
@@ -241,7 +281,18 @@ class VLLMEngine(RolloutEngine):
         path = getattr(base, "name_or_path", None) or getattr(
             getattr(base, "config", None), "_name_or_path", ""
         )
-        if not path or not os.path.isdir(path):
+        if self._lora:  # vLLM holds the frozen base; adapters come per request (sync_weights)
+            self._tmp = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
+            path = self._tmp.name
+            base.get_base_model().save_pretrained(path, state_dict=lora_base_state_dict(base))
+            self.tokenizer.save_pretrained(path)
+            extra = {
+                "enable_lora": True,
+                "max_loras": 1,
+                "max_lora_rank": vllm_lora_rank(lora_rank(base)),
+                **extra,
+            }
+        elif not path or not os.path.isdir(path):
             # a preset or an in-memory model: vLLM needs a directory for the architecture and tokenizer;
             # the weights are replaced by sync_weights anyway
             self._tmp = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
@@ -278,13 +329,16 @@ class VLLMEngine(RolloutEngine):
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         shared = self._shared
-        if shared.weights_asleep:  # level 2 discarded them; level 1 kept a stale copy: push the policy's
+        # level 2 discarded the weights, level 1 kept a stale copy: push the policy's (LoRA: the adapter
+        # has never been synced yet, e.g. a resumed run)
+        if shared.weights_asleep or (self._lora and shared.lora_request is None):
             self.sync_weights(self.model)
         shared.wake_kv()
         todo = [(i, p, n) for i, (p, n) in enumerate(zip(prompt_ids, n_per_prompt, strict=True)) if n > 0]
         sp = [self._sampling_params(params, n) for _, _, n in todo]
+        lora = {"lora_request": shared.lora_request} if self._lora else {}
         outputs = shared.llm.generate(
-            [{"prompt_token_ids": list(p)} for _, p, _ in todo], sampling_params=sp, use_tqdm=False
+            [{"prompt_token_ids": list(p)} for _, p, _ in todo], sampling_params=sp, use_tqdm=False, **lora
         )
         shared.sleep()
         prompts, completions, groups, reasons, logps = [], [], [], [], []
@@ -336,13 +390,38 @@ class VLLMEngine(RolloutEngine):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Load ``model``'s current weights into vLLM (waking the weights first if asleep)."""
         shared = self._shared
+        woke = shared.weights_asleep
         if shared.weights_asleep:
             shared.llm.wake_up(tags=["weights"])
             shared.weights_asleep = False
         runner_model = shared.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        with torch.no_grad():
-            runner_model.load_weights((name, t.detach()) for name, t in _unwrap(model).state_dict().items())
+        if self._lora:
+            if woke:  # the frozen base, once after a sleep that discarded it
+                with torch.no_grad():
+                    runner_model.load_weights(lora_base_state_dict(_unwrap(model)).items())
+            self._sync_adapter(_unwrap(model))
+        else:
+            with torch.no_grad():
+                runner_model.load_weights(
+                    (name, t.detach()) for name, t in _unwrap(model).state_dict().items()
+                )
         shared.llm.reset_prefix_cache()
+
+    def _sync_adapter(self, model: torch.nn.Module) -> None:
+        """Write the adapter (only) to a fresh directory and point the shared LoRA request at it; vLLM
+        loads a request id it has not seen, so each sync gets the next id."""
+        from vllm.lora.request import LoRARequest
+
+        shared = self._shared
+        shared.lora_version += 1
+        if not hasattr(self, "_adapters"):
+            self._adapters = tempfile.TemporaryDirectory(prefix="posttrain-vllm-lora-")
+        path = os.path.join(self._adapters.name, f"v{shared.lora_version}")
+        model.save_pretrained(path)
+        old = shared.lora_request
+        shared.lora_request = LoRARequest(f"policy-{shared.lora_version}", shared.lora_version, path)
+        if old is not None:
+            shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def rollout_is_weights(
         self, trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor

@@ -41,6 +41,50 @@ class Example:
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
+class ChatPrompt(str):
+    """A prompt that is a conversation (TRL's conversational ``prompt``, verl's ``prompt`` column):
+    a ``str`` (the text shown in logs and used to deduplicate: the last user message alone, or
+    ``role: content`` lines) that carries its ``messages``. The rollout's prompt formatter renders
+    ``messages`` with the tokenizer's chat template (``task.prompt_template`` wraps the last user
+    message), so system prompts and earlier turns reach the model as written."""
+
+    messages: tuple[tuple[str, str], ...]
+
+    def __new__(cls, messages: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> ChatPrompt:
+        msgs = tuple((str(r), str(c)) for r, c in messages)
+        text = msgs[0][1] if len(msgs) == 1 else "\n".join(f"{r}: {c}" for r, c in msgs)
+        obj = super().__new__(cls, text)
+        obj.messages = msgs
+        return obj
+
+    def __reduce__(self) -> Any:  # pickles (reward workers) as a ChatPrompt, not a plain str
+        return (ChatPrompt, (self.messages,))
+
+
+def chat_prompt(value: Any, where: str, error: type[Exception] = ValueError) -> ChatPrompt:
+    """A list of ``{"role", "content"}`` objects ending in a user turn -> :class:`ChatPrompt`;
+    anything else raises ``error`` naming ``where`` and the message index."""
+    if not value:
+        raise error(f"{where}: an empty conversation (expected a list of {{'role', 'content'}} objects)")
+    out = []
+    for j, m in enumerate(value):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise error(
+                f"{where}[{j}]: expected an object with string 'role' and 'content', got {str(m)[:60]!r}"
+            )
+        out.append((m["role"], m["content"]))
+    if out[-1][0] != "user":
+        raise error(
+            f"{where}: the conversation ends with a {out[-1][0]!r} message; a prompt must end with a user "
+            "message (the model answers it)"
+        )
+    return ChatPrompt(out)
+
+
 class Task:
     """Base class for tasks. Subclasses set `name` and `default_reward`, implement `_build_split`.
 

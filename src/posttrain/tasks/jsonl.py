@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, register_task
+from posttrain.tasks.base import DEFAULT_MARKER, ChatPrompt, Example, Task, chat_prompt, register_task
 from posttrain.utils.errors import PosttrainError
 
 _EXTRACT = ("gsm8k", "boxed", "none")
@@ -80,12 +80,45 @@ def _preview(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _hf_rows(path: Path) -> list[tuple[int, Any]]:
+    """Rows of a Hugging Face ``datasets`` source: a ``save_to_disk`` directory (a Dataset, or a
+    DatasetDict with one split; with several, name the split's sub-directory) or an ``.arrow`` file."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise DatasetError(
+            f"{path}: reading a saved dataset directory or an .arrow file needs the `datasets` package "
+            '(pip install datasets, or pip install -e ".[bench]")'
+        ) from e
+    try:
+        if path.is_dir():
+            ds = datasets.load_from_disk(str(path))
+        else:
+            ds = datasets.Dataset.from_file(str(path))
+    except (FileNotFoundError, ValueError, OSError) as e:
+        what = "is a directory but not" if path.is_dir() else "is not an .arrow file of"
+        raise DatasetError(
+            f"{path}: {what} a dataset saved with datasets' save_to_disk / Dataset.from_file ({e})"
+        ) from e
+    if isinstance(ds, datasets.DatasetDict):
+        if len(ds) != 1:
+            raise DatasetError(
+                f"{path}: a DatasetDict with splits {', '.join(ds)}; pass one split's directory, e.g. "
+                f"{path / next(iter(ds))}"
+            )
+        ds = next(iter(ds.values()))
+    return list(enumerate(ds.to_list(), start=1))
+
+
 def read_raw_rows(path: Path) -> list[tuple[int, Any]]:
-    """`(1-based row number, parsed JSON value or a DatasetError)` for every row of a .jsonl, .json or
-    .parquet file (a row's error is returned, not raised, so callers may skip bad rows)."""
+    """`(1-based row number, parsed JSON value or a DatasetError)` for every row of a .jsonl, .json,
+    .parquet or .arrow file or a ``datasets`` ``save_to_disk`` directory (a row's error is returned,
+    not raised, so callers may skip bad rows)."""
     if not path.exists():
         raise DatasetError(f"dataset file {path} does not exist")
     suffix = path.suffix.lower()
+    if path.is_dir() or suffix == ".arrow":
+        return _hf_rows(path)
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -123,6 +156,40 @@ def read_raw_rows(path: Path) -> list[tuple[int, Any]]:
     return rows
 
 
+def _lookup(path: Path, n: int, row: dict[str, Any], field: str) -> Any:
+    """``row[field]``; a dotted name reaches into nested objects (verl's ``reward_model.ground_truth``)
+    when no column has that literal name. A missing key names the part that is missing."""
+    if field in row:
+        return row[field]
+    cur: Any = row
+    parts = field.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(cur, dict) or part not in cur:
+            have = (
+                ", ".join(sorted(map(str, cur))) if isinstance(cur, dict) else _type_name(cur)
+            ) or "(none)"
+            if i == 0:
+                raise DatasetError(
+                    f"{path}: row {n}: missing field '{field}' (expected a non-empty string; "
+                    f"the row has fields: {have})"
+                )
+            raise DatasetError(
+                f"{path}: row {n}: missing field '{field}' (no '{part}' in '{'.'.join(parts[:i])}', which "
+                f"has: {have}; expected a non-empty string)"
+            )
+        cur = cur[part]
+    return cur
+
+
+#: ``layout`` presets: column names of a dataset layout other libraries write.
+LAYOUTS: dict[str, dict[str, str]] = {
+    "fields": {},
+    # verl's RL parquet (examples/data_preprocess/gsm8k.py): prompt = chat messages, the gold answer in
+    # reward_model.ground_truth; data_source / ability / extra_info are kept in Example.meta
+    "verl": {"prompt_field": "prompt", "answer_field": "reward_model.ground_truth"},
+}
+
+
 @register_task("jsonl", aliases=("dataset", "parquet"))
 class JsonlTask(Task):
     """A dataset file as a task. See the module docstring for the fields and error behaviour."""
@@ -146,8 +213,17 @@ class JsonlTask(Task):
         dedupe_train: bool = True,
         limit: int | None = None,
         strip_calculator: bool = True,
+        layout: Literal["fields", "verl"] = "fields",
     ) -> None:
         super().__init__()
+        if layout not in LAYOUTS:
+            raise ValueError(f"task 'jsonl': layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.layout = layout
+        preset = LAYOUTS[layout]
+        prompt_field = (
+            preset.get("prompt_field", prompt_field) if prompt_field == "question" else prompt_field
+        )
+        answer_field = preset.get("answer_field", answer_field) if answer_field == "answer" else answer_field
         if answer_extract not in _EXTRACT:
             raise ValueError(
                 f"task 'jsonl': answer_extract must be one of {', '.join(_EXTRACT)}, got {answer_extract!r}"
@@ -204,17 +280,16 @@ class JsonlTask(Task):
             "dedupe_train": self.dedupe_train,
             "limit": self.limit,
             "strip_calculator": self.strip_calculator,
+            "layout": self.layout,
         }
 
     # -- reading ------------------------------------------------------------------------------
-    def _field(self, path: Path, n: int, row: dict[str, Any], field: str, allow_int: bool) -> str:
-        if field not in row:
-            have = ", ".join(sorted(map(str, row))) or "(none)"
-            raise DatasetError(
-                f"{path}: row {n}: missing field '{field}' (expected a non-empty string; "
-                f"the row has fields: {have})"
-            )
-        v = row[field]
+    def _field(
+        self, path: Path, n: int, row: dict[str, Any], field: str, allow_int: bool, chat: bool = False
+    ) -> str:
+        v = _lookup(path, n, row, field)
+        if chat and isinstance(v, list):  # a conversation (TRL / verl): [{"role", "content"}, ...]
+            return chat_prompt(v, f"{path}: row {n}: field '{field}'", DatasetError)
         if allow_int and isinstance(v, int) and not isinstance(v, bool):
             v = str(v)
         if not isinstance(v, str):
@@ -229,6 +304,11 @@ class JsonlTask(Task):
     def _prompt(self, path: Path, n: int, row: dict[str, Any], question: str) -> str:
         if self.prompt_template is None:
             return question
+        if isinstance(question, ChatPrompt):
+            raise DatasetError(
+                f"{path}: row {n}: field '{self.prompt_field}' is a conversation; prompt_template applies "
+                "to text prompts only (use task.prompt_template, which wraps the last user message)"
+            )
 
         def sub(m: re.Match[str]) -> str:
             tok = m.group(0)
@@ -244,7 +324,7 @@ class JsonlTask(Task):
     def _example(self, path: Path, n: int, row: Any, split: str) -> Example:
         if not isinstance(row, dict):
             raise DatasetError(f"{path}: row {n}: expected a JSON object, got {_type_name(row)}")
-        question = self._field(path, n, row, self.prompt_field, allow_int=False)
+        question = self._field(path, n, row, self.prompt_field, allow_int=False, chat=True)
         raw_answer = self._field(path, n, row, self.answer_field, allow_int=True)
         if self.answer_extract == "gsm8k":
             answer = gsm8k_final(raw_answer)
@@ -268,6 +348,9 @@ class JsonlTask(Task):
             else f"{path.stem}:{n}"
         )
         meta: dict[str, Any] = {"source": str(path), "row": n, "raw_answer": raw_answer, "split": split}
+        for key in ("data_source", "ability", "extra_info"):  # verl's columns, kept for rewards
+            if key in row and key not in (self.prompt_field, self.answer_field):
+                meta[key] = row[key]
         if self.answer_marker:
             meta["answer_marker"] = self.answer_marker
         return Example(id=ex_id, prompt=self._prompt(path, n, row, question), answer=answer, meta=meta)

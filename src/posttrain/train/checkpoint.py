@@ -2,7 +2,9 @@
 
 Layout of ``<run>/checkpoints/step_000042/``::
 
-    model/              save_pretrained(safe_serialization=True) + tokenizer files (HF format)
+    model/              save_pretrained(safe_serialization=True) + tokenizer files (HF format); with
+                        model.lora: the adapter only (peft's adapter_config.json +
+                        adapter_model.safetensors) and posttrain_base.json naming the base model
     optimizer.safetensors   every optimizer state tensor, key "state.<param index>.<name>"
     optimizer.json          param_groups and non-tensor state entries
     rng.safetensors         torch CPU (+ CUDA) generator states and the rollout engine's generator
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from posttrain.models.lora import write_base_file
 from posttrain.utils.errors import PosttrainError
 from posttrain.utils.io import atomic_write_text, default_dir_mode, default_file_mode, make_public_dir
 
@@ -184,6 +187,7 @@ def save_checkpoint(
         make_public_dir(tmp)
         _quiet_transformers()
         model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=model_state)
+        write_base_file(model, tmp / "model")  # LoRA: which base model the adapter belongs to
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "model")
         if optimizer is not None:
@@ -309,6 +313,7 @@ def save_model_dir(
         make_public_dir(tmp)
         _quiet_transformers()
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        write_base_file(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _install_dir(tmp, path)

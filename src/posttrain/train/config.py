@@ -70,6 +70,31 @@ def _registry_name(value: str, registry: Any) -> str:
     return registry.check(value)
 
 
+#: The attention and MLP projections of Llama / Qwen2 / Qwen3 / Mistral decoder layers.
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRAConfig(StrictModel):
+    """``model.lora``: set it (e.g. ``model.lora.rank=16``) to train LoRA adapters instead of every weight."""
+
+    rank: int = Field(16, ge=1)
+    """r, the rank of each low-rank update B A."""
+    alpha: float = Field(32.0, gt=0)
+    """The update is scaled by alpha / rank (peft's ``lora_alpha``)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input (peft's ``lora_dropout``); 0 keeps on-policy ratios exactly 1."""
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
+    """Names (last path component) of the linear layers that get adapters; the default is every
+    attention and MLP projection of a Llama / Qwen decoder layer."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("must name at least one module (e.g. q_proj, v_proj)")
+        return v
+
+
 class ModelConfig(StrictModel):
     name: str = "tiny"
     """Preset name (``posttrain.models.list_presets()``), a local Hugging Face model directory, or a
@@ -83,6 +108,10 @@ class ModelConfig(StrictModel):
     adapter: str = "causal-lm"
     """Model adapter kind (``posttrain.models.ADAPTERS``: how trainers load, score and sample the model)
     or ``package.module:AdapterClass``; ``causal-lm`` is every decoder-only Hugging Face model."""
+    lora: LoRAConfig | None = None
+    """Train LoRA adapters (peft) instead of every weight: ``model.lora.rank=16`` (rank, alpha, dropout,
+    target_modules); None = full fine-tuning. The KL reference is then the base model with the adapters
+    disabled, checkpoints hold the adapter only (docs/lora.md)."""
 
     @field_validator("adapter")
     @classmethod
@@ -374,6 +403,10 @@ class LoggingConfig(StrictModel):
     every: int = Field(10, ge=0)
     """Without a progress bar (nohup, Slurm, a pipe): one plain log line every this many steps
     (step/total, reward, accuracy, mean length, elapsed, ETA); 0 = none."""
+    samples_every: int = Field(10, ge=0)
+    """Every this many steps, the step's prompts, completions, rewards, advantages and truncation flags
+    go to ``samples.jsonl`` (and TensorBoard / W&B when on); ``posttrain samples RUN`` shows them.
+    0 = never."""
 
 
 class DistributedConfig(StrictModel):

@@ -1,5 +1,6 @@
-"""Run logging: ``metrics.jsonl`` always (one row per step, one per evaluation), TensorBoard and
-Weights & Biases optionally (imported only when enabled)."""
+"""Run logging: ``metrics.jsonl`` always (one row per step, one per evaluation), ``samples.jsonl``
+(the completions of every ``logging.samples_every``-th step, :mod:`posttrain.train.samples`),
+TensorBoard and Weights & Biases optionally (imported only when enabled)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from posttrain.train.samples import SamplesLog, sample_rows
 from posttrain.utils.io import append_jsonl, atomic_write_text, read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
@@ -30,6 +32,7 @@ class MetricsLogger:
         truncate_after: int | None = None,
     ) -> None:
         self.path = Path(run_dir) / METRICS_FILE
+        self.samples = SamplesLog(run_dir, truncate_after=truncate_after)
         if truncate_after is not None and self.path.exists():
             rows = [r for r in read_jsonl(self.path) if int(r.get("step", 0)) <= truncate_after]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
@@ -59,6 +62,13 @@ class MetricsLogger:
         row = {"kind": "eval", "step": step, **{k: v for k, v in ev.items() if k != "samples"}}
         append_jsonl(self.path, row)
         self._scalars("eval", step, row)
+
+    def log_samples(self, step: int, scored: Any, *, every: int) -> None:
+        """Every ``every``-th step (0 = never): the step's completions (``scored`` = the step's
+        ``(StepRollout, StepScores)``) to ``samples.jsonl`` and the enabled loggers."""
+        if not every or step % every or scored is None:  # None: a custom step() that kept no batch
+            return
+        self.samples.write(sample_rows(step, *scored), tensorboard=self._tb, wandb=self._wandb)
 
     def _scalars(self, prefix: str, step: int, values: dict[str, Any]) -> None:
         nums = {

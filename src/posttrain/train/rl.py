@@ -70,6 +70,7 @@ from posttrain.hooks import (
     SamplerKeepFilter,
 )
 from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
+from posttrain.models.lora import AdapterDisabledLM, is_lora, prepare_model
 from posttrain.rollout import (
     EngineContext,
     EpisodeRunner,
@@ -306,6 +307,8 @@ class RLTrainer:
             )
         else:
             lm = CausalLMAdapter(model, tokenizer)
+        # model.lora: adapters added (or a resumed LoRA checkpoint kept as loaded); models/lora.py
+        lm.model = model = prepare_model(model, cfg, resumed=ckpt is not None)
         self.lm = lm  # everything that scores tokens goes through the adapter
         self.model, self.tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
@@ -376,7 +379,9 @@ class RLTrainer:
         self.adv_fn = get_advantage(cfg.advantage.name)
         self.ref_lm = None
         if cfg.kl.coef > 0 or "ref_logp" in self.loss_fn.inputs:  # the INITIAL policy, never a resumed one
-            if ckpt is None:
+            if is_lora(model):  # LoRA: the same module with its adapters disabled (no second copy)
+                self.ref_lm = AdapterDisabledLM(lm)
+            elif ckpt is None:
                 self.ref_lm = CausalLMAdapter(copy.deepcopy(model), tokenizer)
             else:
                 self.ref_lm = load_adapter(
@@ -386,7 +391,8 @@ class RLTrainer:
                     device=str(self.device),
                     seed=cfg.seed,
                 )
-            self.ref_lm.model.eval().requires_grad_(False)
+            if not is_lora(model):
+                self.ref_lm.model.eval().requires_grad_(False)
         # forwards with gradient go through this: the adapter itself, or one over DDP / FSDP2 around the
         # model; FSDP2 shards the parameters in place, so the optimizer is built after it
         self.train_lm = dist.wrap_adapter(
@@ -456,6 +462,7 @@ class RLTrainer:
         fw = self.forward_without_rewards(ro)  # 2. overlaps with reward scoring
         scores = self.score(ro)  # 3. rewards -> group shaping -> advantages
         upd = self.update(ro, fw, scores)  # 4. optimizer updates
+        self.last_scored = (ro, scores)  # what samples.jsonl shows (train/samples.py)
         return self.report(ro, fw, scores, upd, t_start=t_start)  # 5. metrics + hooks
 
     # ------------------------------------------------------------------------- 1. plan + rollout
@@ -974,6 +981,9 @@ class RLTrainer:
                 while self.step_idx < cfg.steps:
                     last = self.step()
                     logger.log_step(last)
+                    logger.log_samples(
+                        self.step_idx, getattr(self, "last_scored", None), every=cfg.logging.samples_every
+                    )
                     bar.advance(reward=last["reward_mean"], acc=last["accuracy"], len=last["length_mean"])
                     s = self.step_idx
                     if cfg.eval.every and s % cfg.eval.every == 0 and s < cfg.steps:

@@ -37,6 +37,7 @@ from posttrain.utils.io import atomic_write_text
 
 RUN_ENTRIES = (
     "metrics.jsonl",
+    "samples.jsonl",
     "config.yaml",
     "checkpoints",
     "model",

@@ -94,7 +94,8 @@ class SFTConfig(StrictModel):
     task: TaskConfig = TaskConfig()
     """Source of reference completions (when ``data`` is None) and of the held-out evaluation."""
     data: str | None = None
-    """JSONL file of prompt/completion, text or messages rows (overrides the task's completions)."""
+    """Prompt/completion, text or messages rows (TRL's SFT formats; overrides the task's completions):
+    a JSONL / JSON / parquet / arrow file or a ``datasets`` ``save_to_disk`` directory."""
     data_fields: DataFields = DataFields()
     """Column names in ``data`` / ``eval_data``, e.g. ``{prompt: question, completion: answer}``."""
     eval_data: str | None = None
@@ -206,6 +207,7 @@ class SFTTrainer:
         extra_loss: Any = None,
     ) -> None:
         from posttrain.models import CausalLMAdapter, load_adapter
+        from posttrain.models.lora import prepare_model
         from posttrain.rollout import PromptFormatter
         from posttrain.train import dist
         from posttrain.train.checkpoint import resolve_checkpoint
@@ -239,6 +241,8 @@ class SFTTrainer:
                 )
             else:
                 adapter = CausalLMAdapter(model, tokenizer)
+        # model.lora: adapters added (a resumed LoRA checkpoint is kept as loaded); models/lora.py
+        adapter.model = prepare_model(adapter.model, cfg, resumed=ckpt is not None)
         self.lm = adapter
         self.model, self.tokenizer = adapter.model, adapter.tokenizer
         self.device = adapter.device

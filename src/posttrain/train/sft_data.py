@@ -1,12 +1,15 @@
 """SFT data: rows in three formats -> token ids with a loss mask.
 
-One JSONL row is one training sequence; its format is recognised by its keys (renamed with
-``data_fields``, e.g. ``{prompt: question, completion: answer}``):
+One row is one training sequence (a JSONL file, a JSON array, parquet, arrow, or a ``datasets``
+``save_to_disk`` directory: TRL's SFT formats as they are); its format is recognised by its keys
+(renamed with ``data_fields``, e.g. ``{prompt: question, completion: answer}``):
 
 ``{"prompt": ..., "completion": ...}``
     the prompt is encoded exactly as the RL rollout encodes it (:class:`~posttrain.rollout.PromptFormatter`:
     ``task.prompt_template``, ``task.chat_template``), the completion is followed by EOS; loss on the
     completion tokens and the EOS.
+    TRL's conversational variant (``prompt`` and ``completion`` both lists of messages) is the
+    conversation ``prompt + completion`` (loss on its assistant turns, as ``messages`` below).
 ``{"text": ...}``
     BOS (when the tokenizer has one) + text + EOS; loss on every token after the first.
 ``{"messages": [{"role": ..., "content": ...}, ...]}``
@@ -103,6 +106,15 @@ def _string(row: dict[str, Any], key: str, where: str, canonical: str) -> str:
 
 
 def _parse_prompt_completion(row: dict[str, Any], where: str, f: DataFields) -> Row:
+    if isinstance(row.get(f.prompt), list) or isinstance(row.get(f.completion), list):
+        # TRL's conversational prompt-completion: both lists of messages -> one conversation
+        for key in (f.prompt, f.completion):
+            if not isinstance(row.get(key), list):
+                raise SFTDataError(
+                    f"{where}: {key!r} must be a list of messages like the other of "
+                    f"{f.prompt!r}/{f.completion!r} (conversational format), got {type(row.get(key)).__name__}"
+                )
+        return _parse_messages({f.messages: row[f.prompt] + row[f.completion]}, where, f)
     prompt = _string(row, f.prompt, where, "prompt")
     completion = _string(row, f.completion, where, "completion")
     if not completion:
@@ -163,11 +175,24 @@ def read_sft_file(path: str | Path, fields: DataFields | None = None) -> list[Ro
     """Every row of a JSONL file, parsed; any bad row raises :class:`SFTDataError` naming the file and
     line (also for bytes that are not UTF-8)."""
     rows: list[Row] = []
-    try:
-        for i, row in iter_jsonl(path, what="prompt/completion, text or messages rows"):
-            rows.append(parse_row(row, f"{path}: line {i}", fields))
-    except DataFileError as e:
-        raise SFTDataError(str(e)) from None
+    p = Path(path)
+    if p.is_dir() or p.suffix.lower() in (".parquet", ".arrow", ".json"):
+        # a `datasets` save_to_disk directory, parquet, arrow or a JSON array (tasks.jsonl's reader)
+        from posttrain.tasks.jsonl import DatasetError, read_raw_rows
+
+        try:
+            for i, row in read_raw_rows(p):
+                if isinstance(row, DatasetError):
+                    raise SFTDataError(str(row))
+                rows.append(parse_row(row, f"{path}: row {i}", fields))
+        except DatasetError as e:
+            raise SFTDataError(str(e)) from None
+    else:
+        try:
+            for i, row in iter_jsonl(path, what="prompt/completion, text or messages rows"):
+                rows.append(parse_row(row, f"{path}: line {i}", fields))
+        except DataFileError as e:
+            raise SFTDataError(str(e)) from None
     if not rows:
         raise SFTDataError(f"{path}: no rows (expected JSONL with prompt/completion, text or messages rows)")
     return rows

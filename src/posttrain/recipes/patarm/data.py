@@ -1,10 +1,13 @@
 """Preference data: loading pairs from files and building synthetic pairs from a verifiable task.
 
-File format (JSONL, one object per line, or parquet with the same columns)::
+File format (JSONL, one object per line, or parquet / arrow / a ``datasets`` ``save_to_disk``
+directory with the same columns)::
 
     {"prompt": "...", "chosen": "...", "rejected": "...", "task_type": "math", "subset": "math-prm"}
 
-``prompt``, ``chosen`` and ``rejected`` are required non-empty strings; ``task_type`` (one of
+``prompt``, ``chosen`` and ``rejected`` are required non-empty strings, or TRL's conversational
+preference format: ``chosen`` / ``rejected`` lists of messages ending in the assistant answer, with
+``prompt`` as messages or text, or absent (the messages both share before their answers); ``task_type`` (one of
 ``chat``, ``math``, ``code``, ``safety``; default ``default_task_type``) and ``subset`` (an
 evaluation label such as a RewardBench subset or an RM-Bench ``easy``/``normal``/``hard`` level) are
 optional. RewardBench rows use ``subset``; RM-Bench rows may carry ``difficulty`` and ``domain``,
@@ -58,6 +61,14 @@ class PreferencePair:
 
 
 def _rows(path: Path) -> list[tuple[int, Any]]:
+    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".arrow"):
+        # a `datasets` save_to_disk directory or an .arrow file (tasks.jsonl's reader)
+        from posttrain.tasks.jsonl import DatasetError, read_raw_rows
+
+        try:
+            return read_raw_rows(path)
+        except DatasetError as e:
+            raise PreferenceDataError(str(e)) from None
     if not path.is_file():
         raise PreferenceDataError(f"preference file {path} does not exist")
     if path.suffix.lower() == ".parquet":
@@ -101,10 +112,61 @@ def _str_field(row: dict[str, Any], key: str, where: str, *, required: bool) -> 
     return v
 
 
+def _messages(value: Any, where: str) -> list[tuple[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise PreferenceDataError(f"{where}: expected a non-empty list of {{'role', 'content'}} messages")
+    out = []
+    for j, m in enumerate(value):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise PreferenceDataError(
+                f"{where}[{j}]: expected an object with string 'role' and 'content', got {str(m)[:60]!r}"
+            )
+        out.append((m["role"], m["content"]))
+    return out
+
+
+def _is_conversation(value: Any) -> bool:
+    """A list of message objects (TRL), not RM-Bench's list of alternative answer strings."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+
+
+def _conversational_pair(row: dict[str, Any], where: str) -> dict[str, str]:
+    """TRL's conversational preference rows -> text fields. ``chosen`` / ``rejected`` are message lists
+    (the answer: their final assistant message); the prompt is ``prompt`` (a message list or text)
+    or, without one (TRL's implicit prompt), the messages ``chosen`` and ``rejected`` share before
+    their answers. A multi-message prompt becomes ``role: content`` lines."""
+    chosen = _messages(row.get("chosen"), f"{where}: field 'chosen'")
+    rejected = _messages(row.get("rejected"), f"{where}: field 'rejected'")
+    for name, msgs in (("chosen", chosen), ("rejected", rejected)):
+        if msgs[-1][0] != "assistant":
+            raise PreferenceDataError(
+                f"{where}: field {name!r}: the last message has role {msgs[-1][0]!r}; expected the "
+                "'assistant' answer"
+            )
+    if "prompt" in row and row["prompt"] is not None:
+        p = row["prompt"]
+        prompt = _messages(p, f"{where}: field 'prompt'") if isinstance(p, list) else [("user", str(p))]
+    else:
+        prompt = chosen[:-1]
+        if prompt != rejected[:-1] or not prompt:
+            raise PreferenceDataError(
+                f"{where}: no 'prompt' field and 'chosen' / 'rejected' do not share the messages before "
+                "their final answers (TRL's implicit prompt); add a 'prompt' field"
+            )
+    text = prompt[0][1] if len(prompt) == 1 else "\n".join(f"{r}: {c}" for r, c in prompt)
+    return {"prompt": text, "chosen": chosen[-1][1], "rejected": rejected[-1][1]}
+
+
 def parse_pair(row: Any, where: str, *, default_task_type: str = "chat", index: int = 0) -> PreferencePair:
     """One row -> :class:`PreferencePair`; ``where`` (e.g. ``file:line``) prefixes every error."""
     if not isinstance(row, dict):
         raise PreferenceDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if any(_is_conversation(row.get(k)) for k in ("prompt", "chosen", "rejected")):
+        row = {**row, **_conversational_pair(row, where)}
     prompt = _str_field(row, "prompt", where, required=True)
     chosen = _str_field(row, "chosen", where, required=True)
     rejected = _str_field(row, "rejected", where, required=True)
@@ -141,6 +203,8 @@ def expand_row(
 ) -> list[PreferencePair]:
     """One row -> its pairs: a plain row gives one; an RM-Bench row (``chosen`` and ``rejected`` lists
     of the same length n) gives the n × n comparisons, labelled easy / normal / hard when n = 3."""
+    if isinstance(row, dict) and _is_conversation(row.get("chosen")):  # TRL conversational row
+        return [parse_pair(row, where, default_task_type=default_task_type, index=index)]
     if isinstance(row, dict) and isinstance(row.get("chosen"), list | tuple):
         ch, rj = row.get("chosen"), row.get("rejected")
         if not isinstance(rj, list | tuple) or len(rj) != len(ch) or not ch:
