@@ -41,10 +41,14 @@ class SourceConfig(StrictModel):
     probes: str | None = None
     """JSONL of MCQs ``{"question", "choices", "answer", "id"?}``: the probe (test) set."""
     dev: str | None = None
-    """JSONL of MCQs: the few-shot examples of the base-model prompt (the first ``shots``)."""
+    """JSONL of MCQs: the few-shot examples of the base-model prompt (the first ``shots`` after the
+    ``dev_seed`` shuffle)."""
     domain: str = "general knowledge"
     shots: int = Field(3, ge=0)
     """Few-shot examples in base-model prompts (the authors' default 3; their analysis files use 5)."""
+    dev_seed: int | None = 42
+    """The dev set is shuffled with Python's ``random.seed(dev_seed)`` before the first ``shots`` are
+    taken, as the authors' ``my_domain_eval.py`` (42); ``null`` keeps the file order."""
     batch_size: int = Field(32, ge=1)
     """Prompts per forward when probing."""
     seed: int = 0
@@ -190,6 +194,7 @@ class _Setting:
             dev=self.dev,
             shots=shots,
             batch_size=self.cfg.batch_size,
+            dev_seed=self.cfg.dev_seed,
         )
 
 
