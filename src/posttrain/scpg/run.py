@@ -56,6 +56,9 @@ class DataConfig(StrictModel):
     """``synthetic`` (``posttrain.scpg.data``) or a directory in the SGCP layout (ParaNMT-small, QQP-Pos)."""
     synthetic: SyntheticDataConfig = Field(default_factory=SyntheticDataConfig)
     parse_suffix: str = "-corenlp-opti"
+    convention: Literal["sgcp", "dsmt"] = "sgcp"
+    """Which val/test file is the target: ``sgcp`` = SGCP's release (``ref.txt`` reference, ``tgt.txt``
+    exemplar), ``dsmt`` = the DSMT code's inverted files (``tgt.txt`` target, ``ref.txt`` exemplar)."""
 
 
 class SCPGModelConfig(StrictModel):
@@ -242,7 +245,9 @@ class Corpus:
             self.splits = {}
             for split in ("train", "val", "test"):
                 if (Path(cfg.source) / split).is_dir():
-                    self.splits[split] = load_sgcp_split(cfg.source, split, parse_suffix=cfg.parse_suffix)
+                    self.splits[split] = load_sgcp_split(
+                        cfg.source, split, parse_suffix=cfg.parse_suffix, convention=cfg.convention
+                    )
             if "train" not in self.splits:
                 raise FileNotFoundError(f"{cfg.source}/train: missing (SGCP layout: <dir>/train/src.txt ...)")
             tr = self.splits["train"]
