@@ -202,3 +202,44 @@ def test_sgcp_release_layout_ref_is_the_reference_tgt_the_exemplar(tmp_path):
         D.load_sgcp_split(tmp_path, "val")
     with pytest.raises(ValueError, match="unknown SGCP-layout convention"):
         D.load_sgcp_split(tmp_path, "val", convention="other")
+
+
+def test_sgcp_ted_drops_every_S_node_and_traces():
+    """Issue 28 item 10: SGCP's eval_utils.build_tree drops every S node (not only the root) and deleaf
+    drops all-trace subtrees; posttrain's default TED keeps them."""
+    cleft = Tree.from_bracketed(
+        "(ROOT (S (NP (PRP it)) (VP (VBD was) (NP (NP (DT the) (NN cat)) (SBAR (WHNP (WDT that))"
+        " (S (VP (VBD saw) (NP (DT a) (NN dog))))))) (. .)))"
+    )
+    no_s = Tree.from_bracketed(
+        "(ROOT (NP (PRP it)) (VP (VBD was) (NP (NP (DT the) (NN cat)) (SBAR (WHNP (WDT that))"
+        " (VP (VBD saw) (NP (DT a) (NN dog)))))) (. .))"
+    )
+    assert ted(cleft, no_s, mode="sgcp") == 0
+    assert ted(cleft, no_s) == 2  # posttrain mode: the two S nodes
+    relabel = Tree.from_bracketed(
+        "(ROOT (S (NP (PRP it)) (VP (VBD was) (NP (NP (DT the) (NN cat)) (SBAR (WHNP (WDT that))"
+        " (S (ADJP (VBD saw) (NP (DT a) (NN dog))))))) (. .)))"
+    )
+    assert ted(cleft, relabel, mode="sgcp") == 1
+    trace = Tree.from_bracketed("(S (NP (-NONE- *T*)) (VP (VBD ran)) (. .))")
+    assert ted(trace, Tree.from_bracketed("(S (VP (VBD left)) (. .))"), mode="sgcp") == 0
+    assert ted(trace, Tree.from_bracketed("(S (VP (VBD left)) (. .))")) == 2
+    with pytest.raises(ValueError, match="no pruning"):
+        ted(cleft, no_s, mode="sgcp", height=3)
+    with pytest.raises(ValueError, match="unknown metric mode"):
+        ted(cleft, no_s, mode="nltk")
+
+
+def test_sgcp_bleu_is_lowercased_multi_bleu():
+    """Issue 28 item 10: SGCP scores BLEU with multi-bleu.perl -lc: lowercased, no smoothing (0 when a
+    precision is 0), corpus-level counts, 2 decimals; posttrain's default is case-sensitive sacrebleu."""
+    import math
+
+    assert bleu4(["The cat sat on the mat ."], ["the cat sat on the mat ."], mode="sgcp") == 100.0
+    assert bleu4(["The cat sat on the mat ."], ["the cat sat on the mat ."]) < 90
+    assert bleu4(["a b c d"], ["a b c e"], mode="sgcp") == 0.0
+    assert bleu4(["a b c d"], ["a b c e"]) > 50
+    # corpus counts: every precision 7/7, 5/5, 3/3, 1/1; hypothesis 7 words, reference 8 -> BP
+    hyps, refs = ["the cat sat", "A dog ran fast"], ["the cat sat down", "a dog ran fast"]
+    assert bleu4(hyps, refs, mode="sgcp") == round(100 * math.exp(1 - 8 / 7), 2) == 86.69
