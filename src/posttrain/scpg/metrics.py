@@ -6,9 +6,8 @@ F1, and a pluggable constituency-parser interface.
 - **TED** between two parses: Zhang–Shasha edit distance (unit costs: insert, delete, relabel) between
   the trees with their leaves (words) removed, optionally pruned at a level first (``height``; root =
   level 1). **TED-R** = TED(parse(generated), reference/target parse), **TED-E** = TED(parse(generated),
-  exemplar parse): the SGCP reporting convention (Kumar et al., TACL 2020) — its exact pruning is in
-  SGCP's evaluation script, not in the DSMT code, so the leaf removal and default full height here are
-  proposed design.
+  exemplar parse): the SGCP reporting convention (Kumar et al., TACL 2020). This default mode
+  (``posttrain``) keeps every node, ``S`` included; SGCP's own script is the ``sgcp`` mode below.
 - **``sgcp`` mode** (``mode="sgcp"``), SGCP's evaluation script (``malllabiisc/SGCP``
   ``src/evaluation/eval.py`` + ``eval_utils.py``): BLEU is ``multi-bleu.perl -lc`` (lowercased,
   whitespace tokens, no smoothing: 0 when any n-gram precision is 0, printed to 2 decimals), here
