@@ -30,10 +30,24 @@ def test_forgetting_cli(tmp_path, base_dir):
         [
             "analyze", "forgetting", SYN, f"synthetic_dir={base_dir}", f"out_dir={out}", "ift.steps=4",
             "ift.batch_size=2", "ift_rows=8", "n_checkpoints=2", "restore.steps=1", "restore.batch_size=2",
-            "control_seeds=2", "threads=1",
+            "control_seeds=2", "threads=1", "restore_lrs=[3e-4]",
         ]
     )  # fmt: skip
     res = json.loads((out / "forgetting.json").read_text())
+    # issue 28 item 8: the verdict moves with the restoration lr; its sensitivity is reported beside it
+    main, other = res["sensitivity"]
+    assert main["lr"] == pytest.approx(1e-3) and other["lr"] == pytest.approx(3e-4)
+    assert main["transition_step"] == res["transition_step"]
+    assert main["transition_step_vs_control"] == res["transition_step_vs_control"]
+    assert main["restored_scores"] == [c["score_restored"] for c in res["checkpoints"]]
+    assert len(other["restored_scores"]) == 2 and len(other["control_scores"]) == 2
+    gaps = [res["score_base"] - r for r in other["restored_scores"]]
+    first = next((s for s, g in zip([1, 4], gaps, strict=True) if g > other["epsilon"]), None)
+    assert other["transition_step"] == first
+    md = (out / "forgetting.md").read_text()
+    verdict_at = md.index("transition step (first G_s > epsilon)")
+    assert md.index("sensitivity to the restoration learning rate", verdict_at) > verdict_at
+    assert "lr 0.0003:" in md and "lr 0.001:" in md
     assert [c["step"] for c in res["checkpoints"]] == [1, 4]
     for c in res["checkpoints"]:
         assert c["forgetting"] == pytest.approx(res["score_base"] - c["score_tuned"])

@@ -17,17 +17,46 @@ QTEXT = "Considered holy by three religions is _____\nA. Jerusalem\nB. Baghdad\n
 
 
 def test_base_prompt_bytes():
+    """The authors shuffle the dev set with random.seed(42) before taking k shots: for 2 dev items the
+    permutation is [1, 0], so D2 comes first (issue 28 item 5); dev_seed=None keeps the file order."""
+    d1 = "2+2=?\nA. 3\nB. 4\nAnswer:B. 4\n\n"
+    d2 = "Capital of France?\nA. Paris\nB. Rome\nC. Oslo\nAnswer:A. Paris\n\n"
     got = probe_prompt(Q, domain="history", style="base", dev=[D1, D2], shots=2)
-    want = (
-        HEAD
-        + "2+2=?\nA. 3\nB. 4\nAnswer:B. 4\n\n"
-        + "Capital of France?\nA. Paris\nB. Rome\nC. Oslo\nAnswer:A. Paris\n\n"
-        + QTEXT
+    assert got == HEAD + d2 + d1 + QTEXT
+    assert probe_prompt(Q, domain="history", style="base", dev=[D1, D2], shots=1) == HEAD + d2 + QTEXT
+    assert (
+        probe_prompt(Q, domain="history", style="base", dev=[D1, D2], shots=2, dev_seed=None)
+        == HEAD + d1 + d2 + QTEXT
     )
-    assert got == want
     assert probe_prompt(Q, domain="history", style="base") == HEAD + QTEXT
     with pytest.raises(ValueError, match="3-shot"):
         probe_prompt(Q, domain="history", dev=[D1], shots=3)
+
+
+def test_few_shot_examples_follow_the_authors_seed_42_shuffle():
+    """Issue 28 item 5: ``my_domain_eval.main`` runs ``random.seed(42)``, shuffles ``range(len(devs))``
+    and takes the first k; for 10 dev items the 5 shots are items [7, 3, 2, 8, 5]. The permutation is
+    recomputed here with the global ``random`` module exactly as the authors call it."""
+    import random
+
+    from posttrain.studies.analysis.probe import dev_order
+
+    devs = [MCQ(f"dev question {i}?", ("yes", "no"), i % 2, f"d{i}") for i in range(10)]
+    state = random.getstate()
+    try:
+        random.seed(42)
+        authors = list(range(10))
+        random.shuffle(authors)
+    finally:
+        random.setstate(state)
+    assert authors[:5] == [7, 3, 2, 8, 5] == dev_order(10)[:5]
+    got = probe_prompt(Q, domain="history", style="base", dev=devs, shots=5)
+    want = HEAD + "".join(
+        f"dev question {i}?\nA. yes\nB. no\nAnswer:{'AB'[i % 2]}. {('yes', 'no')[i % 2]}\n\n"
+        for i in (7, 3, 2, 8, 5)
+    )
+    assert got == want + QTEXT
+    assert dev_order(10, None) == list(range(10))
 
 
 def test_vicuna_prompt_bytes():

@@ -33,7 +33,9 @@ def test_cit_run_report_and_resume(tmp_path):
             "forward_transfer",
             "forgetting",
         }
-        assert 0 <= s["p_score"] <= 1 and 0 <= s["v_score"] <= 1
+        assert 0 <= s["p_score"] <= 1 and 0 <= s["v_score"] <= 1 and 0 <= s["p_score_train_rules"] <= 1
+        p_rec = json.loads((out / m / "seed0" / "p_score.json").read_text())
+        assert p_rec["rules"] == "heldout" and p_rec["by_rewrite"] == s["p_by_rewrite"]
         assert (out / m / "seed0" / "stage_02" / "model").is_dir()
     kp = json.loads((out / "kpig" / "seed0" / "stage_02.json").read_text())
     assert kp["replay"]["budget"] == 2 and sum(kp["replay"]["alloc"].values()) == 2  # 0.2 x 8 rows

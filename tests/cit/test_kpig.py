@@ -211,3 +211,50 @@ def test_hinge_masked_branch_grad_pushes_the_masked_likelihood_down(char_tok):
     ref.backward()
     for a, p in zip(got, model.parameters(), strict=True):
         assert torch.allclose(a, p.grad, atol=1e-10)
+
+
+def _replay_run(select: str):
+    """A StreamRun at stage 3 (old tasks lookup, compare) whose memory scores are faked: lookup's IG
+    dropped (1.0 -> per-row values below), compare's rose (0.5 -> 0.9)."""
+    from posttrain.studies.cit.runner import CITConfig, StreamRun
+
+    cfg = CITConfig(
+        stream={"n_train": 10, "n_test": 2, "tasks": ["lookup", "compare", "format"]},
+        methods=[{"name": "kpig", "replay": {"kind": "kpig", "ratio": 0.3, "select": select}}],
+    )
+    run = StreamRun(cfg, cfg.methods[0], 0)
+    idx = list(range(8))
+    memory = {
+        "lookup": {"idx": idx, "ig": [1.0] * 8, "ppl": 2.0},
+        "compare": {"idx": idx, "ig": [0.5] * 8, "ppl": 2.0},
+    }
+    now_lookup = [0.9, 0.1, 0.5, 0.95, 0.3, 0.8, 0.99, 0.7]  # drops 0.1 .9 .5 .05 .7 .2 .01 .3
+    fake = {id(run.train["lookup"][i]): v for i, v in zip(idx, now_lookup, strict=True)}
+    fake |= {id(run.train["compare"][i]): 0.9 for i in idx}
+
+    def scores(rows):
+        return [fake[id(r)] for r in rows], 2.0
+
+    run._memory_scores = scores
+    return run, memory
+
+
+def test_kpig_replay_goes_to_the_task_whose_ig_dropped():
+    """Issue 28 item 4, mutant: the runner calling ``kpig_allocation(ig_now, ig_at_learning, ...)``
+    (arguments swapped: replays the task whose IG rose). The whole budget (0.3 x 10 rows = 3) must go
+    to lookup (IG 1.0 -> 0.58), none to compare (IG 0.5 -> 0.9)."""
+    run, memory = _replay_run("random")
+    rows, rec = run._replay(3, memory)
+    assert rec["budget"] == 3 and rec["alloc"] == {"lookup": 3, "compare": 0}
+    assert [r.task for r in rows] == ["lookup"] * 3
+    assert rec["ig_now"]["compare"] == pytest.approx(0.9)
+
+
+def test_largest_drop_replays_the_rows_whose_ig_dropped_most():
+    """Issue 28 item 4, mutant: ``select: largest_drop`` sorting the per-row IG drops ascending
+    (replays the rows the model still listens to). The 3 rows must be memory rows 1, 4, 2 (drops 0.9,
+    0.7, 0.5), in that order."""
+    run, memory = _replay_run("largest_drop")
+    rows, rec = run._replay(3, memory)
+    assert rec["alloc"] == {"lookup": 3, "compare": 0}
+    assert rows == [run.train["lookup"][i] for i in (1, 4, 2)]

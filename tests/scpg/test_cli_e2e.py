@@ -63,6 +63,19 @@ def test_pretrain_finetune_eval(tmp_path):
     assert set(ev["subsets"]) == {"overall", "hardest", "few_shot"} and ev["subsets"]["overall"]["n"] == 6
     assert "tree_f1" in ev["subsets"]["overall"]
     assert "| overall |" in (tmp_path / "ft" / "eval-test" / "eval.md").read_text()
+    assert report["metrics"] == "posttrain"
+    res = r.invoke(
+        app,
+        [
+            "scpg", "eval", f"model.name={tmp_path / 'ft'}", "model.device=cpu", "decode.num_beams=2",
+            "decode.max_length=12", *SYN, "--no-progress", "metrics=sgcp", f"out={tmp_path / 'ev-sgcp'}",
+        ],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    sg = json.loads((tmp_path / "ev-sgcp" / "eval.json").read_text())
+    assert sg["metrics"] == "sgcp" and "metrics `sgcp`" in (tmp_path / "ev-sgcp" / "eval.md").read_text()
+    b = sg["subsets"]["overall"]["bleu4"]
+    assert b == round(b, 2)  # multi-bleu prints 2 decimals
 
     res = r.invoke(app, ["scpg", "finetune", "format=bart", "--no-progress"])
     assert res.exit_code == 2 and "format" in res.output

@@ -117,3 +117,129 @@ def test_sgcp_round_trip_and_errors(tmp_path):
         D.load_sgcp_split(tmp_path, "test")
     with pytest.raises(FileNotFoundError, match="no such split"):
         D.load_sgcp_split(tmp_path, "val")
+
+
+SGCP_ROWS = {  # two val rows in SGCP's release layout: ref.txt = reference, tgt.txt = exemplar (template)
+    "src": ["the cat saw a dog .", "a girl helped the boy ."],
+    "ref": ["a dog was seen by the cat .", "the boy was helped by a girl ."],
+    "tgt": ["a bird was chosen by the king .", "the nurse was called by a farmer ."],
+}
+
+
+def _sgcp_json(sent: str, passive: bool) -> str:
+    """An SGCP-style JSON parse (node names with -k suffixes, ROOT on top) of a 6-word sentence."""
+    import json
+
+    w = sent.split()
+    if not passive:  # (S (NP DT NN) (VP VBD (NP DT NN)) .)
+        t = {
+            "ROOT": ["S-1"],
+            "S-1": ["NP-2", "VP-5", ".-10"],
+            "NP-2": ["DT-3", "NN-4"],
+            "DT-3": [w[0]],
+            "NN-4": [w[1]],
+            "VP-5": ["VBD-6", "NP-7"],
+            "VBD-6": [w[2]],
+            "NP-7": ["DT-8", "NN-9"],
+            "DT-8": [w[3]],
+            "NN-9": [w[4]],
+            ".-10": [w[5]],
+        }
+    else:  # (S (NP DT NN) (VP VBD (VP VBN (PP IN (NP DT NN)))) .)
+        t = {
+            "ROOT": ["S-1"],
+            "S-1": ["NP-2", "VP-5", ".-15"],
+            "NP-2": ["DT-3", "NN-4"],
+            "DT-3": [w[0]],
+            "NN-4": [w[1]],
+            "VP-5": ["VBD-6", "VP-7"],
+            "VBD-6": [w[2]],
+            "VP-7": ["VBN-8", "PP-9"],
+            "VBN-8": [w[3]],
+            "PP-9": ["IN-10", "NP-11"],
+            "IN-10": [w[4]],
+            "NP-11": ["DT-12", "NN-13"],
+            "DT-12": [w[5]],
+            "NN-13": [w[6]],
+            ".-15": [w[7]],
+        }
+    return json.dumps(t)
+
+
+def test_sgcp_release_layout_ref_is_the_reference_tgt_the_exemplar(tmp_path):
+    """Issue 28 item 9: SGCP ships val/test as ref.txt = reference paraphrase, tgt.txt = exemplar, with
+    JSON parses (src/dataloader.py IterableValParaphraseDataset; eval.py -r ref.txt -t tgt.txt). Rows
+    written by hand in that layout load with the reference as the target (convention "sgcp", the
+    default) and inverted with convention "dsmt" (the DSMT code's data). Mutant caught: tgt/ref swapped
+    in both loader and writer (a round trip alone cannot see it; these files are not our writer's)."""
+    d = tmp_path / "val"
+    d.mkdir()
+    for k, sents in SGCP_ROWS.items():
+        (d / f"{k}.txt").write_text("".join(s + "\n" for s in sents))
+        parses = [_sgcp_json(s, passive=len(s.split()) == 8) for s in sents]
+        (d / f"{k}.txt-corenlp-opti").write_text("".join(p + "\n" for p in parses))
+    exs = D.load_sgcp_split(tmp_path, "val")
+    assert [e.tgt for e in exs] == SGCP_ROWS["ref"]
+    assert [e.exemplar for e in exs] == SGCP_ROWS["tgt"]
+    assert exs[0].tgt_tree.to_bracketed() == (
+        "(ROOT (S (NP (DT a) (NN dog)) (VP (VBD was) (VP (VBN seen) (PP (IN by) (NP (DT the) (NN cat))))) (. .)))"
+    )
+    assert exs[0].src_tree.leaves() == SGCP_ROWS["src"][0].split()
+    assert exs[1].exemplar_tree.leaves() == SGCP_ROWS["tgt"][1].split()
+    inv = D.load_sgcp_split(tmp_path, "val", convention="dsmt")
+    assert [e.tgt for e in inv] == SGCP_ROWS["tgt"] and [e.exemplar for e in inv] == SGCP_ROWS["ref"]
+    # the writer puts references in ref.txt under the SGCP convention (and in tgt.txt under dsmt)
+    out = tmp_path / "out"
+    D.write_sgcp_split(exs, out, "val", parse_format="json")
+    assert (out / "val" / "ref.txt").read_text().splitlines() == SGCP_ROWS["ref"]
+    assert (out / "val" / "tgt.txt").read_text().splitlines() == SGCP_ROWS["tgt"]
+    back = D.load_sgcp_split(out, "val")
+    assert [(e.tgt, e.exemplar, e.tgt_tree) for e in back] == [(e.tgt, e.exemplar, e.tgt_tree) for e in exs]
+    D.write_sgcp_split(exs, out, "dsmt", convention="dsmt")
+    assert (out / "dsmt" / "tgt.txt").read_text().splitlines() == SGCP_ROWS["ref"]
+    (d / "ref.txt-corenlp-opti").write_text('{"S-1": ["x"]}\n{"ROOT": []}\n')
+    with pytest.raises(ValueError, match=r"ref.txt-corenlp-opti:1: bad parse .*'ROOT'"):
+        D.load_sgcp_split(tmp_path, "val")
+    with pytest.raises(ValueError, match="unknown SGCP-layout convention"):
+        D.load_sgcp_split(tmp_path, "val", convention="other")
+
+
+def test_sgcp_ted_drops_every_S_node_and_traces():
+    """Issue 28 item 10: SGCP's eval_utils.build_tree drops every S node (not only the root) and deleaf
+    drops all-trace subtrees; posttrain's default TED keeps them."""
+    cleft = Tree.from_bracketed(
+        "(ROOT (S (NP (PRP it)) (VP (VBD was) (NP (NP (DT the) (NN cat)) (SBAR (WHNP (WDT that))"
+        " (S (VP (VBD saw) (NP (DT a) (NN dog))))))) (. .)))"
+    )
+    no_s = Tree.from_bracketed(
+        "(ROOT (NP (PRP it)) (VP (VBD was) (NP (NP (DT the) (NN cat)) (SBAR (WHNP (WDT that))"
+        " (VP (VBD saw) (NP (DT a) (NN dog)))))) (. .))"
+    )
+    assert ted(cleft, no_s, mode="sgcp") == 0
+    assert ted(cleft, no_s) == 2  # posttrain mode: the two S nodes
+    relabel = Tree.from_bracketed(
+        "(ROOT (S (NP (PRP it)) (VP (VBD was) (NP (NP (DT the) (NN cat)) (SBAR (WHNP (WDT that))"
+        " (S (ADJP (VBD saw) (NP (DT a) (NN dog))))))) (. .)))"
+    )
+    assert ted(cleft, relabel, mode="sgcp") == 1
+    trace = Tree.from_bracketed("(S (NP (-NONE- *T*)) (VP (VBD ran)) (. .))")
+    assert ted(trace, Tree.from_bracketed("(S (VP (VBD left)) (. .))"), mode="sgcp") == 0
+    assert ted(trace, Tree.from_bracketed("(S (VP (VBD left)) (. .))")) == 2
+    with pytest.raises(ValueError, match="no pruning"):
+        ted(cleft, no_s, mode="sgcp", height=3)
+    with pytest.raises(ValueError, match="unknown metric mode"):
+        ted(cleft, no_s, mode="nltk")
+
+
+def test_sgcp_bleu_is_lowercased_multi_bleu():
+    """Issue 28 item 10: SGCP scores BLEU with multi-bleu.perl -lc: lowercased, no smoothing (0 when a
+    precision is 0), corpus-level counts, 2 decimals; posttrain's default is case-sensitive sacrebleu."""
+    import math
+
+    assert bleu4(["The cat sat on the mat ."], ["the cat sat on the mat ."], mode="sgcp") == 100.0
+    assert bleu4(["The cat sat on the mat ."], ["the cat sat on the mat ."]) < 90
+    assert bleu4(["a b c d"], ["a b c e"], mode="sgcp") == 0.0
+    assert bleu4(["a b c d"], ["a b c e"]) > 50
+    # corpus counts: every precision 7/7, 5/5, 3/3, 1/1; hypothesis 7 words, reference 8 -> BP
+    hyps, refs = ["the cat sat", "A dog ran fast"], ["the cat sat down", "a dog ran fast"]
+    assert bleu4(hyps, refs, mode="sgcp") == round(100 * math.exp(1 - 8 / 7), 2) == 86.69

@@ -15,11 +15,13 @@ All groups have the same size (the smaller of the correct and wrong counts, capp
 wrong-item groups share the same items and differ only in their targets; r = 0 is the golden group and
 r = 1 the predict group. Explanations come from a template (``explain="template"``: a string with the
 fields ``{question}``, ``{answer}``, ``{letter}`` and the MCQ's ``meta`` keys) or from the model itself
-(``explain="model"``: sampled with T = 0.7, top-p 0.8, ≤ 256 new tokens from the prompt ``The following
-is a multi choice question about {domain}.\\n\\n{question and options}\\n\\nThe answer is "{answer}".
-Please explain why.\\n``, the text between ``` fences kept when present). The authors' exact prompt for
-their own-prediction explanations (a URIAL-style in-context prompt, `eval/chat.py` `build_input2`) is
-not reproduced: ours is the prompt of their gold explanations — a proposed design.
+(``explain="model"``: sampled with T = 0.7, top-p 0.8, ≤ 256 new tokens — the sampling settings of the
+authors' `eval/chat.py` ``generate`` — from the prompt ``The following is a multi choice question about
+{domain}.\\n\\n{question and options}\\n\\nThe answer is "{answer}". Please explain why.\\n``, the text
+between ``` fences kept when present, as their ``parse_exp``). That prompt is **posttrain's own**
+(proposed design): no file of the authors' repository contains it, and where their gold explanations
+come from is not in the repository. The authors' prompt for own-prediction explanations (a URIAL-style
+in-context prompt, `eval/chat.py` ``build_input2``) is not reproduced either.
 
 A group item becomes a chat row ``{"messages": [user: header + question + options + "Answer:",
 assistant: "{letter}. {option}\\n{explanation}"]}``; the first assistant token is the option letter,
@@ -87,6 +89,7 @@ def template_explainer(template: str = DEFAULT_TEMPLATE) -> Callable[[MCQ, int],
 
 
 def explanation_prompt(q: MCQ, target: int, domain: str) -> str:
+    """posttrain's own explanation prompt (proposed design; not the authors', see the module docstring)."""
     body = format_example(q, include_answer=False)[: -len("\nAnswer:")]
     return (
         f"The following is a multi choice question about {domain}.\n\n{body}\n\n"

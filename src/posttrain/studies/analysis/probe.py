@@ -9,7 +9,9 @@ Prompt formats, byte for byte as in the authors' code of Ren et al. 2024 (arXiv 
 - a question: ``{question}\\nA. {option}\\nB. {option}...\\nAnswer:``; a solved few-shot example
   appends ``{letter}. {option}\\n\\n`` directly after ``Answer:``;
 - base models (``style="base"``): header + k solved dev examples + the question (k-shot in context,
-  no template; the paper's analysis files use 5 shots, the script's default is 3);
+  no template; the paper's analysis files use 5 shots, the script's default is 3). The k examples are
+  the first k of the dev set *after* the authors' shuffle (``main``: ``random.seed(42)``, shuffle the
+  index list, reorder): :func:`dev_order`; for 10 dev items 5-shot uses items [7, 3, 2, 8, 5];
 - fine-tuned models (``style="vicuna"``): header + the question (0-shot) inside the Vicuna template
   ``A chat between a curious user and an artificial intelligence assistant. The assistant gives
   helpful, detailed, and polite answers to the user's questions. USER: {prompt} ASSISTANT: ``;
@@ -45,6 +47,7 @@ __all__ = [
     "VICUNA_TEMPLATE",
     "ProbeResult",
     "ProbeSet",
+    "dev_order",
     "format_example",
     "header",
     "letter_token_ids",
@@ -137,16 +140,42 @@ def format_example(q: MCQ, include_answer: bool = True) -> str:
     return s
 
 
+AUTHORS_DEV_SEED = 42
+"""``random.seed(42)`` of the authors' ``my_domain_eval.py`` before shuffling the dev set."""
+
+
+def dev_order(n: int, seed: int | None = AUTHORS_DEV_SEED) -> list[int]:
+    """Indices of ``n`` dev items in the order the few-shot examples are taken: Python's
+    ``random.seed(seed)`` + ``random.shuffle(list(range(n)))`` as the authors' ``main`` (a private
+    ``random.Random(seed)`` draws the same permutation without touching the global state); ``seed=None``
+    keeps the file order."""
+    import random
+
+    idx = list(range(n))
+    if seed is not None:
+        random.Random(seed).shuffle(idx)
+    return idx
+
+
 def probe_prompt(
-    q: MCQ, *, domain: str, style: Style = "base", dev: Sequence[MCQ] = (), shots: int = 0
+    q: MCQ,
+    *,
+    domain: str,
+    style: Style = "base",
+    dev: Sequence[MCQ] = (),
+    shots: int = 0,
+    dev_seed: int | None = AUTHORS_DEV_SEED,
 ) -> str:
-    """The prompt text of ``q`` (module docstring). ``base``: header + the first ``shots`` of ``dev``
-    solved + the question; ``vicuna``: header + question inside the Vicuna template; ``chat``: the
-    0-shot text, to be wrapped by the tokenizer's chat template (:func:`probe` does that)."""
+    """The prompt text of ``q`` (module docstring). ``base``: header + ``shots`` dev examples solved
+    (the first ``shots`` of ``dev`` reordered by :func:`dev_order` with ``dev_seed``: the authors'
+    shuffle by default, ``None`` = file order) + the question; ``vicuna``: header + question inside the
+    Vicuna template; ``chat``: the 0-shot text, to be wrapped by the tokenizer's chat template
+    (:func:`probe` does that)."""
     if style == "base":
         if shots > len(dev):
             raise ValueError(f"{shots}-shot prompt needs {shots} dev examples, got {len(dev)}")
-        return header(domain) + "".join(format_example(d) for d in dev[:shots]) + format_example(q, False)
+        picked = [dev[i] for i in dev_order(len(dev), dev_seed)[:shots]]
+        return header(domain) + "".join(format_example(d) for d in picked) + format_example(q, False)
     text = header(domain) + format_example(q, False)
     if style == "vicuna":
         return VICUNA_TEMPLATE.format(text)
@@ -242,6 +271,7 @@ def probe(
     shots: int = 0,
     batch_size: int = 16,
     progress: bool | None = False,
+    dev_seed: int | None = AUTHORS_DEV_SEED,
 ) -> ProbeSet:
     """Score every question by the next-token probabilities of its option letters (module doc).
     Works for any Hugging Face causal LM (or a :class:`~posttrain.models.ModelAdapter`'s model)."""
@@ -258,7 +288,11 @@ def probe(
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     encoded = [
-        _encode(tokenizer, probe_prompt(q, domain=domain, style=style, dev=dev, shots=shots), style)
+        _encode(
+            tokenizer,
+            probe_prompt(q, domain=domain, style=style, dev=dev, shots=shots, dev_seed=dev_seed),
+            style,
+        )
         for q in questions
     ]
     results: list[ProbeResult] = []

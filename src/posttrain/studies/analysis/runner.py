@@ -41,10 +41,14 @@ class SourceConfig(StrictModel):
     probes: str | None = None
     """JSONL of MCQs ``{"question", "choices", "answer", "id"?}``: the probe (test) set."""
     dev: str | None = None
-    """JSONL of MCQs: the few-shot examples of the base-model prompt (the first ``shots``)."""
+    """JSONL of MCQs: the few-shot examples of the base-model prompt (the first ``shots`` after the
+    ``dev_seed`` shuffle)."""
     domain: str = "general knowledge"
     shots: int = Field(3, ge=0)
     """Few-shot examples in base-model prompts (the authors' default 3; their analysis files use 5)."""
+    dev_seed: int | None = 42
+    """The dev set is shuffled with Python's ``random.seed(dev_seed)`` before the first ``shots`` are
+    taken, as the authors' ``my_domain_eval.py`` (42); ``null`` keeps the file order."""
     batch_size: int = Field(32, ge=1)
     """Prompts per forward when probing."""
     seed: int = 0
@@ -121,6 +125,10 @@ class ForgettingConfig(SourceConfig):
     n_checkpoints: int = Field(5, ge=1)
     restore: TrainConfig = TrainConfig(steps=40, lr=1e-3)
     """Restoration budget, the same for every checkpoint and the control (proposed design)."""
+    restore_lrs: list[float] = Field(default_factory=list)
+    """Further restoration learning rates: the control and every checkpoint are restored again with
+    each (same budget otherwise) and the transition steps per learning rate are reported next to the
+    verdict, since the verdict moves with it."""
     control_seeds: int = Field(2, ge=1)
     """Restorations of the base model (data-order seeds seed, seed+1, ...): control score and ε."""
     eps_floor: float = Field(1.0, ge=0)
@@ -190,6 +198,7 @@ class _Setting:
             dev=self.dev,
             shots=shots,
             batch_size=self.cfg.batch_size,
+            dev_seed=self.cfg.dev_seed,
         )
 
 
@@ -503,9 +512,9 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
                     ckpts[tr.step_idx] = str(tr.save() / "model")
                 bar.advance(loss=m["loss"])
 
-    def restore(spec: str, seed: int) -> Any:
+    def restore(spec: str, seed: int, tc: TrainConfig = cfg.restore) -> Any:
         m, t = st.load(spec)
-        r = _sft(m, t, restore_rows, cfg.restore, seed=seed, threads=cfg.threads)
+        r = _sft(m, t, restore_rows, tc, seed=seed, threads=cfg.threads)
         r.train()
         return st.probe(r.model, r.tokenizer)
 
@@ -532,6 +541,49 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
     vs = verdicts(p0.accuracy, steps, tuned_scores, restored_scores, eps, control=ctrl_mean)
     trans = transition_step(vs)
     trans_cal = transition_step(vs, calibrated=True)
+    # the same protocol with every further restoration learning rate (the verdict's sensitivity)
+    sensitivity = [
+        {
+            "lr": cfg.restore.lr,
+            "control_scores": control_scores,
+            "epsilon": eps,
+            "restored_scores": restored_scores,
+            "transition_step": trans,
+            "transition_step_vs_control": trans_cal,
+        }
+    ]
+    for lr in cfg.restore_lrs:
+        tc = cfg.restore.model_copy(update={"lr": lr})
+        c_lr = [restore(st.base, cfg.seed + i, tc).accuracy for i in range(cfg.control_seeds)]
+        e_lr = epsilon(c_lr, floor=cfg.eps_floor)
+        r_lr = [restore(ckpts[s], cfg.seed, tc).accuracy for s in steps]
+        v_lr = verdicts(p0.accuracy, steps, tuned_scores, r_lr, e_lr, control=sum(c_lr) / len(c_lr))
+        sensitivity.append(
+            {
+                "lr": lr,
+                "control_scores": c_lr,
+                "epsilon": e_lr,
+                "restored_scores": r_lr,
+                "transition_step": transition_step(v_lr),
+                "transition_step_vs_control": transition_step(v_lr, calibrated=True),
+            }
+        )
+
+    def _ts(x: int | None) -> str:
+        return str(x) if x is not None else "none"
+
+    sens_line = ""
+    if len(sensitivity) > 1:
+        sens_line = (
+            "sensitivity to the restoration learning rate (transition step; against the control): "
+            + (
+                "; ".join(
+                    f"lr {d['lr']:g}: {_ts(d['transition_step'])}; {_ts(d['transition_step_vs_control'])}"
+                    for d in sensitivity
+                )
+                + "\n"
+            )
+        )
     rows = [
         [
             v.step,
@@ -568,6 +620,7 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
         + markdown_table(cols, rows, floatfmt=".2f")
         + f"\ntransition step (first G_s > epsilon): {trans if trans is not None else 'none'}; "
         f"against the control (first R_0 - R_s > epsilon): {trans_cal if trans_cal is not None else 'none'}\n"
+        + sens_line
     )
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(steps, tuned_scores, "o-", label="tuned M_s")
@@ -591,6 +644,7 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
         "checkpoints": [{**v.to_json(), **e, "path": ckpts[v.step]} for v, e in zip(vs, extra, strict=True)],
         "transition_step": trans,
         "transition_step_vs_control": trans_cal,
+        "sensitivity": sensitivity,
         "ift": cfg.ift.model_dump(),
         "restore": cfg.restore.model_dump(),
         "ift_loss": ift_loss,

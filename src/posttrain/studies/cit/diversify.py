@@ -11,7 +11,10 @@ template names after secondary summaries of the paper), keeping key parts tagged
 ``rewrite_rules`` does it offline by rules (proposed design): concretizing maps each key part through
 a dictionary (the built-in world's :data:`~posttrain.studies.cit.world.CONCRETE`); reasoning prefixes a
 step-by-step cue naming the key parts (tagged too); constraint appends "Answer with one word only."; breadth swaps
-the words outside key parts through a small synonym table. :class:`EndpointRewriter` asks any
+the words outside key parts through a small synonym table. Two rule sets: :data:`TRAIN_RULES` rewrite
+the ``kpig`` arm's training rows, :data:`HELDOUT_RULES` (with
+:data:`~posttrain.studies.cit.world.HELDOUT_CONCRETE`) rewrite the held-out tasks for the P-score, in wordings
+no training rewrite uses, so no arm has trained on the phrasings it is scored on. :class:`EndpointRewriter` asks any
 OpenAI-compatible model instead (the rm judge's client), keeping the ``[[...]]`` tags; an answer that
 loses or changes a key part falls back to the rule rewrite.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from posttrain.studies.cit.data import CITDataError, InstructionExample, parse_markup
 
@@ -34,21 +38,69 @@ BREADTH_SYNONYMS = {
 }
 
 
-def _concretizing(ex: InstructionExample, concrete: Mapping[str, str]) -> str:
+@dataclass(frozen=True)
+class RuleSet:
+    """The wording of the offline rewrite rules: ``fallback`` concretizes a key part missing from the
+    ``concrete`` table (``{k}`` = the key part), ``reasoning`` is the cue put before the instruction
+    (``{keys}`` = the tagged key parts joined by ``join``; ``reasoning_plain`` without key parts),
+    ``constraint`` the appended requirement, ``breadth`` the synonym table outside key parts."""
+
+    name: str
+    fallback: str
+    reasoning: str
+    reasoning_plain: str
+    join: str
+    constraint: str
+    breadth: Mapping[str, str]
+
+
+TRAIN_RULES = RuleSet(
+    name="train",
+    fallback="exactly {k}",
+    reasoning="Think step by step about {keys}.",
+    reasoning_plain="Think step by step.",
+    join=" and ",
+    constraint="Answer with one word only.",
+    breadth=BREADTH_SYNONYMS,
+)
+"""Rules of the training-time rewrites (the ``kpig`` arm's ``diversify.ratio`` rows)."""
+
+HELDOUT_RULES = RuleSet(
+    name="heldout",
+    fallback="specifically {k}",
+    reasoning="Reflect carefully on {keys}, then respond:",
+    reasoning_plain="Reflect carefully, then respond:",
+    join=", ",
+    constraint="Be brief.",
+    breadth={
+        "Give": "Provide",
+        "Who is": "Which individual is",
+        "Rewrite": "Restate",
+        "Pick": "Select",
+        "one": "entry",
+    },
+)
+"""Rules of the P-score's held-out rewrites: same four templates, wordings no training rule uses."""
+
+RULE_SETS = {r.name: r for r in (TRAIN_RULES, HELDOUT_RULES)}
+
+
+def _concretizing(ex: InstructionExample, concrete: Mapping[str, str], rules: RuleSet = TRAIN_RULES) -> str:
     out, last, text = [], 0, ex.instruction
     for a, b in ex.key_spans:
         k = text[a:b]
-        out += [text[last:a], "[[", concrete.get(k, f"exactly {k}"), "]]"]
+        out += [text[last:a], "[[", concrete.get(k, rules.fallback.format(k=k)), "]]"]
         last = b
     return "".join([*out, text[last:]])
 
 
-def _breadth(ex: InstructionExample) -> str:
+def _breadth(ex: InstructionExample, rules: RuleSet = TRAIN_RULES) -> str:
     out, last, text = [], 0, ex.instruction
-    pat = re.compile("|".join(re.escape(k) for k in sorted(BREADTH_SYNONYMS, key=len, reverse=True)))
+    syn = rules.breadth
+    pat = re.compile("|".join(re.escape(k) for k in sorted(syn, key=len, reverse=True)))
 
     def swap(s: str) -> str:
-        return pat.sub(lambda m: BREADTH_SYNONYMS[m.group(0)], s)
+        return pat.sub(lambda m: syn[m.group(0)], s)
 
     for a, b in ex.key_spans:
         out += [swap(text[last:a]), "[[", text[a:b], "]]"]
@@ -57,22 +109,22 @@ def _breadth(ex: InstructionExample) -> str:
 
 
 def rewrite_rules(
-    ex: InstructionExample, template: str, concrete: Mapping[str, str] | None = None
+    ex: InstructionExample,
+    template: str,
+    concrete: Mapping[str, str] | None = None,
+    rules: RuleSet = TRAIN_RULES,
 ) -> InstructionExample:
-    """``ex`` with its instruction rewritten by ``template`` (offline rules; module docstring)."""
+    """``ex`` with its instruction rewritten by ``template`` (offline ``rules``; module docstring)."""
     if template == "concretizing":
-        marked = _concretizing(ex, concrete or {})
+        marked = _concretizing(ex, concrete or {}, rules)
     elif template == "reasoning":
-        keys = " and ".join(f"[[{k}]]" for k in ex.key_parts)
-        marked = (
-            f"Think step by step about {keys}. {ex.marked()}"
-            if keys
-            else f"Think step by step. {ex.marked()}"
-        )
+        keys = rules.join.join(f"[[{k}]]" for k in ex.key_parts)
+        cue = rules.reasoning.format(keys=keys) if keys else rules.reasoning_plain
+        marked = f"{cue} {ex.marked()}"
     elif template == "constraint":
-        marked = f"{ex.marked()} Answer with one word only."
+        marked = f"{ex.marked()} {rules.constraint}"
     elif template == "breadth":
-        marked = _breadth(ex)
+        marked = _breadth(ex, rules)
     else:
         raise ValueError(f"unknown rewrite template {template!r}; known: {', '.join(TEMPLATES)}")
     text, spans = parse_markup(marked, f"{ex.source}: {template} rewrite")
@@ -108,7 +160,11 @@ class EndpointRewriter:
         self.fallbacks = 0
 
     def rewrite(
-        self, examples: Sequence[InstructionExample], template: str, concrete: Mapping[str, str] | None = None
+        self,
+        examples: Sequence[InstructionExample],
+        template: str,
+        concrete: Mapping[str, str] | None = None,
+        rules: RuleSet = TRAIN_RULES,
     ) -> list[InstructionExample]:
         prompts = [
             REWRITE_PROMPT.format(template=template, how=_HOW[template], instruction=ex.marked())
@@ -125,7 +181,7 @@ class EndpointRewriter:
                 out.append(InstructionExample(text, ex.input, ex.output, ex.task, spans, ex.source, ex.meta))
             except CITDataError:
                 self.fallbacks += 1
-                out.append(rewrite_rules(ex, template, concrete))
+                out.append(rewrite_rules(ex, template, concrete, rules))
         return out
 
 
@@ -135,11 +191,13 @@ def diversify(
     *,
     concrete: Mapping[str, str] | None = None,
     rewriter: EndpointRewriter | None = None,
+    rules: RuleSet = TRAIN_RULES,
 ) -> dict[str, list[InstructionExample]]:
-    """``{template: rewritten examples}`` for every template (rules, or ``rewriter`` when given)."""
+    """``{template: rewritten examples}`` for every template (``rules``, or ``rewriter`` when given,
+    falling back to ``rules``)."""
     for t in templates:
         if t not in TEMPLATES:
             raise ValueError(f"unknown rewrite template {t!r}; known: {', '.join(TEMPLATES)}")
     if rewriter is not None:
-        return {t: rewriter.rewrite(examples, t, concrete) for t in templates}
-    return {t: [rewrite_rules(ex, t, concrete) for ex in examples] for t in templates}
+        return {t: rewriter.rewrite(examples, t, concrete, rules) for t in templates}
+    return {t: [rewrite_rules(ex, t, concrete, rules) for ex in examples] for t in templates}

@@ -9,7 +9,19 @@ from typing import Any
 
 import numpy as np
 
-COLUMNS = ("method", "seeds", "AA", "BWT", "FWT", "forgetting", "held-out", "P", "V", "wall s")
+COLUMNS = (
+    "method",
+    "seeds",
+    "AA",
+    "BWT",
+    "FWT",
+    "forgetting",
+    "held-out",
+    "P",
+    "P (train rules)",
+    "V",
+    "wall s",
+)
 
 
 def load_summaries(out_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -54,6 +66,7 @@ def aggregate(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             ("mean_forgetting", [x["mean_forgetting"] for x in met]),
             ("heldout_final", [r.get("heldout_final") for r in runs]),
             ("p_score", [r.get("p_score") for r in runs]),
+            ("p_score_train_rules", [r.get("p_score_train_rules") for r in runs]),
             ("v_score", [r.get("v_score") for r in runs]),
             ("wall_s", [r.get("wall_s_stages") for r in runs]),
         ):
@@ -85,6 +98,7 @@ def table_rows(agg: dict[str, Any]) -> list[list[Any]]:
             _fmt(r["mean_forgetting"]),
             _fmt(r["heldout_final"]),
             _fmt(r["p_score"]),
+            _fmt(r["p_score_train_rules"]),
             _fmt(r["v_score"]),
             _fmt(r["wall_s"], pct=False),
         ]
@@ -97,7 +111,9 @@ def markdown(agg: dict[str, Any]) -> str:
 
     parts = [
         "Accuracies in % (mean ± std over seeds). AA/BWT/FWT: Lopez-Paz & Ranzato 2017; forgetting: mean "
-        "over tasks 1..T-1; held-out: final accuracy on held-out tasks; P/V: KPIG-style scores.\n",
+        "over tasks 1..T-1; held-out: final accuracy on held-out tasks; P/V: KPIG-style scores (P: held-out tasks "
+        "rewritten with wordings no method trained on; P (train rules): with the training rewrites' "
+        "wordings, which the kpig arm trained on).\n",
         markdown_table(COLUMNS, table_rows(agg)),
     ]
     for m, r in agg.items():

@@ -479,25 +479,47 @@ class StreamRun:
             out["v_score"] = float(sum(vs) / len(vs))  # mean over tasks of each task's V rate
         if held and self.cfg.eval.p_score:
             p_path = self.dir / "p_score.json"
-            if p_path.exists():
-                by = json.loads(p_path.read_text())
-            else:
-                from posttrain.studies.cit.diversify import TEMPLATES, diversify
-                from posttrain.studies.cit.world import CONCRETE
-
-                by = {}
-                for t in held:
-                    for tmpl, exs in diversify(
-                        self.test[t], TEMPLATES, concrete=CONCRETE, rewriter=self.rewriter
-                    ).items():
-                        outs = generate_outputs(self.lm, self.cfg, exs)
-                        by.setdefault(tmpl, {})[t] = sum(
-                            o == e.output.strip() for o, e in zip(outs, exs, strict=True)
-                        ) / len(exs)
-                _write(p_path, by)
-            out["p_by_rewrite"] = by
-            out["p_score"] = p_score(by)
+            rec = json.loads(p_path.read_text()) if p_path.exists() else {}
+            if rec.get("rules") != "heldout":  # missing, or written before held-out rules existed
+                rec = {
+                    "rules": "heldout",
+                    "by_rewrite": self._p_accuracy("heldout"),
+                    "by_rewrite_train_rules": self._p_accuracy("train"),
+                }
+                _write(p_path, rec)
+            out["p_by_rewrite"] = rec["by_rewrite"]
+            out["p_score"] = p_score(rec["by_rewrite"])
+            out["p_score_train_rules"] = p_score(rec["by_rewrite_train_rules"])
         return out
+
+    def p_score_sets(self, rules: str = "heldout") -> dict[str, dict[str, list[InstructionExample]]]:
+        """``{template: {held-out task: rewritten test rows}}`` scored by the P-score. ``heldout`` (the
+        P-score): :data:`~posttrain.studies.cit.diversify.HELDOUT_RULES` with
+        :data:`~posttrain.studies.cit.world.HELDOUT_CONCRETE`, wordings no method trained on; ``train``: the
+        training rules and table (kept as a diagnostic of how much the ``kpig`` arm gains from having
+        trained on the phrasings)."""
+        from posttrain.studies.cit.diversify import RULE_SETS, TEMPLATES, diversify
+        from posttrain.studies.cit.world import CONCRETE, HELDOUT_CONCRETE
+
+        concrete = HELDOUT_CONCRETE if rules == "heldout" else CONCRETE
+        by: dict[str, dict[str, list[InstructionExample]]] = {}
+        for t in self.cfg.stream.heldout:
+            rew = diversify(
+                self.test[t], TEMPLATES, concrete=concrete, rewriter=self.rewriter, rules=RULE_SETS[rules]
+            )
+            for tmpl, exs in rew.items():
+                by.setdefault(tmpl, {})[t] = exs
+        return by
+
+    def _p_accuracy(self, rules: str) -> dict[str, dict[str, float]]:
+        by: dict[str, dict[str, float]] = {}
+        for tmpl, tasks in self.p_score_sets(rules).items():
+            for t, exs in tasks.items():
+                outs = generate_outputs(self.lm, self.cfg, exs)
+                by.setdefault(tmpl, {})[t] = sum(
+                    o == e.output.strip() for o, e in zip(outs, exs, strict=True)
+                ) / len(exs)
+        return by
 
 
 def run_cit(cfg: CITConfig, progress: Any = None) -> list[dict[str, Any]]:

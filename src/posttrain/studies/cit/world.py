@@ -45,7 +45,25 @@ CONCRETE = {
     "second": "second-listed",
     "last": "last-listed",
 }
-"""Concretizing rewrites of the key parts (more specific wording, same meaning)."""
+"""Concretizing rewrites of the key parts (more specific wording, same meaning); the training-time
+table (the ``kpig`` arm's diversified rows use it)."""
+
+HELDOUT_CONCRETE = {
+    "city": "residence town",
+    "age": "numeric age",
+    "color": "colour attribute",
+    "older": "senior",
+    "younger": "junior",
+    "uppercase": "all caps",
+    "lowercase": "all lower-case",
+    "reversed": "back to front",
+    "first": "initial",
+    "second": "middle",
+    "last": "final",
+}
+"""Concretizing wordings for the P-score's held-out rewrites: no word added here is added by any
+training-time rewrite (:data:`CONCRETE` or the training rules of :mod:`posttrain.studies.cit.diversify`), so
+no method trained on these phrasings."""
 
 
 @dataclass(frozen=True)

@@ -28,17 +28,32 @@ parses differ most (tree edit distance).
 
 SGCP layout
 -----------
-``<dir>/<split>/{src,tgt,ref}.txt`` (one sentence per line; ``ref`` = exemplar, val/test only) and the
-parses ``<file>-corenlp-opti`` (one bracketed tree per line), as in SGCP (Kumar et al., TACL 2020,
-``malllabiisc/SGCP``) and the DSMT code's ``Paraphrase/para_datasets.py``. Without ``ref`` the target
-is its own exemplar (training).
+``<dir>/<split>/{src,tgt,ref}.txt`` (one sentence per line; ``ref`` val/test only) and the parses
+``<file>-corenlp-opti`` (one tree per line). Two conventions name the same files differently
+(``convention``):
+
+- ``sgcp`` (default), as SGCP (Kumar et al., TACL 2020, ``malllabiisc/SGCP``) ships its data and
+  reads it (``src/dataloader.py``: ``IterableValParaphraseDataset`` takes ``ref.txt`` as the paraphrase
+  and ``tgt.txt`` as the template; ``src/evaluation/eval.py`` is run with ``-r ref.txt -t tgt.txt``):
+  ``ref.txt`` = the reference paraphrase (target), ``tgt.txt`` = the exemplar (template sentence);
+- ``dsmt``: the DSMT code's inverted data (``Paraphrase/para_datasets.py``: "in terms of `tgt` and
+  `ref`, our data is inversed"): ``tgt.txt`` = target, ``ref.txt`` = exemplar.
+
+In the training split (no ``ref.txt``) both read ``tgt.txt`` as the target, its own exemplar. A parse
+line is SGCP's JSON (``{"ROOT": ["S-1"], "S-1": ["NP-2", ...], "DT-3": ["the"], ...}``: each node
+name maps to its children in order, a name's ``-<number>`` suffix is dropped from its label, a child
+that is not a key is a word) or a bracketed tree; :func:`parse_tree_line` tells them apart by the
+first character.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from posttrain.studies.scpg.tasks import SCPGExample
 from posttrain.studies.scpg.trees import Tree
@@ -345,21 +360,88 @@ def _read_lines(path: Path) -> list[str]:
     return lines
 
 
+Convention = Literal["sgcp", "dsmt"]
+CONVENTIONS = ("sgcp", "dsmt")
+_SUFFIX = re.compile(r"-\d+$")
+
+
+def tree_from_sgcp_json(obj: object, where: str = "parse") -> Tree:
+    """A tree from SGCP's JSON parse (module docstring): ``ROOT`` is the root, ``NP-2`` has label ``NP``."""
+    if not isinstance(obj, dict) or "ROOT" not in obj:
+        raise ValueError(f"{where}: expected a JSON object with a 'ROOT' key (SGCP parse)")
+    seen: set[str] = set()
+
+    def build(name: str) -> Tree:
+        if name in seen:
+            raise ValueError(f"{where}: node {name!r} occurs twice (not a tree)")
+        seen.add(name)
+        kids = obj[name]
+        if not isinstance(kids, list) or not all(isinstance(k, str) for k in kids):
+            raise ValueError(f"{where}: children of {name!r} must be a list of strings")
+        return Tree(_SUFFIX.sub("", name), [build(k) if k in obj else k for k in kids])
+
+    return build("ROOT")
+
+
+def tree_to_sgcp_json(tree: Tree) -> str:
+    """The inverse of :func:`tree_from_sgcp_json`: node names ``label-k`` (k in pre-order), root ``ROOT``."""
+    out: dict[str, list[str]] = {}
+    n = 0
+
+    def name(t: Tree, root: bool = False) -> str:
+        nonlocal n
+        n += 1
+        key = "ROOT" if root else f"{t.label}-{n}"
+        out[key] = []
+        out[key] = [name(c) if isinstance(c, Tree) else c for c in t.children]
+        return key
+
+    if tree.label == "ROOT":
+        name(tree, root=True)
+    else:  # a tree without the ROOT node gets one
+        out["ROOT"] = [name(tree)]
+    return json.dumps(out)
+
+
+def parse_tree_line(line: str, where: str = "parse") -> Tree:
+    """One parse line: SGCP's JSON when it starts with ``{``, else a bracketed tree."""
+    if line.lstrip().startswith("{"):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: bad JSON parse ({e})") from None
+        return tree_from_sgcp_json(obj, where)
+    return Tree.from_bracketed(line)
+
+
 def _read_trees(path: Path) -> list[Tree]:
     out = []
     for n, line in enumerate(_read_lines(path), 1):
         try:
-            out.append(Tree.from_bracketed(line))
+            out.append(parse_tree_line(line, "parse"))
         except ValueError as e:
             raise ValueError(f"{path}:{n}: bad parse ({e})") from None
     return out
 
 
+def _roles(convention: str) -> tuple[str, str]:
+    """(file of the target, file of the exemplar) in val/test splits."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown SGCP-layout convention {convention!r}; known: {', '.join(CONVENTIONS)}")
+    return ("ref", "tgt") if convention == "sgcp" else ("tgt", "ref")
+
+
 def load_sgcp_split(
-    data_dir: str | Path, split: str, *, parse_suffix: str = PARSE_SUFFIX
+    data_dir: str | Path,
+    split: str,
+    *,
+    parse_suffix: str = PARSE_SUFFIX,
+    convention: Convention = "sgcp",
 ) -> list[SCPGExample]:
-    """Examples of ``<data_dir>/<split>``; ``ref.txt`` (exemplars) is optional (training). Errors name
+    """Examples of ``<data_dir>/<split>``; ``ref.txt`` is optional (training: the target is its own
+    exemplar). ``convention`` says which of ``tgt``/``ref`` is the target (module docstring). Errors name
     the file and line: unequal line counts, empty sentences, malformed parses."""
+    target, exemplar = _roles(convention)
     d = Path(data_dir) / split
     if not d.is_dir():
         raise FileNotFoundError(f"{d}: no such split directory (SGCP layout: <dir>/{{train,val,test}}/)")
@@ -379,27 +461,46 @@ def load_sgcp_split(
         for i, s in enumerate(sents[k], 1):
             if not s.strip():
                 raise ValueError(f"{d / f'{k}.txt'}:{i}: empty sentence")
-    ref = "ref" if "ref" in names else "tgt"
+    if "ref" not in names:
+        target = exemplar = "tgt"
     return [
         SCPGExample(
-            sents["src"][i], trees["src"][i], sents["tgt"][i], trees["tgt"][i], sents[ref][i], trees[ref][i]
+            sents["src"][i],
+            trees["src"][i],
+            sents[target][i],
+            trees[target][i],
+            sents[exemplar][i],
+            trees[exemplar][i],
         )
         for i in range(n)
     ]
 
 
 def write_sgcp_split(
-    examples: list[SCPGExample], data_dir: str | Path, split: str, *, with_ref: bool = True
+    examples: list[SCPGExample],
+    data_dir: str | Path,
+    split: str,
+    *,
+    with_ref: bool = True,
+    convention: Convention = "sgcp",
+    parse_format: Literal["bracket", "json"] = "bracket",
 ) -> Path:
-    """Write ``examples`` in the SGCP layout (the inverse of :func:`load_sgcp_split`)."""
+    """Write ``examples`` in the SGCP layout (the inverse of :func:`load_sgcp_split` with the same
+    ``convention``); parses bracketed or as SGCP's JSON. Without ``with_ref`` (training) ``tgt`` holds
+    the targets."""
     from posttrain.utils.io import atomic_write_text
 
+    target, exemplar = _roles(convention)
     d = Path(data_dir) / split
     d.mkdir(parents=True, exist_ok=True)
-    cols = {"src": [(e.src, e.src_tree) for e in examples], "tgt": [(e.tgt, e.tgt_tree) for e in examples]}
+    cols = {"src": [(e.src, e.src_tree) for e in examples]}
     if with_ref:
-        cols["ref"] = [(e.exemplar, e.exemplar_tree) for e in examples]
+        cols[target] = [(e.tgt, e.tgt_tree) for e in examples]
+        cols[exemplar] = [(e.exemplar, e.exemplar_tree) for e in examples]
+    else:
+        cols["tgt"] = [(e.tgt, e.tgt_tree) for e in examples]
+    fmt = tree_to_sgcp_json if parse_format == "json" else Tree.to_bracketed
     for k, rows in cols.items():
         atomic_write_text(d / f"{k}.txt", "".join(s + "\n" for s, _ in rows))
-        atomic_write_text(d / f"{k}.txt{PARSE_SUFFIX}", "".join(t.to_bracketed() + "\n" for _, t in rows))
+        atomic_write_text(d / f"{k}.txt{PARSE_SUFFIX}", "".join(fmt(t) + "\n" for _, t in rows))
     return d

@@ -6,9 +6,16 @@ F1, and a pluggable constituency-parser interface.
 - **TED** between two parses: Zhang–Shasha edit distance (unit costs: insert, delete, relabel) between
   the trees with their leaves (words) removed, optionally pruned at a level first (``height``; root =
   level 1). **TED-R** = TED(parse(generated), reference/target parse), **TED-E** = TED(parse(generated),
-  exemplar parse): the SGCP reporting convention (Kumar et al., TACL 2020) — its exact pruning is in
-  SGCP's evaluation script, not in the DSMT code, so the leaf removal and default full height here are
-  proposed design.
+  exemplar parse): the SGCP reporting convention (Kumar et al., TACL 2020). This default mode
+  (``posttrain``) keeps every node, ``S`` included; SGCP's own script is the ``sgcp`` mode below.
+- **``sgcp`` mode** (``mode="sgcp"``), SGCP's evaluation script (``malllabiisc/SGCP``
+  ``src/evaluation/eval.py`` + ``eval_utils.py``): BLEU is ``multi-bleu.perl -lc`` (lowercased,
+  whitespace tokens, no smoothing: 0 when any n-gram precision is 0, printed to 2 decimals), here
+  sacrebleu with ``lowercase=True, smooth_method="none", tokenize="none"`` rounded to 2 decimals; TED
+  drops the words (``deleaf``, and subtrees whose words are all ``-NONE-`` traces), then rebuilds the
+  tree under a fresh ``S`` root keeping every node whose label is not ``S`` — every ``S`` node is
+  dropped and its children spliced into its parent (``build_tree``) — and takes the zss distance with
+  unit costs on the full height (no pruning).
 - **Bracket F1** (relaxed EVALB): labelled spans ``(label, start, end)`` of the nodes above the
   pre-terminals, spans counted in the tree's own leaves, micro-averaged; a tree text that does not
   parse scores 0 recall and precision.
@@ -68,13 +75,32 @@ def _extra(module: str) -> Any:
         raise ImportError(f"posttrain scpg needs {module}: pip install -e '.[scpg]'") from e
 
 
-def bleu4(hypotheses: Sequence[str], references: Sequence[str], *, tokenize: str = "none") -> float:
+METRIC_MODES = ("posttrain", "sgcp")
+"""``posttrain``: case-sensitive sacrebleu BLEU, TED with every node kept; ``sgcp``: SGCP's script."""
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in METRIC_MODES:
+        raise ValueError(f"unknown metric mode {mode!r}; known: {', '.join(METRIC_MODES)}")
+
+
+def bleu4(
+    hypotheses: Sequence[str], references: Sequence[str], *, tokenize: str = "none", mode: str = "posttrain"
+) -> float:
+    """Corpus BLEU-4 (×100). ``posttrain``: sacrebleu as is (case-sensitive, exp smoothing);
+    ``sgcp``: ``multi-bleu.perl -lc`` (lowercased, no smoothing, 2 decimals)."""
     sacrebleu = _extra("sacrebleu")
 
+    _check_mode(mode)
     if len(hypotheses) != len(references):
         raise ValueError(f"bleu4: {len(hypotheses)} hypotheses vs {len(references)} references")
     if not hypotheses:
         return 0.0
+    if mode == "sgcp":
+        res = sacrebleu.corpus_bleu(
+            list(hypotheses), [list(references)], tokenize="none", lowercase=True, smooth_method="none"
+        )
+        return round(float(res.score), 2)
     return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize=tokenize).score)
 
 
@@ -89,9 +115,44 @@ def strip_leaves(tree: Tree, height: int | None = None) -> Tree:
     return walk(t)
 
 
-def ted(a: Tree, b: Tree, *, height: int | None = None) -> int:
-    """Zhang–Shasha tree edit distance (unit costs) between the leafless trees."""
+def _words(t: Tree) -> int:
+    return sum(_words(c) if isinstance(c, Tree) else 1 for c in t.children)
+
+
+def _traces(t: Tree) -> int:
+    return (t.label == "-NONE-") + sum(_traces(c) for c in t.children if isinstance(c, Tree))
+
+
+def sgcp_tree(tree: Tree) -> Any:
+    """SGCP's TED tree (``eval_utils.deleaf`` + ``build_tree``) as a zss node: words removed, children
+    whose words are all ``-NONE-`` traces removed, every ``S`` node dropped (its children go to its
+    parent) under a fresh root ``S``."""
     zss = _extra("zss")
+    root = zss.Node("S")
+
+    def add(parent: Any, t: Tree) -> None:
+        node = parent
+        if t.label and t.label != "S":
+            node = zss.Node(t.label)
+            parent.addkid(node)
+        for c in t.children:
+            if isinstance(c, Tree) and not (_words(c) and _traces(c) == _words(c)):
+                add(node, c)
+
+    add(root, tree)
+    return root
+
+
+def ted(a: Tree, b: Tree, *, height: int | None = None, mode: str = "posttrain") -> int:
+    """Zhang–Shasha tree edit distance (unit costs) between the leafless trees; ``mode="sgcp"``: SGCP's
+    trees (:func:`sgcp_tree`, no pruning)."""
+    zss = _extra("zss")
+
+    _check_mode(mode)
+    if mode == "sgcp":
+        if height:
+            raise ValueError("ted: SGCP's TED has no pruning; leave ted_height unset with metrics=sgcp")
+        return int(zss.simple_distance(sgcp_tree(b), sgcp_tree(a)))
 
     def to_zss(t: Tree) -> Any:
         node = zss.Node(t.label)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from posttrain.studies.scpg.tasks import SCPG_FORMATS, TRIPLET_FORMATS, SCPGExample
 from posttrain.train.config import OptimizerConfig
@@ -56,6 +56,9 @@ class DataConfig(StrictModel):
     """``synthetic`` (``posttrain.studies.scpg.data``) or a directory in the SGCP layout (ParaNMT-small, QQP-Pos)."""
     synthetic: SyntheticDataConfig = Field(default_factory=SyntheticDataConfig)
     parse_suffix: str = "-corenlp-opti"
+    convention: Literal["sgcp", "dsmt"] = "sgcp"
+    """Which val/test file is the target: ``sgcp`` = SGCP's release (``ref.txt`` reference, ``tgt.txt``
+    exemplar), ``dsmt`` = the DSMT code's inverted files (``tgt.txt`` target, ``ref.txt`` exemplar)."""
 
 
 class SCPGModelConfig(StrictModel):
@@ -156,11 +159,20 @@ class EvalConfig(StrictModel):
     decode: DecodeConfig = Field(default_factory=DecodeConfig)
     parser: str = "grammar"
     ted_height: int | None = Field(None, ge=2)
+    metrics: Literal["posttrain", "sgcp"] = "posttrain"
+    """``posttrain``: case-sensitive sacrebleu BLEU-4, TED with every node; ``sgcp``: SGCP's evaluation
+    script (lowercased multi-bleu BLEU, TED without ``S`` nodes, no pruning)."""
     hardest_fraction: float = Field(0.25, gt=0, le=1)
     out: str | None = None
     """Report folder (eval.json, eval.md); None = ``<model run>/eval-<split>``."""
     threads: int | None = Field(None, ge=1)
     progress: bool | None = None
+
+    @model_validator(mode="after")
+    def _sgcp_no_pruning(self) -> EvalConfig:
+        if self.metrics == "sgcp" and self.ted_height:
+            raise ValueError("ted_height: SGCP's TED has no pruning; leave it unset with metrics=sgcp")
+        return self
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -242,7 +254,9 @@ class Corpus:
             self.splits = {}
             for split in ("train", "val", "test"):
                 if (Path(cfg.source) / split).is_dir():
-                    self.splits[split] = load_sgcp_split(cfg.source, split, parse_suffix=cfg.parse_suffix)
+                    self.splits[split] = load_sgcp_split(
+                        cfg.source, split, parse_suffix=cfg.parse_suffix, convention=cfg.convention
+                    )
             if "train" not in self.splits:
                 raise FileNotFoundError(f"{cfg.source}/train: missing (SGCP layout: <dir>/train/src.txt ...)")
             tr = self.splits["train"]
@@ -526,8 +540,10 @@ def score(
     parser: Any,
     *,
     ted_height: int | None = None,
+    metrics: str = "posttrain",
 ) -> list[dict[str, Any]]:
-    """Per-example records: hypothesis, parse, TED-R, TED-E, source–target TED, tree texts."""
+    """Per-example records: hypothesis, parse, TED-R, TED-E, source–target TED, tree texts (TEDs in
+    the ``metrics`` mode)."""
     from posttrain.studies.scpg.metrics import flat_tree, ted
     from posttrain.studies.scpg.tasks import split_scpg_output
 
@@ -544,9 +560,9 @@ def score(
                 "output": out,
                 "hypothesis": sent,
                 "parsed": parsed is not None,
-                "ted_r": ted(hyp_tree, ex.tgt_tree, height=ted_height),
-                "ted_e": ted(hyp_tree, ex.exemplar_tree, height=ted_height),
-                "difficulty": ted(ex.src_tree, ex.tgt_tree, height=ted_height),
+                "ted_r": ted(hyp_tree, ex.tgt_tree, height=ted_height, mode=metrics),
+                "ted_e": ted(hyp_tree, ex.exemplar_tree, height=ted_height, mode=metrics),
+                "difficulty": ted(ex.src_tree, ex.tgt_tree, height=ted_height, mode=metrics),
                 "tree_pred": tree_text,
                 "tree_gold": _gold_tree_text(ex, fmt),
             }
@@ -554,7 +570,7 @@ def score(
     return rows
 
 
-def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def aggregate(rows: list[dict[str, Any]], metrics: str = "posttrain") -> dict[str, Any]:
     from posttrain.studies.scpg.metrics import bleu4, bracket_prf
 
     if not rows:
@@ -562,7 +578,7 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(rows)
     out: dict[str, Any] = {
         "n": n,
-        "bleu4": bleu4([r["hypothesis"] for r in rows], [r["reference"] for r in rows]),
+        "bleu4": bleu4([r["hypothesis"] for r in rows], [r["reference"] for r in rows], mode=metrics),
         "ted_r": sum(r["ted_r"] for r in rows) / n,
         "ted_e": sum(r["ted_e"] for r in rows) / n,
         "template_match": sum(r["ted_e"] == 0 for r in rows) / n,
@@ -629,19 +645,20 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
                 batch_size=d.batch_size,
             )
             bar.advance(len(inputs[s : s + d.batch_size]))
-    rows = score(examples, outputs, fmt, parser, ted_height=cfg.ted_height)
+    rows = score(examples, outputs, fmt, parser, ted_height=cfg.ted_height, metrics=cfg.metrics)
     k = max(1, round(cfg.hardest_fraction * len(rows)))
     hardest = sorted(rows, key=lambda r: -r["difficulty"])[:k]
-    subsets = {"overall": aggregate(rows), "hardest": aggregate(hardest)}
+    subsets = {"overall": aggregate(rows, cfg.metrics), "hardest": aggregate(hardest, cfg.metrics)}
     if corpus.few_shot_template and templates:
         subsets["few_shot"] = aggregate(
-            [r for r, t in zip(rows, templates, strict=True) if t == corpus.few_shot_template]
+            [r for r, t in zip(rows, templates, strict=True) if t == corpus.few_shot_template], cfg.metrics
         )
     report = {
         "model": cfg.model.name,
         "format": fmt,
         "split": cfg.split,
         "parser": cfg.parser,
+        "metrics": cfg.metrics,
         "decode": d.model_dump() | {"max_length": max_len},
         "hardest_fraction": cfg.hardest_fraction,
         "few_shot_template": corpus.few_shot_template or None,
@@ -671,5 +688,5 @@ def report_rows(report: dict[str, Any]) -> list[list[Any]]:
 def report_markdown(report: dict[str, Any]) -> str:
     from posttrain.utils.tables import markdown_table
 
-    head = f"# SCPG evaluation\n\nmodel `{report['model']}`, format `{report['format']}`, split `{report['split']}`, parser `{report['parser']}`\n\n"
+    head = f"# SCPG evaluation\n\nmodel `{report['model']}`, format `{report['format']}`, split `{report['split']}`, parser `{report['parser']}`, metrics `{report.get('metrics', 'posttrain')}`\n\n"
     return head + markdown_table(["subset", *METRIC_COLUMNS], report_rows(report), floatfmt=".2f")
