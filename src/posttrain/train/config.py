@@ -152,6 +152,10 @@ class RewardConfig(StrictModel):
     num_workers: int = Field(2, ge=0)
     """Reward worker processes (0 = score in-process, no timeout)."""
     timeout_s: float = Field(5.0, gt=0)
+    max_failed_frac: float = Field(0.5, ge=0, le=1)
+    """Stop the run when more than this share of one step's rewards failed (the reward raised, timed
+    out or returned NaN / inf: those score 0); 1 = never stop. Failures are always counted
+    (``reward_errors``, ``reward_timeouts``) and the first of each kind is printed with its traceback."""
     success_threshold: float = 1.0
     """A completion counts as correct (accuracy, pass@k) when its raw reward >= this."""
 

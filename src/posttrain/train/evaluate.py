@@ -67,7 +67,7 @@ def run_eval(
     t0 = time.perf_counter()
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, logprobs=False)
     eps = runner.run(examples, [1] * len(examples), greedy)
-    rewards, timeouts, errors = _rewards(eps, reward_source)
+    rewards, timeouts, errors, failures = _rewards(eps, reward_source)
     correct = rewards >= success_threshold
     out: dict[str, Any] = {
         "n": len(examples),
@@ -78,6 +78,7 @@ def run_eval(
         "max_new_tokens": max_new_tokens,
         "reward_timeouts": timeouts,
         "reward_errors": errors,
+        **({"reward_failures": failures} if failures else {}),
         **runner.eval_metrics(eps),
     }
     if k > 1:
@@ -96,13 +97,27 @@ def run_eval(
     return out
 
 
-def _rewards(eps: Any, reward_source: RewardSource) -> tuple[np.ndarray, int, int]:
+def _rewards(eps: Any, reward_source: RewardSource) -> tuple[np.ndarray, int, int, dict[str, str]]:
     if eps.rewards is not None:  # the runner's environment scored its own episodes
-        return np.asarray(eps.rewards, dtype=float), 0, 0
+        return np.asarray(eps.rewards, dtype=float), 0, 0, {}
     scored = reward_source.score(eps.texts, eps.examples)
     if len(scored.rewards) != len(eps):
         raise ValueError(f"reward source returned {len(scored.rewards)} rewards for {len(eps)} completions")
-    return np.asarray(scored.rewards, dtype=float), scored.timeouts, scored.errors
+    return np.asarray(scored.rewards, dtype=float), scored.timeouts, scored.errors, scored.failures
+
+
+def reward_failure_warning(result: dict[str, Any]) -> str | None:
+    """A warning when some greedy completions' rewards failed (raised, timed out, NaN / inf: scored 0,
+    so the accuracy counts them as wrong), with the first failure of each kind; None otherwise."""
+    errors, timeouts = int(result.get("reward_errors", 0)), int(result.get("reward_timeouts", 0))
+    if not errors + timeouts:
+        return None
+    first = "\n".join(f"  {k}: {v.rstrip()}" for k, v in (result.get("reward_failures") or {}).items())
+    return (
+        f"{errors + timeouts} of {result['n']} rewards failed ({errors} errors, {timeouts} timeouts) and "
+        f"scored 0: the accuracy counts them as wrong, so it does not measure the model"
+        + (f"; first failure of each kind:\n{first}" if first else "")
+    )
 
 
 def truncation_warning(result: dict[str, Any], *, option: str = "max_new_tokens") -> str | None:

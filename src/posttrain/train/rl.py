@@ -297,6 +297,9 @@ class RLTrainer:
                 seed=dist.rank_seed(cfg.seed),
             ),
         )
+        from posttrain.rewards.failures import RewardFailureMonitor
+
+        self.reward_failures = RewardFailureMonitor(cfg.reward.max_failed_frac)  # shown once, counted
         self.formatter = PromptFormatter(
             tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template
         )
@@ -456,6 +459,7 @@ class RLTrainer:
             timeouts=sum(s.timeouts for s in kept_scores),
             errors=sum(s.errors for s in kept_scores),
             components={k: [v for s in kept_scores for v in s.components[k]] for k in sorted(common)},
+            failures={k: v for s in reversed(kept_scores) for k, v in s.failures.items()},
         )
         return merged, _Ready(scores), rounds
 
@@ -578,6 +582,7 @@ class RLTrainer:
         t0 = time.perf_counter()
         episodes = ro.episodes
         res = ro.handle.result()
+        self.reward_failures.check(res, f"step {self.step_idx + 1}")  # shows / counts / stops on failures
         raw = torch.tensor(res.rewards, dtype=torch.float32)
         if raw.shape[0] != len(episodes):
             raise ValueError(f"reward source returned {raw.shape[0]} rewards for {len(episodes)} completions")
@@ -828,11 +833,18 @@ class RLTrainer:
                 f"{self.cfg.rollout.max_new_tokens}; rewards of cut-off answers are mostly noise — raise it",
             )
         if m["zero_var_frac"] >= WARN_ZERO_VAR:
+            failed = int(m["reward_errors"] + m["reward_timeouts"])
+            why = (
+                f"{failed} of {int(m['num_sequences'])} rewards failed and scored 0 (see the reward failure "
+                "printed above)"
+                if failed
+                else "the task is too easy/hard for the policy (raise group_size, change temperature, or use "
+                "a filtering sampler)"
+            )
             self._warn(
                 "zero_var",
                 f"step {self.step_idx + 1}: {m['zero_var_frac']:.0%} of groups have identical rewards and give "
-                "no gradient; the task is too easy/hard for the policy (raise group_size, change "
-                "temperature, or use a filtering sampler)",
+                f"no gradient; {why}",
             )
 
     def _warn(self, key: str, msg: str, *, force: bool = False, every: int = 10) -> None:
@@ -933,7 +945,7 @@ class RLTrainer:
         A fresh run refuses an ``out_dir`` that holds a previous run unless ``overwrite`` (which deletes
         its run files); a resumed run refuses config changes that break it unless
         ``allow_config_change`` (see :mod:`posttrain.train.run_dir`)."""
-        from posttrain.train.run_dir import start_run
+        from posttrain.train.run_dir import end_run, start_run
         from posttrain.utils.progress import progress_bar
 
         cfg = self.cfg
@@ -992,6 +1004,7 @@ class RLTrainer:
                 self.save()
         finally:
             logger.close()
+            end_run(self.run_dir)  # the run folder's lock (taken by start_run)
         summary.update(steps=self.step_idx, wall_s=time.perf_counter() - t0, last=last)
         return summary
 
@@ -1017,4 +1030,5 @@ def _select_scored(res: ScoredBatch, rows: list[int]) -> ScoredBatch:
         timeouts=res.timeouts,
         errors=res.errors,
         components={k: [vals[i] for i in rows] for k, vals in res.components.items()},
+        failures=res.failures,
     )

@@ -494,7 +494,7 @@ class SFTTrainer:
         fresh run refuses an ``out_dir`` holding a previous run unless ``overwrite``; a resumed run
         refuses config changes that break it unless ``allow_config_change``."""
         from posttrain.train.logger import MetricsLogger
-        from posttrain.train.run_dir import start_run
+        from posttrain.train.run_dir import end_run, start_run
         from posttrain.utils.progress import progress_bar
 
         cfg = self.cfg
@@ -549,6 +549,7 @@ class SFTTrainer:
         finally:
             if logger:
                 logger.close()
+            end_run(self.run_dir)  # the run folder's lock (taken by start_run)
         return summary
 
     def close(self) -> None:
