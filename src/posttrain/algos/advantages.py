@@ -39,9 +39,18 @@ KIND = "advantage estimator"
 class AdvantageEstimator:
     """A registered estimator: checks inputs and params, then runs the formula under no_grad."""
 
-    def __init__(self, name: str, fn: Callable[..., Tensor], validate: Callable[[str, dict], None]):
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Tensor],
+        validate: Callable[[str, dict], None],
+        group_relative: bool = False,
+    ):
         self.name = name
         self.fn = fn
+        self.group_relative = group_relative
+        """The baseline is the prompt's own group: with groups of one completion it degenerates (so
+        ``rollout.group_size=1`` is refused at config time)."""
         self.defaults = keyword_defaults(fn)
         self._validate = validate
         self.__doc__ = fn.__doc__
@@ -72,11 +81,14 @@ def _validate_eps(name: str, p: dict) -> None:
         require(isinstance(p["norm_std"], bool), KIND, name, "norm_std", "true or false", p["norm_std"])
 
 
-def register_advantage(name: str, *, aliases: tuple[str, ...] = (), validate=_no_params):
-    """Decorator: register `fn(rewards, inverse_group_index, n_groups, **params) -> (B,)`."""
+def register_advantage(
+    name: str, *, aliases: tuple[str, ...] = (), validate=_no_params, group_relative: bool = False
+):
+    """Decorator: register `fn(rewards, inverse_group_index, n_groups, **params) -> (B,)`;
+    ``group_relative``: its baseline is the prompt's group (needs groups of >= 2 completions)."""
 
     def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        ADVANTAGES.register(name, aliases=aliases)(AdvantageEstimator(name, fn, validate))
+        ADVANTAGES.register(name, aliases=aliases)(AdvantageEstimator(name, fn, validate, group_relative))
         return fn
 
     return deco
@@ -154,7 +166,7 @@ def group_stats(values: Tensor, inv: Tensor, n_groups: int) -> tuple[Tensor, Ten
 # estimators
 
 
-@register_advantage("grpo", validate=_validate_eps)
+@register_advantage("grpo", validate=_validate_eps, group_relative=True)
 def grpo(r: Tensor, inv: Tensor, n_groups: int, *, norm_std: bool = True, eps: float = 1e-6) -> Tensor:
     """GRPO group-normalised advantage (verl ``compute_grpo_outcome_advantage``; DeepSeekMath, arXiv 2402.03300).
 
@@ -173,7 +185,7 @@ def grpo(r: Tensor, inv: Tensor, n_groups: int, *, norm_std: bool = True, eps: f
     return (r - mu) / (sd + eps)
 
 
-@register_advantage("dr_grpo")
+@register_advantage("dr_grpo", group_relative=True)
 def dr_grpo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
     """Dr.GRPO advantage: A_i = R_i − mean_g(R), no std division (Dr.GRPO, arXiv 2503.20783).
 
@@ -182,7 +194,7 @@ def dr_grpo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
     return grpo(r, inv, n_groups, norm_std=False)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", group_relative=True)
 def rloo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
     """RLOO leave-one-out baseline (Ahmadian et al. 2024, arXiv 2402.14740; verl ``rloo``).
 

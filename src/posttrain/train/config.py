@@ -482,6 +482,39 @@ class RLConfig(StrictModel):
     hooks: HooksConfig = HooksConfig()
     distributed: DistributedConfig = DistributedConfig()
 
+    @model_validator(mode="after")
+    def _groups_of_one(self) -> RLConfig:
+        """Group-relative advantages (GRPO, Dr.GRPO, RLOO) compare a completion with the others of its
+        prompt: a group of one has no baseline (GRPO then trains on the raw reward, RLOO likewise)."""
+        from posttrain.algos import ADVANTAGES
+
+        est = ADVANTAGES.get(self.advantage.name)
+        if self.rollout.group_size == 1 and getattr(est, "group_relative", False):
+            raise ValueError(
+                f"rollout.group_size: 1 with the group-relative advantage {self.advantage.name!r}: every group "
+                "is a single completion, so there is no group baseline to compare it with; use "
+                "rollout.group_size >= 2 (8 is usual), or an advantage with a batch baseline "
+                "(advantage.name=reinforce_pp)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fits_context(self) -> RLConfig:
+        """rollout.max_new_tokens must fit the model's context (read from the preset or config.json,
+        no weights loaded); beyond it generation runs past the positions the model has."""
+        if self.model.adapter != "causal-lm":
+            return self
+        from posttrain.models.loading import model_context_length
+
+        ctx = model_context_length(self.model.name)
+        if ctx is not None and self.rollout.max_new_tokens >= ctx:
+            raise ValueError(
+                f"rollout.max_new_tokens: {self.rollout.max_new_tokens} does not fit the context of model "
+                f"{self.model.name!r} ({ctx} tokens, prompt included); use at most {ctx - 1} (minus the "
+                "longest prompt)"
+            )
+        return self
+
     @property
     def off_policy(self) -> bool:
         """Whether any update uses data from an older policy (then old log-probs need a forward)."""

@@ -796,13 +796,6 @@ class RLTrainer:
     def _check_settings(self) -> None:
         cfg = self.cfg
         n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-        if cfg.rollout.group_size == 1 and cfg.advantage.name in ("grpo", "dr_grpo", "rloo"):
-            self._warn(
-                "group1",
-                f"rollout.group_size=1 with advantage {cfg.advantage.name!r}: every group is a singleton, "
-                "so there is no group baseline (A = raw reward); use group_size >= 2",
-                force=True,
-            )
         if n % cfg.minibatches:
             self._warn(
                 "split",

@@ -1,0 +1,150 @@
+"""What a new user hit (issue 30), through the real CLI: config-time bounds (group size, length),
+tokenizer/model mismatch, ..."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+from _train_helpers import CLI_TINY
+from typer.testing import CliRunner
+
+from posttrain.cli import app
+from posttrain.train.rl import DegenerateSettingWarning
+
+runner = CliRunner()
+QUICK = [*CLI_TINY, "eval.at_start=false", "eval.at_end=false", "--no-progress"]
+
+
+def _invoke(args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def _refused(res, *needles):
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    for n in needles:
+        assert n in res.output, res.output
+
+
+# ------------------------------------------------------------------------ 8. groups of one completion
+@pytest.mark.parametrize("adv", ["grpo", "dr_grpo", "rloo"])
+def test_group_size_one_is_refused_for_group_relative_advantages(tmp_path, adv):
+    res = _invoke(
+        ["rl", *QUICK, f"out_dir={tmp_path / 'r'}", "rollout.group_size=1", f"advantage.name={adv}"]
+    )
+    _refused(res, "rollout.group_size", f"group-relative advantage {adv!r}", "reinforce_pp")
+    assert not (tmp_path / "r").exists()
+
+
+def test_group_size_one_is_accepted_with_a_batch_baseline(tmp_path):
+    from posttrain.train.config import load_rl_config
+
+    cfg = load_rl_config(None, ["rollout.group_size=1", "advantage.name=reinforce_pp"])
+    assert cfg.rollout.group_size == 1
+
+
+# ------------------------------------------------------------------------ 4. max_new_tokens vs context
+def test_max_new_tokens_beyond_the_models_context_is_refused_at_config_time(tmp_path):
+    res = _invoke(["rl", *QUICK, f"out_dir={tmp_path / 'r'}", "rollout.max_new_tokens=1e9"])
+    _refused(res, "rollout.max_new_tokens", "does not fit the context of model 'tiny' (4096 tokens")
+    res = _invoke(["eval", "--model", "tiny", "--n", "2", "--max-new-tokens", "5000"])
+    _refused(res, "does not fit the context of model 'tiny'")
+
+
+def test_context_of_a_model_directory_is_read_from_its_config(tmp_path):
+    from posttrain.models.loading import model_context_length
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 64}))
+    assert model_context_length(str(d)) == 64
+    (d / "config.json").write_text(json.dumps({"text_config": {"n_positions": 32}}))
+    assert model_context_length(str(d)) == 32
+    assert model_context_length(str(tmp_path / "missing")) is None
+
+
+# ------------------------------------------------------------------------ 5. tokenizer/model mismatch
+def _bpe_tokenizer(size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    corpus = [f"{a} + {b} = {a + b} and some words {a * b}" for a in range(60) for b in range(60)]
+    backend.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=size,
+            special_tokens=["<pad>", "<eos>", "<unk>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+@pytest.fixture(scope="module")
+def mismatched(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from posttrain.models import load_model_and_tokenizer
+
+    root = tmp_path_factory.mktemp("mismatch")
+    model, char_tok = load_model_and_tokenizer("tiny")
+    bigger = _bpe_tokenizer(600)  # more tokens than the tiny model's 357 embedding rows
+    assert len(bigger) > 357
+    a = root / "tiny-weights-bpe-tokenizer"
+    model.save_pretrained(a)
+    bigger.save_pretrained(a)
+    big = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=5000,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            eos_token_id=char_tok.eos_token_id,
+            pad_token_id=char_tok.pad_token_id,
+            bos_token_id=char_tok.bos_token_id,
+        )
+    )
+    b = root / "big-weights-char-tokenizer"
+    big.save_pretrained(b)
+    char_tok.save_pretrained(b)
+    c = root / "tiny-weights-other-eos"
+    model.config.eos_token_id = 7
+    model.generation_config.eos_token_id = 7
+    model.save_pretrained(c)
+    char_tok.save_pretrained(c)
+    return a, b, c
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model_is_refused(mismatched):
+    res = _invoke(["eval", "--model", mismatched[0], "--n", "2", "--max-new-tokens", "2"])
+    _refused(res, "the tokenizer has", "but the model's embedding has 357 rows", "use the tokenizer saved")
+
+
+def test_a_model_with_far_more_rows_than_the_tokenizer_is_refused(tmp_path, mismatched):
+    res = _invoke(["rl", *QUICK, f"out_dir={tmp_path / 'r'}", f"model.name={mismatched[1]}", "steps=1"])
+    _refused(res, "the model's embedding has 5000 rows but the tokenizer only 357 tokens")
+
+
+def test_a_tokenizer_eos_the_model_does_not_stop_at_is_refused(mismatched):
+    res = _invoke(["eval", "--model", mismatched[2], "--n", "2", "--max-new-tokens", "2"])
+    _refused(res, "EOS token id", "stops at [7]")
+
+
+def test_a_matching_saved_model_still_loads(tmp_path):
+    from posttrain.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer("tiny")
+    model.save_pretrained(tmp_path / "ok")
+    tok.save_pretrained(tmp_path / "ok")
+    m2, t2 = load_model_and_tokenizer(str(tmp_path / "ok"))
+    assert len(t2) == m2.get_input_embeddings().weight.shape[0]
