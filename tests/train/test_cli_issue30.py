@@ -148,3 +148,75 @@ def test_a_matching_saved_model_still_loads(tmp_path):
     tok.save_pretrained(tmp_path / "ok")
     m2, t2 = load_model_and_tokenizer(str(tmp_path / "ok"))
     assert len(t2) == m2.get_input_embeddings().weight.shape[0]
+
+
+# ------------------------------------------------------------------------ 3. length bounds at load
+def _sft(tmp_path, data, *extra):
+    return _invoke(
+        [
+            "sft",
+            "model.name=tiny",
+            "model.device=cpu",
+            f"data={data}",
+            "steps=1",
+            "batch_size=2",
+            "threads=1",
+            f"out_dir={tmp_path / 'sft'}",
+            "--no-progress",
+            *extra,
+        ]
+    )
+
+
+def _rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_sft_row_longer_than_the_context_is_refused_naming_file_and_line(tmp_path):
+    data = _rows(
+        tmp_path / "d.jsonl",
+        [{"prompt": "1+1=", "completion": "2"}, {"prompt": "x" * 5000, "completion": "y"}],
+    )
+    res = _sft(tmp_path, data)
+    _refused(
+        res, f"{data}: line 2: the row encodes to 5,00", "longer than max_length=4096", "overlong=truncate"
+    )
+    assert not (tmp_path / "sft").exists()
+
+
+def test_sft_huge_row_is_refused_before_tokenizing(tmp_path):
+    data = _rows(tmp_path / "d.jsonl", [{"text": "z" * 300_000}, {"prompt": "1+1=", "completion": "2"}])
+    res = _sft(tmp_path, data, "max_length=64")
+    _refused(res, f"{data}: line 1: the row has 300,000 characters, longer than max_length=64")
+
+
+@pytest.mark.parametrize(("policy", "word"), [("truncate", "1 truncated"), ("skip", "1 skipped")])
+def test_sft_overlong_rows_are_truncated_or_skipped_only_when_asked_and_counted(tmp_path, policy, word):
+    data = _rows(
+        tmp_path / "d.jsonl",
+        [
+            {"prompt": "1+1=", "completion": "2"},
+            {"prompt": "3+4=", "completion": "7"},
+            {"prompt": "9+", "completion": "1" * 100},
+        ],
+    )
+    res = _sft(tmp_path, data, "max_length=32", f"overlong={policy}")
+    assert res.exit_code == 0, res.output
+    assert f"note: {data}: rows longer than 32 tokens: {word} (overlong={policy})" in res.output
+
+
+def test_rl_prompt_longer_than_the_context_is_refused_or_skipped(tmp_path):
+    rows = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
+    rows[3]["question"] = "9" * 4095  # < 4096: no transformers length warning
+    data = _rows(tmp_path / "t.jsonl", rows)
+    task = ["task.name=jsonl", f"task.params={{path: {data}, heldout_fraction: 0.3}}"]
+    res = _invoke(["rl", *QUICK, *task, f"out_dir={tmp_path / 'r'}", "steps=1"])
+    _refused(
+        res, "task 'jsonl': train split row", "the prompt is 4095 tokens", "rollout.overlong_prompts=skip"
+    )
+    res = _invoke(
+        ["rl", *QUICK, *task, f"out_dir={tmp_path / 'r2'}", "steps=1", "rollout.overlong_prompts=skip"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "rows longer than 4093 tokens: 1 skipped (rollout.overlong_prompts=skip)" in res.output

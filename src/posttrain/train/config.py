@@ -202,6 +202,9 @@ class RolloutConfig(StrictModel):
     suppress_eos: bool = False
     group_size: int = Field(8, ge=1)
     prompts_per_step: int = Field(16, ge=1)
+    overlong_prompts: Literal["error", "skip"] = "error"
+    """A training prompt longer than the model's context minus ``max_new_tokens``: an error naming
+    the split and row (checked when the data loads), or ``skip`` it (counted and reported)."""
     max_batch_size: int | None = Field(None, ge=1)
     """Generate at most this many sequences at once (None = the whole step in one call)."""
     engine: ComponentSpec = ComponentSpec(name="hf")

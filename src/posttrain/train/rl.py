@@ -89,6 +89,7 @@ from posttrain.sampling import (
 from posttrain.train import dist
 from posttrain.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from posttrain.train.config import RLConfig
+from posttrain.train.lengths import bound_prompts, model_context
 from posttrain.train.logger import MetricsLogger
 from posttrain.train.optim import build_adamw, clip_and_step, scheduled_lr, set_lr
 
@@ -302,6 +303,14 @@ class RLTrainer:
         self.reward_failures = RewardFailureMonitor(cfg.reward.max_failed_frac)  # shown once, counted
         self.formatter = PromptFormatter(
             tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template
+        )
+        self.train_examples, _ = bound_prompts(  # prompts must leave max_new_tokens in the context
+            self.train_examples,
+            self.formatter.encode,
+            context=model_context(model),
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            policy=cfg.rollout.overlong_prompts,
+            where=f"task {cfg.task.name!r}: train split",
         )
         self.engine = build_engine(
             cfg.rollout.engine.name,
