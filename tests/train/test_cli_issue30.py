@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 from _train_helpers import CLI_TINY
@@ -220,3 +221,45 @@ def test_rl_prompt_longer_than_the_context_is_refused_or_skipped(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert "rows longer than 4093 tokens: 1 skipped (rollout.overlong_prompts=skip)" in res.output
+
+
+# ------------------------------------------------------------------------ 9 / 10. early failures
+PLUGINS = str(Path(__file__).resolve().parents[1] / "plugins")
+
+
+@pytest.mark.parametrize(
+    ("n_heldout", "needle"),
+    [(0, "the held-out split is empty, but the run evaluates on it"), (7, "the train split is empty")],
+)
+def test_empty_splits_are_refused_before_the_model_loads(tmp_path, monkeypatch, n_heldout, needle):
+    import posttrain.models.adapter as adapter_mod
+
+    monkeypatch.syspath_prepend(PLUGINS)
+    loads = []
+    real = adapter_mod.load_model_and_tokenizer
+    monkeypatch.setattr(
+        adapter_mod, "load_model_and_tokenizer", lambda *a, **k: loads.append(a) or real(*a, **k)
+    )
+    run = tmp_path / "r"
+    tiny = [a for a in CLI_TINY if not a.startswith("task.")]
+    args = ["rl", *tiny, "--no-progress", f"out_dir={run}", "steps=1", "task.name=my_plugins:CountTask"]
+    res = _invoke([*args, f"task.params={{n_heldout: {n_heldout}}}", "reward.num_workers=1"])
+    _refused(res, f"task 'count': {needle}")
+    assert "EOFError" not in res.output
+    assert loads == []  # refused before any model was loaded
+    assert not run.exists()  # and nothing was left behind (no config.yaml)
+
+
+def test_a_run_that_failed_before_its_first_step_is_replaced_by_a_rerun(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 9\n")  # what a run that died in its first evaluation leaves
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.1}) + "\n")
+    res = _invoke(["rl", *QUICK, f"out_dir={run}", "steps=1", "--resume"])
+    _refused(res, "nothing to resume", "start a new run without --resume")
+    res = _invoke(["rl", *QUICK, f"out_dir={run}", "steps=1"])  # no --overwrite needed: no step was taken
+    assert res.exit_code == 0, res.output
+    assert "seed: 0" in (run / "config.yaml").read_text()
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    res = _invoke(["rl", *QUICK, f"out_dir={run}", "steps=1"])  # a run with a step is still protected
+    _refused(res, "already holds a run")

@@ -53,6 +53,23 @@ def model_context(model: Any) -> int | None:
 
 
 # ------------------------------------------------------------------------------------------ RL
+def check_splits(task: Any, *, needs_heldout: bool) -> list[Any]:
+    """The task's train split, refusing an empty one (and an empty held-out split when the run
+    evaluates) before any model is loaded or reward worker started."""
+    train = task.split("train")
+    if not train:
+        raise LengthError(
+            f"task {task.name!r}: the train split is empty (nothing to train on); check task.params"
+        )
+    if needs_heldout and not task.split("heldout"):
+        raise ValueError(
+            f"task {task.name!r}: the held-out split is empty, but the run evaluates on it (eval.at_start, "
+            "eval.at_end, eval.every); give the task held-out examples or turn evaluation off "
+            "(eval.at_start=false eval.at_end=false)"
+        )
+    return train
+
+
 def bound_prompts(
     examples: list[Any],
     encode: Callable[[str], list[int]],

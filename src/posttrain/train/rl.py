@@ -89,7 +89,7 @@ from posttrain.sampling import (
 from posttrain.train import dist
 from posttrain.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from posttrain.train.config import RLConfig
-from posttrain.train.lengths import bound_prompts, model_context
+from posttrain.train.lengths import bound_prompts, check_splits, model_context
 from posttrain.train.logger import MetricsLogger
 from posttrain.train.optim import build_adamw, clip_and_step, scheduled_lr, set_lr
 
@@ -255,6 +255,14 @@ class RLTrainer:
         self.device = pick_device() if cfg.model.device == "auto" else cfg.model.device
         # distributed: join the torchrun process group; one device per rank (identity in one process)
         self.device = dist.setup(self.device)
+        from posttrain.rewards import get_reward
+        from posttrain.tasks import get_task
+
+        # the task's splits are checked before the model loads and reward workers start
+        self.task = get_task(cfg.task.name, **cfg.task.params)
+        self.train_examples = check_splits(
+            self.task, needs_heldout=cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every > 0
+        )
         ckpt = resolve_checkpoint(self.run_dir) if resume else None
         if model is None:  # the model adapter (model.adapter) loads; a passed model is a causal LM
             spec = str(ckpt / "model") if ckpt is not None else cfg.model.name
@@ -277,11 +285,6 @@ class RLTrainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
 
-        from posttrain.rewards import get_reward
-        from posttrain.tasks import get_task
-
-        self.task = get_task(cfg.task.name, **cfg.task.params)
-        self.train_examples = self.task.split("train")
         self.reward_fn = get_reward(cfg.reward.name or self.task.default_reward, **cfg.reward.params)
         # engine, episode runner and reward source: registry factories named in the config
         # (rollout.engine, rollout.runner, reward.source); runner / reward_source may also be passed in

@@ -208,6 +208,30 @@ def previous_run(run_dir: str | os.PathLike) -> list[str]:
     return found
 
 
+STEPLESS_ENTRIES = ("config.yaml", "metrics.jsonl", "tensorboard", "wandb")
+"""What a run that failed before its first step leaves behind (with no step row in metrics.jsonl)."""
+
+
+def stepless_run(run_dir: str | os.PathLike, found: list[str]) -> bool:
+    """True when the run files ``found`` are those of a run that never completed a step (it failed
+    while loading or in its first evaluation): nothing in them is worth keeping, so a fresh run may
+    replace them without --overwrite (otherwise the advice loops: --resume finds no checkpoint)."""
+    if not found or any(name not in STEPLESS_ENTRIES for name in found):
+        return False
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        import json
+
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                return False  # not ours to judge: keep it
+            if not isinstance(row, dict) or int(row.get("step", 0) or 0) >= 1:
+                return False
+    return True
+
+
 def prepare_run_dir(
     run_dir: str | os.PathLike, *, overwrite: bool = False, resume: bool = False, can_resume: bool = True
 ) -> None:
@@ -222,6 +246,8 @@ def prepare_run_dir(
     found = previous_run(run_dir)
     if not found:
         return
+    if stepless_run(run_dir, found):
+        overwrite = True  # a run that never took a step: replaced (its config.yaml, empty metrics)
     if not overwrite:
         resume_hint = "continue it with --resume, or " if can_resume else ""
         raise RunDirError(
