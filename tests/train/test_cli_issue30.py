@@ -263,3 +263,20 @@ def test_a_run_that_failed_before_its_first_step_is_replaced_by_a_rerun(tmp_path
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
     res = _invoke(["rl", *QUICK, f"out_dir={run}", "steps=1"])  # a run with a step is still protected
     _refused(res, "already holds a run")
+
+
+# ------------------------------------------------------------------------ 11. unknown chat roles
+@pytest.mark.parametrize(("role", "hint"), [("assitant", " (did you mean 'assistant'?)"), ("wizard", "")])
+def test_sft_refuses_unknown_chat_roles_naming_file_row_and_roles(tmp_path, role, hint):
+    msgs = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]
+    bad = [
+        {"role": "user", "content": "2+2="},
+        {"role": role, "content": "4"},
+        {"role": "assistant", "content": "4"},
+    ]
+    data = _rows(tmp_path / "chat.jsonl", [{"messages": msgs}, {"messages": bad}])
+    res = _sft(tmp_path, data)
+    _refused(
+        res,
+        f"{data}: line 2: messages[1]: unknown 'role' {role!r}{hint}; accepted roles: system, user, assistant, tool, developer",
+    )
