@@ -280,3 +280,22 @@ def test_sft_refuses_unknown_chat_roles_naming_file_row_and_roles(tmp_path, role
         res,
         f"{data}: line 2: messages[1]: unknown 'role' {role!r}{hint}; accepted roles: system, user, assistant, tool, developer",
     )
+
+
+# ------------------------------------------------------------------------ 6. plot of an SFT run
+def test_plot_of_an_sft_run_shows_its_loss_curve(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    data = _rows(tmp_path / "d.jsonl", [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(4)])
+    assert _sft(tmp_path, data, "steps=3").exit_code == 0
+    titles: list[str] = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "savefig",
+        lambda self, *a, **k: titles.extend(ax.get_title() for ax in self.axes) or real(self, *a, **k),
+    )
+    res = _invoke(["plot", tmp_path / "sft"])
+    assert res.exit_code == 0, res.output
+    assert titles[0] == "loss (nats/token)"
+    assert (tmp_path / "sft" / "curves.png").stat().st_size > 0
