@@ -71,3 +71,4 @@ def test_a_client_that_goes_away_stops_its_generation(caplog):
     assert lengths[0] < 3000  # stopped when the client left, not after all 3000 tokens
     drops = [r for r in caplog.records if "client went away" in r.getMessage()]
     assert len(drops) == 1  # one line per drop
+    assert [r.getMessage() for r in caplog.records if r.levelno >= 40] == []  # no tracebacks logged

@@ -299,3 +299,63 @@ def test_plot_of_an_sft_run_shows_its_loss_curve(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert titles[0] == "loss (nats/token)"
     assert (tmp_path / "sft" / "curves.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------ 15. smaller things
+def test_a_misspelled_section_suggests_the_section():
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match=r"unknown key 'optimiser' \(did you mean 'optimizer'\?\)"):
+        build_config(RLConfig, None, ["optimiser.lr=1e-5"])
+    with pytest.raises(ConfigError, match=r"unknown key 'optimizer.lrr' \(did you mean 'optimizer.lr'\?\)"):
+        build_config(RLConfig, None, ["optimizer.lrr=1e-5"])
+
+
+def test_rl_prints_heldout_accuracy_and_says_when_eval_n_exceeds_the_split(tmp_path):
+    run = tmp_path / "r"
+    res = _invoke(["rl", *CLI_TINY, "--no-progress", f"out_dir={run}", "steps=1", "eval.n=50"])
+    assert res.exit_code == 0, res.output
+    assert "note: task 'arithmetic' has only 10 held-out examples; eval.n=50 evaluates all 10" in res.output
+    assert "eval at step 0: held-out accuracy " in res.output and "(greedy pass@1, n=10)" in res.output
+    assert "eval at step 1: held-out accuracy " in res.output
+
+
+def test_eval_of_a_demo_folder_uses_its_rl_policy_and_the_runs_threads(tmp_path):
+    import torch
+
+    demo = tmp_path / "demo"
+    res = _invoke(["rl", *QUICK, f"out_dir={demo / 'rl'}", "steps=1", "threads=2"])
+    assert res.exit_code == 0, res.output
+    (demo / "summary.json").write_text("{}")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        res = _invoke(["eval", "--model", demo, "--n", "2", "--max-new-tokens", "2"])
+        assert res.exit_code == 0, res.output
+        assert torch.get_num_threads() == 2  # the run's threads, as training used
+    finally:
+        torch.set_num_threads(before)
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["n"] == 2
+
+
+def test_warnings_on_the_command_line_are_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    exe = str(Path(sys.executable).with_name("posttrain"))
+    args = [
+        exe,
+        "rl",
+        *CLI_TINY,
+        "--no-progress",
+        f"out_dir={tmp_path / 'r'}",
+        "steps=1",
+        "eval.at_start=false",
+    ]
+    args += ["eval.at_end=false", "rollout.max_new_tokens=1", "rollout.suppress_eos=true"]  # warns: truncated
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: step 1: 100% of completions hit rollout.max_new_tokens=1" in proc.stderr
+    assert "warnings.warn(" not in proc.stderr and "DegenerateSettingWarning" not in proc.stderr

@@ -204,6 +204,15 @@ def locate_model(model: str) -> ModelLocation:
     p = Path(model)
     if not p.is_dir() or (p / "config.json").exists():
         return ModelLocation(given=model, path=model)
+    rl = p / "rl"
+    if (
+        not (p / "checkpoints").is_dir()
+        and not (p / "model").is_dir()
+        and any((rl / d).is_dir() for d in ("model", "checkpoints"))
+    ):
+        p = (
+            p / "rl"
+        )  # a demo folder (runs/demo): its RL policy, as `posttrain plot runs/demo` plots its RL run
     if (p / "model" / "config.json").exists() and not (p / "trainer_state.json").exists():  # SFT run
         settings, source = _saved_settings(p / "config.yaml", load_yaml)
         return ModelLocation(model, str(p / "model"), str(p), settings=settings, settings_from=source)
@@ -231,7 +240,7 @@ def _saved_settings(path: Path, load_yaml: Any) -> tuple[dict[str, Any] | None, 
 
 
 # Sections of a saved config that say how the model was prompted, scored and sampled.
-_EVAL_SECTIONS = ("model", "task", "reward", "rollout", "eval", "seed")
+_EVAL_SECTIONS = ("model", "task", "reward", "rollout", "eval", "seed", "threads")
 
 
 def _eval_base(saved: dict[str, Any]) -> dict[str, Any]:
@@ -267,6 +276,8 @@ def evaluate_cli_settings(
     from posttrain.utils.config import ConfigError, build_config
 
     base = _eval_base(loc.settings) if loc.settings else {}
+    # the model evaluated (its context bounds rollout.max_new_tokens at config time)
+    base["model"] = {**(base.get("model") or {}), "name": loc.path}
     try:
         cfg = build_config(RLConfig, config, overrides, base=base)
     except ConfigError as e:
@@ -305,6 +316,10 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
     if not heldout:
         raise ValueError(f"task {cfg.task.name!r} has no held-out examples to evaluate")
     device = pick_device() if cfg.model.device == "auto" else cfg.model.device
+    if cfg.threads:  # the run's torch CPU threads (tiny models run several times faster with 1)
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     model, tok = load_model_and_tokenizer(loc.path, dtype=cfg.model.dtype, device=device, seed=cfg.seed)
     reward_name = cfg.reward.name or task.default_reward
     reward_fn = get_reward(reward_name, **cfg.reward.params)

@@ -53,9 +53,10 @@ def model_context(model: Any) -> int | None:
 
 
 # ------------------------------------------------------------------------------------------ RL
-def check_splits(task: Any, *, needs_heldout: bool) -> list[Any]:
+def check_splits(task: Any, *, needs_heldout: bool, eval_n: int | None = None) -> list[Any]:
     """The task's train split, refusing an empty one (and an empty held-out split when the run
-    evaluates) before any model is loaded or reward worker started."""
+    evaluates) before any model is loaded or reward worker started; a note when the held-out split
+    is smaller than ``eval_n`` (eval.n)."""
     train = task.split("train")
     if not train:
         raise LengthError(
@@ -66,6 +67,13 @@ def check_splits(task: Any, *, needs_heldout: bool) -> list[Any]:
             f"task {task.name!r}: the held-out split is empty, but the run evaluates on it (eval.at_start, "
             "eval.at_end, eval.every); give the task held-out examples or turn evaluation off "
             "(eval.at_start=false eval.at_end=false)"
+        )
+    if needs_heldout and eval_n is not None and len(task.split("heldout")) < eval_n:
+        n = len(task.split("heldout"))
+        print(
+            f"note: task {task.name!r} has only {n} held-out examples; eval.n={eval_n} evaluates all {n}",
+            file=sys.stderr,
+            flush=True,
         )
     return train
 

@@ -261,7 +261,9 @@ class RLTrainer:
         # the task's splits are checked before the model loads and reward workers start
         self.task = get_task(cfg.task.name, **cfg.task.params)
         self.train_examples = check_splits(
-            self.task, needs_heldout=cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every > 0
+            self.task,
+            needs_heldout=cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every > 0,
+            eval_n=cfg.eval.n,
         )
         ckpt = resolve_checkpoint(self.run_dir) if resume else None
         if model is None:  # the model adapter (model.adapter) loads; a passed model is a causal LM
