@@ -227,14 +227,26 @@ def test_rl_prompt_longer_than_the_context_is_refused_or_skipped(tmp_path):
 PLUGINS = str(Path(__file__).resolve().parents[1] / "plugins")
 
 
+@pytest.fixture
+def fresh_plugins(monkeypatch):
+    """tests/plugins on sys.path; ``my_plugins`` forgotten afterwards (its decorators register into
+    registries that conftest restores after each test, so a later importer must run them again)."""
+    import sys
+
+    monkeypatch.syspath_prepend(PLUGINS)
+    yield
+    sys.modules.pop("my_plugins", None)
+
+
 @pytest.mark.parametrize(
     ("n_heldout", "needle"),
     [(0, "the held-out split is empty, but the run evaluates on it"), (7, "the train split is empty")],
 )
-def test_empty_splits_are_refused_before_the_model_loads(tmp_path, monkeypatch, n_heldout, needle):
+def test_empty_splits_are_refused_before_the_model_loads(
+    tmp_path, monkeypatch, fresh_plugins, n_heldout, needle
+):
     import posttrain.models.adapter as adapter_mod
 
-    monkeypatch.syspath_prepend(PLUGINS)
     loads = []
     real = adapter_mod.load_model_and_tokenizer
     monkeypatch.setattr(
