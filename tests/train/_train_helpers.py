@@ -35,6 +35,35 @@ class Constant:
         return 1.0
 
 
+class Broken:
+    """A reward plug-in with a bug: raises on every call (issue 30, item 2)."""
+
+    name = "broken"
+
+    def __call__(self, completion, example) -> float:
+        return {}["no-such-key"]
+
+
+class NaNReward:
+    """Returns NaN on every call."""
+
+    name = "nan"
+
+    def __call__(self, completion, example) -> float:
+        return float("nan")
+
+
+class HalfBroken:
+    """Raises on completions of odd length, 1.0 otherwise (some of a step's rewards fail)."""
+
+    name = "half_broken"
+
+    def __call__(self, completion, example) -> float:
+        if len(completion) % 2:
+            raise ZeroDivisionError("odd length")
+        return 1.0
+
+
 # `posttrain rl` / `eval` overrides for a CLI run that takes seconds: tiny preset, 1-digit sums,
 # 2 prompts x 2 completions of 3 tokens, in-process rewards, one thread.
 CLI_TINY = [

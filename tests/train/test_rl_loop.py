@@ -24,6 +24,7 @@ from posttrain.hooks import (
     Trajectory,
 )
 from posttrain.models import sequence_logprobs
+from posttrain.rewards.failures import RewardFailureError
 from posttrain.rollout import EpisodeRunner, FunctionRewardSource, RewardSource, ScoredBatch
 from posttrain.rollout.reward_source import _Ready
 from posttrain.train.config import load_rl_config
@@ -345,18 +346,22 @@ def test_off_policy_minibatches_and_epochs_equal_a_hand_written_update(tmp_path)
 
 def test_reward_timeouts_are_counted_and_score_zero(tmp_path):
     src = FunctionRewardSource(SleepyReward(30.0), num_workers=1, timeout_s=0.2)
+    small = ["rollout.prompts_per_step=2", "rollout.group_size=2"]
     try:
-        tr = RLTrainer(cfg(tmp_path, "rollout.prompts_per_step=2", "rollout.group_size=2"), reward_source=src)
+        tr = RLTrainer(cfg(tmp_path, *small, "reward.max_failed_frac=1"), reward_source=src)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateSettingWarning)
             m = tr.step()
+            tr = RLTrainer(cfg(tmp_path, *small), reward_source=src)  # default: more than half failed
+            with pytest.raises(RewardFailureError, match=r"4 of 4 rewards failed \(4 timeouts"):
+                tr.step()
     finally:
         src.close()
     assert m["reward_timeouts"] == 4 and m["reward_mean"] == 0.0
 
 
 def test_degenerate_settings_warn_loudly(tmp_path):
-    with pytest.warns(DegenerateSettingWarning, match="group_size=1"):
+    with pytest.raises(ValueError, match="group-relative advantage 'grpo'"):  # refused at config time
         trainer(tmp_path, "rollout.group_size=1", reward=Constant())
     with pytest.warns(DegenerateSettingWarning, match="not divisible by minibatches"):
         trainer(tmp_path, "minibatches=3", reward=Constant())

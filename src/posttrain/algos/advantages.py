@@ -48,8 +48,8 @@ class AdvantageEstimator:
         group_baseline: bool = False,
     ):
         self.name = name
-        #: True when the estimator's baseline is the group's other rewards (a singleton group then
-        #: gives A = raw reward or 0: the trainer warns about rollout.group_size = 1)
+        #: True when the estimator's baseline is the prompt's own group: with groups of one
+        #: completion it degenerates (no baseline), so ``rollout.group_size=1`` is refused at config time
         self.group_baseline = group_baseline
         self.fn = fn
         self.defaults = keyword_defaults(fn)

@@ -25,4 +25,9 @@ __all__ = ["app", "bench_app", "main", "silo_app"]
 
 
 def main() -> None:
+    import warnings
+
+    from posttrain.cli.app import one_line_warning
+
+    warnings.formatwarning = one_line_warning  # `warning: <message>`, no file:line and source line
     app()

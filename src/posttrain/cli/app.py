@@ -55,6 +55,13 @@ def _main(
     """LLM post-training: GRPO-family RL, SFT, generative reward models, SILO-BENCH, continual instruction tuning, IFT analyses, SCPG."""
 
 
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings on the command line (``main`` installs it): ``warning: <message>``, without Python's
+    file:line and source line (``warnings.warn(msg, DegenerateSettingWarning, stacklevel=3)`` meant
+    nothing to a user)."""
+    return f"warning: {message}\n"
+
+
 @app.command()
 def version() -> None:
     """Print the posttrain version."""

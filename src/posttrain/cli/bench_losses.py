@@ -32,7 +32,8 @@ def bench_losses(
     Targets: peak memory <= 1/4 of naive at V = 151,936; time <= 1.2x naive. Each variant runs in a
     fresh process; on CPU peak memory is the peak RSS above the RSS after the inputs were allocated.
     """
-    from posttrain.benchmarks.perf.losses import print_report, run_bench
+    from posttrain.benchmarks.perf.losses import OutOfMemory, print_report, run_bench
+    from posttrain.cli.app import fail
     from posttrain.utils.io import atomic_write_json
 
     try:
@@ -48,6 +49,8 @@ def bench_losses(
             threads=threads,
             check_verl=verl,
         )
+    except OutOfMemory as e:
+        fail(str(e))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     print_report(result)

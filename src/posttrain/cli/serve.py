@@ -81,8 +81,13 @@ def serve(
     from posttrain.serve.server import run_server
 
     try:
-        typer.echo(f"serving {cfg.model_id!r} on http://{cfg.host}:{cfg.port}/v1 (Ctrl-C stops)", err=True)
-        run_server(cfg, log_level=log_level)
+        run_server(
+            cfg,
+            log_level=log_level,
+            on_loaded=lambda: typer.echo(
+                f"serving {cfg.model_id!r} on http://{cfg.host}:{cfg.port}/v1 (Ctrl-C stops)", err=True
+            ),
+        )
     except (ModelSpecError, ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, NoReturn, Optional
@@ -64,6 +65,16 @@ def _check_run_dir(cfg: Any, *, resume: bool, overwrite: bool, allow_config_chan
         fail(str(e))
 
 
+def _lock(cfg: Any) -> Any:
+    """The run folder's exclusive lock for the whole command (refused when another run holds it)."""
+    from posttrain.train.run_dir import RunDirError, lock_run_dir
+
+    try:
+        return lock_run_dir(cfg if isinstance(cfg, str | Path) else cfg.out_dir)
+    except RunDirError as e:
+        fail(str(e))
+
+
 def _interrupted(command: str, cfg: Any, step: int, config: Path | None, overrides: list[str]) -> NoReturn:
     """Ctrl-C: say where training stopped, the last checkpoint and the exact command to resume."""
     from posttrain.train.run_dir import interrupted_message, resume_command
@@ -88,27 +99,29 @@ def rl(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
     """GRPO-family RL: rollout -> reward -> advantage -> policy update, with eval and checkpoints."""
+    from posttrain.rewards.failures import RewardFailureError
     from posttrain.train.checkpoint import CheckpointError
     from posttrain.train.config import RLConfig
     from posttrain.train.run_dir import RunDirError
 
     cfg = _load(RLConfig, config, overrides or [])
-    _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
-    from posttrain.train.rl import RLTrainer
+    with _lock(cfg):
+        _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
+        from posttrain.train.rl import RLTrainer
 
-    try:
-        trainer = RLTrainer(cfg, resume=resume)
-    except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
-    with trainer:
         try:
-            summary = trainer.train(
-                progress=progress, overwrite=overwrite, allow_config_change=allow_config_change
-            )
-        except KeyboardInterrupt:
-            _interrupted("posttrain rl", cfg, trainer.step_idx, config, overrides or [])
-        except (RunDirError, CheckpointError) as e:
+            trainer = RLTrainer(cfg, resume=resume)
+        except (ValueError, FileNotFoundError) as e:
             fail(str(e))
+        with trainer:
+            try:
+                summary = trainer.train(
+                    progress=progress, overwrite=overwrite, allow_config_change=allow_config_change
+                )
+            except KeyboardInterrupt:
+                _interrupted("posttrain rl", cfg, trainer.step_idx, config, overrides or [])
+            except (RunDirError, CheckpointError, RewardFailureError) as e:
+                fail(str(e))
     last = summary.get("last") or {}
     typer.echo(
         json.dumps(
@@ -144,19 +157,20 @@ def sft(
     cfg = _load(SFTConfig, config, overrides or [])
     if progress is not None:
         cfg.progress = progress
-    if cfg.save:
-        _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
-    try:
-        trainer = SFTTrainer(cfg, resume=resume)
-    except (SFTDataError, ValueError, FileNotFoundError) as e:
-        fail(str(e))
-    with trainer:
+    with _lock(cfg) if cfg.save else contextlib.nullcontext():
+        if cfg.save:
+            _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
         try:
-            summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
-        except KeyboardInterrupt:
-            _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [])
-        except (RunDirError, CheckpointError, SFTDataError, ValueError, FileNotFoundError) as e:
+            trainer = SFTTrainer(cfg, resume=resume)
+        except (SFTDataError, ValueError, FileNotFoundError) as e:
             fail(str(e))
+        with trainer:
+            try:
+                summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
+            except KeyboardInterrupt:
+                _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [])
+            except (RunDirError, CheckpointError, SFTDataError, ValueError, FileNotFoundError) as e:
+                fail(str(e))
     typer.echo(
         json.dumps({k: v for k, v in summary.items() if k != "last"} | {"loss": summary["last"].get("loss")})
     )
@@ -204,7 +218,13 @@ def eval_cmd(
     A run directory is evaluated with the run's own settings (task and params, prompt template,
     reward, max_new_tokens, engine, runner, reward source); --config, key=value overrides and the
     options above override them, in that order."""
-    from posttrain.train.evaluate import evaluate_cli_settings, evaluate_run, locate_model, truncation_warning
+    from posttrain.train.evaluate import (
+        evaluate_cli_settings,
+        evaluate_run,
+        locate_model,
+        reward_failure_warning,
+        truncation_warning,
+    )
     from posttrain.utils.config import ConfigError
     from posttrain.utils.io import atomic_write_json
 
@@ -240,6 +260,9 @@ def eval_cmd(
         res = evaluate_run(loc, cfg)
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
+    failed = reward_failure_warning(res)
+    if failed:
+        typer.secho(f"warning: {failed}", fg=typer.colors.YELLOW, err=True)
     warning = truncation_warning(res, option="--max-new-tokens")
     if warning:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
@@ -280,17 +303,18 @@ def demo(
     from posttrain.utils.config import ConfigError
 
     try:
-        run_demo(
-            out,
-            objective=objective,
-            quick=quick,
-            sft_steps=sft_steps,
-            rl_steps=rl_steps,
-            seed=seed,
-            progress=progress,
-            overrides=overrides or [],
-            overwrite=overwrite,
-        )
+        with _lock(out):
+            run_demo(
+                out,
+                objective=objective,
+                quick=quick,
+                sft_steps=sft_steps,
+                rl_steps=rl_steps,
+                seed=seed,
+                progress=progress,
+                overrides=overrides or [],
+                overwrite=overwrite,
+            )
     except (ConfigError, ValueError) as e:
         fail(str(e))
 

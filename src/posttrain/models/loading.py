@@ -120,6 +120,28 @@ def _is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
 
 
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def model_context_length(spec: str) -> int | None:
+    """The context length (positions) of the model ``spec`` means, read without loading weights:
+    a preset's, else ``config.json``'s ``max_position_embeddings`` (or ``n_positions``, ...; of
+    ``text_config`` for multimodal configs). None when it cannot be told (not a model, no such key)."""
+    if spec in PRESETS:
+        return PRESETS[spec].max_position_embeddings
+    try:
+        path = Path(resolve_model_dir(spec)) / "config.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ModelSpecError, OSError, ValueError):
+        return None
+    for tree in (data, data.get("text_config") if isinstance(data, dict) else None):
+        if isinstance(tree, dict):
+            for key in _CONTEXT_KEYS:
+                if isinstance(tree.get(key), int) and tree[key] > 0:
+                    return int(tree[key])
+    return None
+
+
 def ensure_pad_token(tokenizer: Any, model: Any = None) -> None:
     """Tokenizers without a pad token (Llama, some Qwen checkpoints) pad with EOS instead."""
     if tokenizer.pad_token is None:
@@ -169,6 +191,7 @@ def load_model_and_tokenizer(
             model, tokenizer = load_adapter_dir(local, dtype=torch_dtype)
         else:
             model, tokenizer = _load_local_dir(local, torch_dtype)
+        check_tokenizer_matches(model, tokenizer, spec)
     ensure_pad_token(tokenizer, model)
     if padding_side is not None:
         if padding_side not in ("left", "right"):
@@ -177,6 +200,52 @@ def load_model_and_tokenizer(
     model = model.to(device)
     model.eval()
     return model, tokenizer
+
+
+VOCAB_PADDING = 1024
+"""How many more embedding rows than tokenizer entries a model may have: checkpoints pad the
+embedding to a multiple of 64 / 128 (Qwen2.5: 151,936 rows for 151,665 tokens)."""
+
+
+def _ids(value: Any) -> set[int]:
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, list | tuple):
+        return {int(v) for v in value if isinstance(v, int)}
+    return set()
+
+
+def check_tokenizer_matches(model: Any, tokenizer: Any, spec: str = "") -> None:
+    """Refuse a tokenizer that does not belong to the model: more token ids than embedding rows
+    (an ``IndexError`` deep in the forward pass), far fewer (the model samples ids the tokenizer
+    cannot decode, so every answer scores 0), or an EOS id the model was not trained to stop with."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = int(emb.weight.shape[0]) if emb is not None else getattr(model.config, "vocab_size", None)
+    if not rows:
+        return
+    n_tok = len(tokenizer)
+    where = f"model {spec!r}: " if spec else ""
+    fix = "; use the tokenizer saved with these weights (the same directory as config.json)"
+    if n_tok > rows:
+        raise ModelSpecError(
+            f"{where}the tokenizer has {n_tok} tokens but the model's embedding has {rows} rows: token ids "
+            f">= {rows} cannot be embedded{fix}"
+        )
+    if rows - n_tok > VOCAB_PADDING:
+        raise ModelSpecError(
+            f"{where}the model's embedding has {rows} rows but the tokenizer only {n_tok} tokens: the "
+            f"model would generate ids the tokenizer cannot decode (more than {VOCAB_PADDING} rows of "
+            f"padding){fix}"
+        )
+    model_eos = _ids(getattr(model.config, "eos_token_id", None))
+    model_eos |= _ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if model_eos and isinstance(tok_eos, int) and tok_eos not in model_eos:
+        raise ModelSpecError(
+            f"{where}the tokenizer's EOS token id is {tok_eos} ({tokenizer.eos_token!r}) but the model's "
+            f"config stops at {sorted(model_eos)}: generations would not end where the model was trained "
+            f"to end{fix}"
+        )
 
 
 _GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")

@@ -13,7 +13,9 @@ Protocol (one design, documented in docs/tasks-and-rewards.md):
   heartbeat. The parent wakes at the earliest deadline `start + timeout_s`; if that item is still
   running, the worker is killed (SIGKILL) and replaced, the item gets reward 0 and counts as a
   timeout, and the rest of the chunk is re-queued.
-- A reward that raises gives reward 0 and counts as an error (the worker keeps going). A worker
+- A reward that raises, or returns NaN / inf, gives reward 0 and counts as an error (the worker keeps
+  going); the first failure of each kind in a batch keeps its traceback (`RewardResult.failures`),
+  which the trainer and `posttrain eval` print once per kind. A worker
   that dies (os._exit, segfault, OOM kill) is replaced; the item it was running gets reward 0 and
   counts as an error; the rest of its chunk is re-queued. An item caught in 3 worker deaths
   without being the one running is failed too, so every failure consumes an item and a batch always
@@ -63,7 +65,9 @@ class RewardResult:
     `rewards[i]` is 0.0 for an item that timed out or failed; `statuses[i]` is "ok", "timeout" or
     "error"; `components` maps a component name to per-item values (from rewards with
     `detailed()`, e.g. `weighted`; 0.0 for failed items), else None; `wall_s` is submit-to-done
-    time; `messages` holds up to 8 error/timeout descriptions for logs.
+    time; `messages` holds up to 8 error/timeout descriptions for logs; `failures` maps each kind of
+    failure (exception type, "non-finite reward", "timeout", "worker exited ...") to the first such
+    item's description with its traceback.
     """
 
     rewards: list[float]
@@ -73,6 +77,25 @@ class RewardResult:
     wall_s: float
     statuses: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+class NonFiniteReward(ValueError):
+    """A reward function returned NaN or inf (scored 0 and counted as an error, never silently)."""
+
+
+def failure_kind(status: str, msg: str) -> str:
+    """What groups failures for "show the first of each kind": the exception type, or the reason."""
+    if status == TIMEOUT:
+        return "timeout"
+    head = msg.split("\n", 1)[0]
+    return (head.split(":", 1)[0] if ": " in head else head).split(" (item lost")[0][:80] or "error"
+
+
+def _error_text(e: BaseException) -> str:
+    """One line `Type: message`, then the traceback (bounded), for the failure report."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return f"{_safe_str(e)}\n{tb[-3000:]}"
 
 
 class _Job:
@@ -83,6 +106,7 @@ class _Job:
         self.statuses = [""] * n
         self.comps: list[dict[str, float] | None] = [None] * n
         self.messages: list[str] = []
+        self.failures: dict[str, str] = {}
         self.remaining = n
         self.t0 = time.perf_counter()
         self.event = threading.Event()
@@ -100,7 +124,9 @@ class _Job:
         self.rewards[pos] = value if status == OK else 0.0
         self.comps[pos] = comps if status == OK else None
         if msg and len(self.messages) < _MAX_MESSAGES:
-            self.messages.append(f"item {pos}: {msg}")
+            self.messages.append(f"item {pos}: {msg.split(chr(10), 1)[0]}")
+        if status != OK:
+            self.failures.setdefault(failure_kind(status, msg), f"item {pos}: {msg or status}")
         self.remaining -= 1
         if self.remaining == 0:
             self.finish()
@@ -120,6 +146,7 @@ class _Job:
             wall_s=time.perf_counter() - self.t0,
             statuses=list(self.statuses),
             messages=list(self.messages),
+            failures=dict(self.failures),
         )
         self.event.set()
 
@@ -192,10 +219,10 @@ def _worker_main(conn: Any, heartbeat: Any, payload: bytes, sys_path: list[str])
             try:
                 value, comps = score_detailed(fn, completion, example)
                 if not math.isfinite(value):
-                    raise ValueError(f"reward is not finite ({value})")
+                    raise NonFiniteReward(f"reward is not finite ({value}); scored 0")
                 buf.append((tag, OK, value, comps))
             except (Exception, SystemExit) as e:
-                buf.append((tag, ERROR, _safe_str(e), None))
+                buf.append((tag, ERROR, _error_text(e), None))
             now = time.monotonic()
             heartbeat[1] = now
             heartbeat[0] = -1.0
@@ -376,12 +403,12 @@ class RewardPool:
             try:
                 value, comps = score_detailed(self.reward_fn, c, ex)
                 if not math.isfinite(value):
-                    raise ValueError(f"reward is not finite ({value})")
+                    raise NonFiniteReward(f"reward is not finite ({value}); scored 0")
                 self._account(OK)
                 job.record(pos, OK, value, comps)
             except Exception as e:
                 self._account(ERROR)
-                job.record(pos, ERROR, 0.0, None, _safe_str(e))
+                job.record(pos, ERROR, 0.0, None, _error_text(e))
 
     def _account(self, status: str) -> None:
         with self._lock:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -42,7 +42,9 @@ class SamplingParams:
     max_new_tokens: completion length cap; min_new_tokens: EOS forbidden before this many tokens;
     suppress_eos: EOS never sampled (benchmarks that need a fixed number of new tokens);
     seed: seeds the engine's own sampling generator when set (None = keep the engine's stream);
-    logprobs: record the per-token sampling log-probs (costs one log-softmax per decode step).
+    logprobs: record the per-token sampling log-probs (costs one log-softmax per decode step);
+    cancel: an event (``threading.Event``) that stops generation at the next decode step once set
+    (``posttrain serve`` sets it when the client disconnects); engines without support ignore it.
     """
 
     temperature: float = 1.0
@@ -52,6 +54,7 @@ class SamplingParams:
     suppress_eos: bool = False
     seed: int | None = None
     logprobs: bool = True
+    cancel: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):

@@ -11,6 +11,8 @@ log-probs cost one log-softmax per decode step and no extra forward pass.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from posttrain.rollout.base import (
@@ -151,6 +153,7 @@ class HFEngine(RolloutEngine):
                 pad_token_id=self.pad_token_id,
                 eos_token_id=self.eos_token_ids or None,
                 logits_processor=[sampler],
+                stopping_criteria=_cancel_criteria(params.cancel),
                 use_cache=True,
                 num_beams=1,
             )
@@ -192,3 +195,18 @@ class HFEngine(RolloutEngine):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if "generator" in state:
             self.generator.set_state(state["generator"].cpu())
+
+
+def _cancel_criteria(cancel: Any) -> Any:
+    """A stopping criterion that ends generation once ``cancel`` (an Event) is set; None without one."""
+    if cancel is None:
+        return None
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _Cancelled(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kw: Any) -> torch.Tensor:
+            return torch.full(
+                (input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device
+            )
+
+    return StoppingCriteriaList([_Cancelled()])

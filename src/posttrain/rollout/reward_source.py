@@ -19,12 +19,14 @@ from typing import Any
 @dataclass
 class ScoredBatch:
     """rewards[i] for completion i; timeouts / errors: how many calls timed out or raised (those got
-    reward 0 from the pool); components: optional named per-completion parts (e.g. format, answer)."""
+    reward 0 from the pool); components: optional named per-completion parts (e.g. format, answer);
+    failures: the first failure of each kind with its traceback (``posttrain.rewards.failures``)."""
 
     rewards: list[float]
     timeouts: int = 0
     errors: int = 0
     components: dict[str, list[float]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
 
 
 class RewardHandle(ABC):
@@ -70,6 +72,7 @@ def _to_scored(res: Any) -> ScoredBatch:
         components={k: [float(v) for v in vals] for k, vals in comps.items()}
         if isinstance(comps, dict)
         else {},
+        failures=dict(getattr(res, "failures", None) or {}),
     )
 
 

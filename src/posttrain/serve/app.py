@@ -22,6 +22,8 @@ the protocol but does not lower the time to the first token.
 # No `from __future__ import annotations`: FastAPI reads the endpoint annotations (Request) at runtime.
 import asyncio
 import json
+import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,6 +32,9 @@ from typing import Any
 
 from posttrain.serve.config import ChatCompletionRequest, ServeConfig, error_body
 from posttrain.serve.model import ChatModel, Completion, RequestError
+
+log = logging.getLogger("posttrain.serve")
+_DISCONNECT_POLL_S = 0.1
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
@@ -109,14 +114,14 @@ def _validation_message(err: Any) -> tuple[str, str | None]:
 def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
     """The FastAPI app serving ``chat_model`` (loaded from ``cfg.model`` when not given)."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
     from pydantic import ValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     model = chat_model if chat_model is not None else ChatModel(cfg)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="posttrain-serve")
     created = int(time.time())
-    state = {"inflight": 0, "served": 0, "rejected": 0}
+    state = {"inflight": 0, "served": 0, "rejected": 0, "cancelled": 0}
 
     app = FastAPI(title="posttrain serve", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -186,10 +191,11 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
                 code="too_many_requests",
             )
         state["inflight"] += 1
+        cancel = threading.Event()
         try:
             prompt = model.render(req.messages)
             model.check_prompt(prompt, max_tokens)
-            out = await asyncio.get_running_loop().run_in_executor(
+            job = asyncio.get_running_loop().run_in_executor(
                 executor,
                 lambda: model.complete(
                     prompt,
@@ -199,12 +205,24 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
                     top_p=req.top_p,
                     stop=req.stop,
                     seed=req.seed,
+                    cancel=cancel,
                 ),
             )
+            # a client that goes away stops its generation at the next token (it held the model's
+            # lock for the full max_tokens before, delaying every later request)
+            while not (await asyncio.wait({job}, timeout=_DISCONNECT_POLL_S))[0]:
+                if await request.is_disconnected():
+                    cancel.set()
+                    break
+            out = await job
         except RequestError as e:
             return err(400, str(e), param=e.param, code=e.code)
         finally:
             state["inflight"] -= 1
+        if cancel.is_set():
+            state["cancelled"] += 1
+            log.warning("client went away; its generation was stopped (%d so far)", state["cancelled"])
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         state["served"] += 1
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if req.stream:

@@ -106,12 +106,19 @@ class ChatModel:
         top_p: float,
         stop: list[str] | None,
         seed: int | None,
+        cancel: Any = None,
     ) -> Completion:
-        """Sample ``n`` completions of ``prompt`` (blocking; run it on a worker thread)."""
+        """Sample ``n`` completions of ``prompt`` (blocking; run it on a worker thread). ``cancel``: a
+        ``threading.Event``; once set, generation stops at the next token (a client that went away)."""
         from posttrain.rollout.base import FINISH_STOP, SamplingParams
 
         params = SamplingParams(
-            temperature=temperature, top_p=top_p, max_new_tokens=max_tokens, seed=seed, logprobs=False
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_tokens,
+            seed=seed,
+            logprobs=False,
+            cancel=cancel,
         )
         with self._lock:
             batch = self.engine.generate([prompt], [n], params)

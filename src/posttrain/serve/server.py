@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from posttrain.serve.config import ServeConfig
@@ -25,13 +26,19 @@ def _uvicorn_config(app: Any, cfg: ServeConfig, **kw: Any) -> Any:
     )
 
 
-def run_server(cfg: ServeConfig, *, log_level: str = "info") -> None:
-    """Serve ``cfg.model`` in the foreground until Ctrl-C."""
+def run_server(
+    cfg: ServeConfig, *, log_level: str = "info", on_loaded: Callable[[], None] | None = None
+) -> None:
+    """Serve ``cfg.model`` in the foreground until Ctrl-C; ``on_loaded`` runs once the model has
+    loaded (the CLI prints "serving ... on ..." there, not before a load that may fail)."""
     import uvicorn
 
     from posttrain.serve.app import create_app
 
-    uvicorn.Server(_uvicorn_config(create_app(cfg), cfg, log_level=log_level)).run()
+    app = create_app(cfg)
+    if on_loaded is not None:
+        on_loaded()
+    uvicorn.Server(_uvicorn_config(app, cfg, log_level=log_level)).run()
 
 
 class BackgroundServer:

@@ -123,6 +123,7 @@ class RolloutCollector:
             timeouts=sum(s.timeouts for s in kept_scores),
             errors=sum(s.errors for s in kept_scores),
             components={k: [v for s in kept_scores for v in s.components[k]] for k in sorted(common)},
+            failures={k: v for s in reversed(kept_scores) for k, v in s.failures.items()},
         )
         return merged, _Ready(scores), rounds
 
@@ -213,6 +214,7 @@ def _select_scored(res: ScoredBatch, rows: list[int]) -> ScoredBatch:
         timeouts=res.timeouts,
         errors=res.errors,
         components={k: [vals[i] for i in rows] for k, vals in res.components.items()},
+        failures=res.failures,
     )
 
 

@@ -181,6 +181,10 @@ class RewardConfig(StrictModel):
     num_workers: int = Field(2, ge=0)
     """Reward worker processes (0 = score in-process, no timeout)."""
     timeout_s: float = Field(5.0, gt=0)
+    max_failed_frac: float = Field(0.5, ge=0, le=1)
+    """Stop the run when more than this share of one step's rewards failed (the reward raised, timed
+    out or returned NaN / inf: those score 0); 1 = never stop. Failures are always counted
+    (``reward_errors``, ``reward_timeouts``) and the first of each kind is printed with its traceback."""
     success_threshold: float = 1.0
     """A completion counts as correct (accuracy, pass@k) when its raw reward >= this."""
 
@@ -227,6 +231,9 @@ class RolloutConfig(StrictModel):
     suppress_eos: bool = False
     group_size: int = Field(8, ge=1)
     prompts_per_step: int = Field(16, ge=1)
+    overlong_prompts: Literal["error", "skip"] = "error"
+    """A training prompt longer than the model's context minus ``max_new_tokens``: an error naming
+    the split and row (checked when the data loads), or ``skip`` it (counted and reported)."""
     max_batch_size: int | None = Field(None, ge=1)
     """Generate at most this many sequences at once (None = the whole step in one call)."""
     engine: ComponentSpec = ComponentSpec(name="hf")
@@ -531,6 +538,39 @@ class RLConfig(StrictModel):
     checkpoint: CheckpointConfig = CheckpointConfig()
     hooks: HooksConfig = HooksConfig()
     distributed: DistributedConfig = DistributedConfig()
+
+    @model_validator(mode="after")
+    def _groups_of_one(self) -> RLConfig:
+        """Group-relative advantages (GRPO, Dr.GRPO, RLOO) compare a completion with the others of its
+        prompt: a group of one has no baseline (GRPO then trains on the raw reward, RLOO likewise)."""
+        from posttrain.algos import ADVANTAGES
+
+        est = ADVANTAGES.get(self.advantage.name)
+        if self.rollout.group_size == 1 and getattr(est, "group_baseline", False):
+            raise ValueError(
+                f"rollout.group_size: 1 with the group-relative advantage {self.advantage.name!r}: every group "
+                "is a single completion, so there is no group baseline to compare it with; use "
+                "rollout.group_size >= 2 (8 is usual), or an advantage with a batch baseline "
+                "(advantage.name=reinforce_pp)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fits_context(self) -> RLConfig:
+        """rollout.max_new_tokens must fit the model's context (read from the preset or config.json,
+        no weights loaded); beyond it generation runs past the positions the model has."""
+        if self.model.adapter != "causal-lm":
+            return self
+        from posttrain.models.loading import model_context_length
+
+        ctx = model_context_length(self.model.name)
+        if ctx is not None and self.rollout.max_new_tokens >= ctx:
+            raise ValueError(
+                f"rollout.max_new_tokens: {self.rollout.max_new_tokens} does not fit the context of model "
+                f"{self.model.name!r} ({ctx} tokens, prompt included); use at most {ctx - 1} (minus the "
+                "longest prompt)"
+            )
+        return self
 
     @property
     def off_policy(self) -> bool:

@@ -67,7 +67,7 @@ def run_eval(
     t0 = time.perf_counter()
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, logprobs=False)
     eps = runner.run(examples, [1] * len(examples), greedy)
-    rewards, timeouts, errors = _rewards(eps, reward_source)
+    rewards, timeouts, errors, failures = _rewards(eps, reward_source)
     correct = rewards >= success_threshold
     out: dict[str, Any] = {
         "n": len(examples),
@@ -78,6 +78,7 @@ def run_eval(
         "max_new_tokens": max_new_tokens,
         "reward_timeouts": timeouts,
         "reward_errors": errors,
+        **({"reward_failures": failures} if failures else {}),
         **runner.eval_metrics(eps),
     }
     if k > 1:
@@ -96,13 +97,27 @@ def run_eval(
     return out
 
 
-def _rewards(eps: Any, reward_source: RewardSource) -> tuple[np.ndarray, int, int]:
+def _rewards(eps: Any, reward_source: RewardSource) -> tuple[np.ndarray, int, int, dict[str, str]]:
     if eps.rewards is not None:  # the runner's environment scored its own episodes
-        return np.asarray(eps.rewards, dtype=float), 0, 0
+        return np.asarray(eps.rewards, dtype=float), 0, 0, {}
     scored = reward_source.score(eps.texts, eps.examples)
     if len(scored.rewards) != len(eps):
         raise ValueError(f"reward source returned {len(scored.rewards)} rewards for {len(eps)} completions")
-    return np.asarray(scored.rewards, dtype=float), scored.timeouts, scored.errors
+    return np.asarray(scored.rewards, dtype=float), scored.timeouts, scored.errors, scored.failures
+
+
+def reward_failure_warning(result: dict[str, Any]) -> str | None:
+    """A warning when some greedy completions' rewards failed (raised, timed out, NaN / inf: scored 0,
+    so the accuracy counts them as wrong), with the first failure of each kind; None otherwise."""
+    errors, timeouts = int(result.get("reward_errors", 0)), int(result.get("reward_timeouts", 0))
+    if not errors + timeouts:
+        return None
+    first = "\n".join(f"  {k}: {v.rstrip()}" for k, v in (result.get("reward_failures") or {}).items())
+    return (
+        f"{errors + timeouts} of {result['n']} rewards failed ({errors} errors, {timeouts} timeouts) and "
+        f"scored 0: the accuracy counts them as wrong, so it does not measure the model"
+        + (f"; first failure of each kind:\n{first}" if first else "")
+    )
 
 
 def truncation_warning(result: dict[str, Any], *, option: str = "max_new_tokens") -> str | None:
@@ -189,6 +204,15 @@ def locate_model(model: str) -> ModelLocation:
     p = Path(model)
     if not p.is_dir() or (p / "config.json").exists():
         return ModelLocation(given=model, path=model)
+    rl = p / "rl"
+    if (
+        not (p / "checkpoints").is_dir()
+        and not (p / "model").is_dir()
+        and any((rl / d).is_dir() for d in ("model", "checkpoints"))
+    ):
+        p = (
+            p / "rl"
+        )  # a demo folder (runs/demo): its RL policy, as `posttrain plot runs/demo` plots its RL run
     if (p / "model" / "config.json").exists() and not (p / "trainer_state.json").exists():  # SFT run
         settings, source = _saved_settings(p / "config.yaml", load_yaml)
         return ModelLocation(model, str(p / "model"), str(p), settings=settings, settings_from=source)
@@ -216,7 +240,7 @@ def _saved_settings(path: Path, load_yaml: Any) -> tuple[dict[str, Any] | None, 
 
 
 # Sections of a saved config that say how the model was prompted, scored and sampled.
-_EVAL_SECTIONS = ("model", "task", "reward", "rollout", "eval", "seed")
+_EVAL_SECTIONS = ("model", "task", "reward", "rollout", "eval", "seed", "threads")
 
 
 def _eval_base(saved: dict[str, Any]) -> dict[str, Any]:
@@ -252,6 +276,8 @@ def evaluate_cli_settings(
     from posttrain.utils.config import ConfigError, build_config
 
     base = _eval_base(loc.settings) if loc.settings else {}
+    # the model evaluated (its context bounds rollout.max_new_tokens at config time)
+    base["model"] = {**(base.get("model") or {}), "name": loc.path}
     try:
         cfg = build_config(RLConfig, config, overrides, base=base)
     except ConfigError as e:
@@ -290,6 +316,10 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
     if not heldout:
         raise ValueError(f"task {cfg.task.name!r} has no held-out examples to evaluate")
     device = pick_device() if cfg.model.device == "auto" else cfg.model.device
+    if cfg.threads:  # the run's torch CPU threads (tiny models run several times faster with 1)
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     model, tok = load_model_and_tokenizer(loc.path, dtype=cfg.model.dtype, device=device, seed=cfg.seed)
     reward_name = cfg.reward.name or task.default_reward
     reward_fn = get_reward(reward_name, **cfg.reward.params)

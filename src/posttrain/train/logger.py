@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,18 @@ from posttrain.train.samples import SamplesLog, sample_rows
 from posttrain.utils.io import append_jsonl, atomic_write_text, read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
+
+
+def eval_line(step: int, ev: dict[str, Any]) -> str | None:
+    """One line for stderr per evaluation (``echo``): held-out accuracy (RL, task SFT) or loss."""
+    parts = []
+    if isinstance(ev.get("accuracy"), numbers.Real):
+        parts.append(f"held-out accuracy {ev['accuracy']:.3f} (greedy pass@1, n={ev.get('n', '?')})")
+    for k in sorted(k for k in ev if k.startswith("pass@")):
+        parts.append(f"{k} {ev[k]:.3f}")
+    if isinstance(ev.get("loss"), numbers.Real):
+        parts.append(f"held-out loss {ev['loss']:.4f}")
+    return f"eval at step {step}: " + ", ".join(parts) if parts else None
 
 
 class MetricsLogger:
@@ -30,9 +43,11 @@ class MetricsLogger:
         wandb_project: str = "posttrain",
         config: dict[str, Any] | None = None,
         truncate_after: int | None = None,
+        echo: bool = True,
     ) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         self.samples = SamplesLog(run_dir, truncate_after=truncate_after)
+        self.echo = echo
         if truncate_after is not None and self.path.exists():
             rows = [r for r in read_jsonl(self.path) if int(r.get("step", 0)) <= truncate_after]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
@@ -62,6 +77,9 @@ class MetricsLogger:
         row = {"kind": "eval", "step": step, **{k: v for k, v in ev.items() if k != "samples"}}
         append_jsonl(self.path, row)
         self._scalars("eval", step, row)
+        line = eval_line(step, row)
+        if self.echo and line:
+            print(line, file=sys.stderr, flush=True)
 
     def log_samples(self, step: int, scored: Any, *, every: int) -> None:
         """Every ``every``-th step (0 = never): the step's completions (``scored`` = the step's

@@ -8,6 +8,7 @@ from pathlib import Path
 from posttrain.utils.io import atomic_write_bytes, read_jsonl
 
 PANELS = (
+    ("loss", "loss (nats/token)"),
     ("reward_mean", "reward (mean)"),
     ("accuracy", "train accuracy"),
     ("entropy", "entropy (nats/token)"),
@@ -34,10 +35,7 @@ def _redundant(key: str, steps: list[dict]) -> bool:
 
 def select_panels(steps: list[dict]) -> list[tuple[str, str]]:
     """(metric, title) of the training panels for these step rows (see :data:`PANELS`)."""
-    panels = [(k, t) for k, t in PANELS if any(k in r for r in steps) and not _redundant(k, steps)]
-    if not panels and steps:  # e.g. an SFT run: plot its loss
-        panels = [(k, k) for k in ("loss",) if any(k in r for r in steps)]
-    return panels
+    return [(k, t) for k, t in PANELS if any(k in r for r in steps) and not _redundant(k, steps)]
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -68,7 +66,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     flat = [ax for row in axes for ax in row]
     for ax, (key, title) in zip(flat, panels, strict=False):
         pts = [(r["step"], r[key]) for r in steps if key in r]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2, label="train")
+        held = [(r["step"], r[key]) for r in rows if r.get("kind") == "eval" and key == "loss" and key in r]
+        if held:  # an SFT run's held-out loss on the same axes
+            ax.plot([p[0] for p in held], [p[1] for p in held], "o-", label="held-out")
+            ax.legend(fontsize=8)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -96,6 +96,7 @@ from posttrain.train.collector import (
     combine_weights,
 )
 from posttrain.train.config import RLConfig
+from posttrain.train.lengths import bound_prompts, check_splits, model_context
 from posttrain.train.logger import MetricsLogger
 from posttrain.train.optim import build_adamw, clip_and_step, scheduled_lr, set_lr
 
@@ -292,6 +293,16 @@ class RLTrainer:
         self.device = pick_device() if cfg.model.device == "auto" else cfg.model.device
         # distributed: join the torchrun process group; one device per rank (identity in one process)
         self.device = dist.setup(self.device)
+        from posttrain.rewards import get_reward
+        from posttrain.tasks import get_task
+
+        # the task's splits are checked before the model loads and reward workers start
+        self.task = task if task is not None else get_task(cfg.task.name, **cfg.task.params)
+        self.train_examples = check_splits(
+            self.task,
+            needs_heldout=cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every > 0,
+            eval_n=cfg.eval.n,
+        )
         ckpt = resolve_checkpoint(self.run_dir) if resume else None
         if model is None:  # the model adapter (model.adapter) loads; a passed model is a causal LM
             spec = str(ckpt / "model") if ckpt is not None else cfg.model.name
@@ -316,11 +327,6 @@ class RLTrainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
 
-        from posttrain.rewards import get_reward
-        from posttrain.tasks import get_task
-
-        self.task = task if task is not None else get_task(cfg.task.name, **cfg.task.params)
-        self.train_examples = self.task.split("train")
         if reward is not None:
             if not callable(reward):
                 raise ValueError(
@@ -358,8 +364,19 @@ class RLTrainer:
                 seed=dist.rank_seed(cfg.seed),
             ),
         )
+        from posttrain.rewards.failures import RewardFailureMonitor
+
+        self.reward_failures = RewardFailureMonitor(cfg.reward.max_failed_frac)  # shown once, counted
         self.formatter = PromptFormatter(
             tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template
+        )
+        self.train_examples, _ = bound_prompts(  # prompts must leave max_new_tokens in the context
+            self.train_examples,
+            self.formatter.encode,
+            context=model_context(model),
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            policy=cfg.rollout.overlong_prompts,
+            where=f"task {cfg.task.name!r}: train split",
         )
         self.engine = build_engine(
             cfg.rollout.engine.name,
@@ -586,6 +603,7 @@ class RLTrainer:
         t0 = time.perf_counter()
         episodes = ro.episodes
         res = ro.handle.result()
+        self.reward_failures.check(res, f"step {self.step_idx + 1}")  # shows / counts / stops on failures
         raw = torch.tensor(res.rewards, dtype=torch.float32)
         if raw.shape[0] != len(episodes):
             raise ValueError(f"reward source returned {raw.shape[0]} rewards for {len(episodes)} completions")
@@ -788,13 +806,6 @@ class RLTrainer:
     def _check_settings(self) -> None:
         cfg = self.cfg
         n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-        if cfg.rollout.group_size == 1 and self.adv_fn.group_baseline:
-            self._warn(
-                "group1",
-                f"rollout.group_size=1 with advantage {cfg.advantage.name!r}: every group is a singleton, "
-                "so there is no group baseline (A = raw reward); use group_size >= 2",
-                force=True,
-            )
         if n % cfg.minibatches:
             self._warn(
                 "split",
@@ -825,11 +836,18 @@ class RLTrainer:
                 f"{self.cfg.rollout.max_new_tokens}; rewards of cut-off answers are mostly noise — raise it",
             )
         if m["zero_var_frac"] >= WARN_ZERO_VAR:
+            failed = int(m["reward_errors"] + m["reward_timeouts"])
+            why = (
+                f"{failed} of {int(m['num_sequences'])} rewards failed and scored 0 (see the reward failure "
+                "printed above)"
+                if failed
+                else "the task is too easy/hard for the policy (raise group_size, change temperature, or use "
+                "a filtering sampler)"
+            )
             self._warn(
                 "zero_var",
                 f"step {self.step_idx + 1}: {m['zero_var_frac']:.0%} of groups have identical rewards and give "
-                "no gradient; the task is too easy/hard for the policy (raise group_size, change "
-                "temperature, or use a filtering sampler)",
+                f"no gradient; {why}",
             )
 
     def _warn(self, key: str, msg: str, *, force: bool = False, every: int = 10) -> None:
@@ -936,7 +954,7 @@ class RLTrainer:
         A fresh run refuses an ``out_dir`` that holds a previous run unless ``overwrite`` (which deletes
         its run files); a resumed run refuses config changes that break it unless
         ``allow_config_change`` (see :mod:`posttrain.train.run_dir`)."""
-        from posttrain.train.run_dir import start_run
+        from posttrain.train.run_dir import end_run, start_run
         from posttrain.utils.progress import progress_bar
 
         cfg = self.cfg
@@ -998,6 +1016,7 @@ class RLTrainer:
                 self.save()
         finally:
             logger.close()
+            end_run(self.run_dir)  # the run folder's lock (taken by start_run)
         summary.update(steps=self.step_idx, wall_s=time.perf_counter() - t0, last=last)
         return summary
 

@@ -19,13 +19,22 @@ functions before loading any model, so a refusal costs nothing).
   forced: the KL reference is loaded from ``model.name``, so the penalty would silently switch to a
   different reference model. An accepted change keeps the old config as
   ``config.until-step_NNNNNN.yaml`` next to the new ``config.yaml``.
+* **One run per folder at a time**: :func:`lock_run_dir` takes an exclusive lock
+  (``fcntl.flock`` on ``<out_dir>/.posttrain.lock``, which records the holder's PID and command). The
+  kernel drops the lock when the holder exits in any way (``kill -9`` included), so a lock file left
+  by a dead process is stale and simply taken over. A second run on the same folder is refused with
+  the holder's PID. Without it, two ``--overwrite`` runs started together deleted each other's
+  checkpoints and interleaved their ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +68,7 @@ HARMLESS_KEYS = (
     "model.gradient_checkpointing",
     "reward.num_workers",
     "reward.timeout_s",
+    "reward.max_failed_frac",
     "rollout.max_batch_size",
     "micro_batch_size",
     "logprob_chunk_size",
@@ -68,6 +78,120 @@ HARMLESS_KEYS = (
 
 class RunDirError(PosttrainError, ValueError):
     """A run folder that this run may not write into as asked; the message says what to do."""
+
+
+# ---------------------------------------------------------------------------------- run lock
+LOCK_NAME = ".posttrain.lock"
+_HELD: dict[str, list[Any]] = {}  # realpath -> [open lock file, reference count, created the folder]
+
+
+class RunDirBusy(RunDirError):
+    """Another live process holds the run folder's lock."""
+
+
+def _lock_holder(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return "another process"
+    info = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    pid = info.get("pid", "?")
+    cmd = f", {info['cmd']!r}" if info.get("cmd") else ""
+    since = f", since {info['started']}" if info.get("started") else ""
+    return f"PID {pid}{cmd}{since}"
+
+
+def lock_run_dir(run_dir: str | os.PathLike) -> RunLock:
+    """Take the exclusive lock of ``run_dir`` (created if missing) for this process; re-entrant in
+    one process (the CLI and the trainer both take it). Raises :class:`RunDirBusy` naming the holder
+    when another live process has it. Under ``torchrun`` only rank 0 locks (the others share its run).
+    Use as a context manager, or call :meth:`RunLock.release`."""
+    run_dir = Path(run_dir)
+    key = os.path.realpath(run_dir)
+    if os.environ.get("RANK", "0") != "0" or key in _HELD:
+        if key in _HELD:
+            _HELD[key][1] += 1
+        return RunLock(key)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"out_dir {run_dir} is a file; expected a directory for the run")
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    while True:
+        f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open while the run lasts
+        try:
+            _try_lock(f)
+        except BlockingIOError:
+            f.close()
+            raise RunDirBusy(
+                f"{run_dir} is in use by another run ({_lock_holder(path)}); two runs writing one folder "
+                "destroy each other's checkpoints and metrics. Wait for it to finish, stop it, or choose "
+                "another out_dir"
+            ) from None
+        # the previous holder may have removed the file between our open and lock: lock the one on disk
+        try:
+            same = os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()
+    f.seek(0)
+    f.truncate()
+    cmd = " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
+    f.write(f"pid={os.getpid()}\ncmd={cmd}\nstarted={time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    _HELD[key] = [f, 1, created]
+    return RunLock(key)
+
+
+def _try_lock(f: Any) -> None:
+    """Non-blocking exclusive lock; BlockingIOError when another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: lock the first byte instead
+        import msvcrt
+
+        try:
+            msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError:
+            raise BlockingIOError from None
+        return
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+class RunLock:
+    """A held run-folder lock (see :func:`lock_run_dir`); ``release()`` is idempotent."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._released = False
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        held = _HELD.get(self.key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] > 0:
+            return
+        del _HELD[self.key]
+        f, _, created = held
+        path = Path(self.key) / LOCK_NAME
+        with contextlib.suppress(OSError):  # removed while still held (a waiter re-checks the inode)
+            path.unlink()
+        f.close()
+        if created:  # a run that wrote nothing leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                Path(self.key).rmdir()
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 # ----------------------------------------------------------------------------------- fresh runs
@@ -86,6 +210,30 @@ def previous_run(run_dir: str | os.PathLike) -> list[str]:
     return found
 
 
+STEPLESS_ENTRIES = ("config.yaml", "metrics.jsonl", "tensorboard", "wandb")
+"""What a run that failed before its first step leaves behind (with no step row in metrics.jsonl)."""
+
+
+def stepless_run(run_dir: str | os.PathLike, found: list[str]) -> bool:
+    """True when the run files ``found`` are those of a run that never completed a step (it failed
+    while loading or in its first evaluation): nothing in them is worth keeping, so a fresh run may
+    replace them without --overwrite (otherwise the advice loops: --resume finds no checkpoint)."""
+    if not found or any(name not in STEPLESS_ENTRIES for name in found):
+        return False
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        import json
+
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                return False  # not ours to judge: keep it
+            if not isinstance(row, dict) or int(row.get("step", 0) or 0) >= 1:
+                return False
+    return True
+
+
 def prepare_run_dir(
     run_dir: str | os.PathLike, *, overwrite: bool = False, resume: bool = False, can_resume: bool = True
 ) -> None:
@@ -100,6 +248,8 @@ def prepare_run_dir(
     found = previous_run(run_dir)
     if not found:
         return
+    if stepless_run(run_dir, found):
+        overwrite = True  # a run that never took a step: replaced (its config.yaml, empty metrics)
     if not overwrite:
         resume_hint = "continue it with --resume, or " if can_resume else ""
         raise RunDirError(
@@ -241,17 +391,31 @@ def start_run(
     allow_config_change: bool = False,
     defaults: dict[str, Any] | None = None,
 ) -> ResumeInfo | None:
-    """What a trainer calls before writing: a fresh run (``step == 0``) gets a folder without a
+    """What a trainer calls before writing (after taking the folder's lock, :func:`lock_run_dir`;
+    :func:`end_run` releases it): a fresh run (``step == 0``) gets a folder without a
     previous run (or cleared with ``overwrite``); a resumed run (``step > 0``) has its config checked
     against the checkpoint's. Then ``config.yaml`` is written. Returns the resume info, if resumed."""
-    info = None
-    if step == 0:
-        prepare_run_dir(run_dir, overwrite=overwrite)
-    elif (Path(run_dir) / "checkpoints").is_dir():
-        info = check_resume(run_dir, config, allow_config_change=allow_config_change, defaults=defaults)
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    write_run_config(run_dir, config, step=step)
+    lock = lock_run_dir(run_dir)  # held until end_run (re-entrant: the CLI took it already)
+    try:
+        info = None
+        if step == 0:
+            prepare_run_dir(run_dir, overwrite=overwrite)
+        elif (Path(run_dir) / "checkpoints").is_dir():
+            info = check_resume(run_dir, config, allow_config_change=allow_config_change, defaults=defaults)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        write_run_config(run_dir, config, step=step)
+    except BaseException:
+        lock.release()
+        raise
     return info
+
+
+def end_run(run_dir: str | os.PathLike) -> None:
+    """What a trainer calls when its run ends (in a ``finally``): releases the lock :func:`start_run`
+    took. A no-op where this process holds none (other ranks, a run that never started)."""
+    key = os.path.realpath(run_dir)
+    if key in _HELD:
+        RunLock(key).release()
 
 
 # -------------------------------------------------------------------------------- interruptions

@@ -31,6 +31,7 @@ rank 0 evaluates and writes the run folder. Causal-LM adapters only.
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from array import array
 from functools import cached_property
@@ -102,6 +103,12 @@ class SFTConfig(StrictModel):
     """JSONL file (same formats) whose token-mean loss is the held-out metric (``eval.*``)."""
     style: Literal["short", "long"] = "short"
     max_examples: int | None = Field(None, ge=1)
+    max_length: int | None = Field(None, ge=2)
+    """Longest training sequence in tokens (prompt + completion, text, or conversation); None = the
+    model's context. Longer rows are handled by ``overlong``."""
+    overlong: Literal["error", "truncate", "skip"] = "error"
+    """A row longer than ``max_length``: an error naming its file and line, or keep its first
+    ``max_length`` tokens, or leave it out (both counted and reported when the data loads)."""
     steps: int = Field(200, ge=0)
     schedule_steps: int | None = Field(None, ge=1)
     """Length of the lr schedule (cosine horizon) when it differs from ``steps`` (e.g. DSMT fine-tuning
@@ -255,9 +262,7 @@ class SFTTrainer:
         self.examples = self._training_examples(pairs, rows)
         self.eval_examples: list[SFTExample] | None = None
         if cfg.eval_data:
-            self.eval_examples = encode_rows(
-                read_sft_file(cfg.eval_data, cfg.data_fields), self.tokenizer, self.formatter
-            )
+            self.eval_examples = self._bounded(read_sft_file(cfg.eval_data, cfg.data_fields), cfg.eval_data)
         # distributed: forwards with gradient go through DDP / FSDP2 (dist.wrap_adapter); the adapter itself
         # in one process. FSDP2 shards the parameters in place, so the optimizer is built after it
         self.train_lm = dist.wrap_adapter(
@@ -295,7 +300,28 @@ class SFTTrainer:
         parsed = parsed[: cfg.max_examples]
         if not parsed:
             raise SFTDataError(f"{source}: no training examples")
-        return encode_rows(parsed, self.tokenizer, self.formatter)
+        return self._bounded(parsed, str(source))
+
+    def _bounded(self, parsed: list, source: str) -> list[SFTExample]:
+        """Encode rows within ``max_length`` (default: the model's context) as ``overlong`` says."""
+        from posttrain.train.lengths import bound_examples, model_context, prebound_rows
+
+        cfg, ctx = self.cfg, model_context(self.model)
+        if cfg.max_length and ctx and cfg.max_length > ctx:
+            raise SFTDataError(
+                f"max_length: {cfg.max_length} is longer than the model's context ({ctx} tokens)"
+            )
+        limit = cfg.max_length or ctx
+        parsed, report = prebound_rows(parsed, limit, cfg.overlong)
+        examples, report = bound_examples(
+            encode_rows(parsed, self.tokenizer, self.formatter), limit, cfg.overlong, report
+        )
+        note = report.note(source, limit or 0)
+        if note and dist.is_main():
+            print(f"note: {note} (overlong={cfg.overlong})", file=sys.stderr, flush=True)
+        if not examples:
+            raise SFTDataError(f"{source}: no rows left within max_length={limit} tokens")
+        return examples
 
     # ------------------------------------------------------------------------------------ one step
     def collate(self, idx: list[int], examples: list[SFTExample] | None = None) -> tuple[torch.Tensor, ...]:
@@ -498,7 +524,7 @@ class SFTTrainer:
         fresh run refuses an ``out_dir`` holding a previous run unless ``overwrite``; a resumed run
         refuses config changes that break it unless ``allow_config_change``."""
         from posttrain.train.logger import MetricsLogger
-        from posttrain.train.run_dir import start_run
+        from posttrain.train.run_dir import end_run, start_run
         from posttrain.utils.progress import progress_bar
 
         cfg = self.cfg
@@ -553,6 +579,7 @@ class SFTTrainer:
         finally:
             if logger:
                 logger.close()
+            end_run(self.run_dir)  # the run folder's lock (taken by start_run)
         return summary
 
     def close(self) -> None:

@@ -129,6 +129,21 @@ def _parse_text(row: dict[str, Any], where: str, f: DataFields) -> Row:
     return Text(text, where)
 
 
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+"""Roles a ``messages`` row may use (the same as ``posttrain serve`` accepts); loss is on
+``assistant`` turns, so a misspelled one would silently train on nothing."""
+
+
+def _check_role(role: str, at: str, f: DataFields) -> None:
+    if role in CHAT_ROLES:
+        return
+    import difflib
+
+    close = difflib.get_close_matches(role.lower(), CHAT_ROLES, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise SFTDataError(f"{at}: unknown {f.role!r} {role!r}{hint}; accepted roles: {', '.join(CHAT_ROLES)}")
+
+
 def _parse_messages(row: dict[str, Any], where: str, f: DataFields) -> Row:
     msgs = row[f.messages]
     if not isinstance(msgs, list) or not msgs:
@@ -140,7 +155,9 @@ def _parse_messages(row: dict[str, Any], where: str, f: DataFields) -> Row:
         at = f"{where}: {f.messages}[{j}]"
         if not isinstance(m, dict):
             raise SFTDataError(f"{at}: expected an object with keys {f.role!r}, {f.content!r}")
-        out.append((_string(m, f.role, at, "role"), _string(m, f.content, at, "content")))
+        role = _string(m, f.role, at, "role")
+        _check_role(role, at, f)
+        out.append((role, _string(m, f.content, at, "content")))
     if not any(role == "assistant" for role, _ in out):
         raise SFTDataError(f"{where}: no message with role 'assistant' (nothing to train on)")
     return Chat(tuple(out), where)

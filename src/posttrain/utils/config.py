@@ -182,7 +182,13 @@ def _format_error(
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"])
         if e["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(loc, leaves, n=1) or difflib.get_close_matches(loc, known, n=1)
+            # a misspelled section ('optimiser') means the section ('optimizer'), not one of its keys
+            depth = [k for k in known if k.count(".") == loc.count(".")]
+            close = (
+                difflib.get_close_matches(loc, depth, n=1)
+                or difflib.get_close_matches(loc, leaves, n=1)
+                or difflib.get_close_matches(loc, known, n=1)
+            )
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             lines.append(f"unknown key '{loc}'{hint}{_origin(loc, source, cli)}")
         else:

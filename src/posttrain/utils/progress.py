@@ -49,7 +49,9 @@ class _Bar:
         self._every = log_every
         self._t0 = time.perf_counter()
 
-    def advance(self, n: int = 1, **metrics: float | str) -> None:
+    def advance(self, n: int = 1, /, **metrics: float | str) -> None:
+        """``n`` more done (positional only, so a metric may be called ``n``: ``bench silo`` showed
+        ``210/60 (350%)`` when its agent count went to ``n``)."""
         self._done += n
         if self._progress is not None:
             self._progress.update(self._task, advance=n, metrics=_fmt(metrics))

@@ -28,7 +28,14 @@ def print_table(
         table.add_column(c, justify="left" if i == 0 else "right")
     for r in rows:
         table.add_row(*(_cell(v, floatfmt) for v in r))
-    (console or Console()).print(table)
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a pipe or a log file: no screen to fit, so no header is cut
+            from rich.measure import Measurement
+
+            need = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
+            console = Console(width=max(console.width, need))
+    console.print(table)
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, floatfmt: str = ".3f") -> str:

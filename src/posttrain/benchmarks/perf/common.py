@@ -163,7 +163,24 @@ def run_isolated(target: str, kwargs: dict[str, Any], *, timeout: float | None =
         if line.startswith(_RESULT_MARK):
             return json.loads(line[len(_RESULT_MARK) :])
     tail = (proc.stderr or proc.stdout)[-2000:]
+    if proc.returncode < 0:  # killed by a signal: SIGKILL without a traceback is the OOM killer's mark
+        raise ChildKilled(target, -proc.returncode, tail)
     raise RuntimeError(f"benchmark child {target} failed (exit {proc.returncode}):\n{tail}")
+
+
+class ChildKilled(RuntimeError):
+    """A benchmark child process was killed by a signal (SIGKILL: most likely out of memory)."""
+
+    def __init__(self, target: str, signum: int, tail: str = "") -> None:
+        import signal as _signal
+
+        try:
+            name = _signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        self.target, self.signum, self.signal_name, self.tail = target, signum, name, tail
+        why = " (most likely the kernel's out-of-memory killer)" if signum == _signal.SIGKILL else ""
+        super().__init__(f"benchmark child {target} was killed by {name}{why}")
 
 
 def _check_target(target: str) -> tuple[str, str]:

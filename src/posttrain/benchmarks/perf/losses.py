@@ -98,6 +98,55 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
 
 
+NAIVE_LOGIT_COPIES = 5
+"""(T, V) float tensors alive at the naive variant's peak (logits, log-softmax, softmax for the
+entropy, and their gradients); the chunked variant holds them for one chunk of tokens only."""
+
+
+def memory_need(
+    tokens: int, hidden: int, vocab: int, dtype: str = "float32", chunk_size: int = 1024
+) -> dict[str, int]:
+    """Estimated peak bytes of each variant: the (T, V) copies above plus the lm-head weight and its
+    gradient (V, H) and the hidden states (T, H) with gradient."""
+    import torch
+
+    from posttrain.models import resolve_dtype
+
+    b = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
+    fixed = 2 * vocab * hidden * b + 2 * tokens * hidden * b
+    return {
+        "naive": NAIVE_LOGIT_COPIES * tokens * vocab * b + fixed,
+        "chunked": NAIVE_LOGIT_COPIES * min(tokens, chunk_size) * vocab * b + fixed,
+    }
+
+
+class OutOfMemory(ValueError):
+    """A measured variant was killed for memory; the message says what it needed and what to try."""
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _oom_message(variant: str, tokens: int, hidden: int, vocab: int, dtype: str, signal_name: str) -> str:
+    import os
+
+    need = memory_need(tokens, hidden, vocab, dtype)[variant]
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        have = f"; this machine has {_gib(total)} of RAM"
+    except (ValueError, OSError, AttributeError):
+        have = ""
+    smaller = max(256, tokens // 4)
+    return (
+        f"the {variant} variant at V={vocab} was killed by {signal_name}: it ran out of memory. It needs "
+        f"about {_gib(need)} ({NAIVE_LOGIT_COPIES} x tokens x V x {dtype} logits plus the lm head){have}. "
+        f"Try fewer tokens (--tokens {smaller}: about "
+        f"{_gib(memory_need(smaller, hidden, vocab, dtype)[variant])}), a smaller vocabulary (--vocab 32000: "
+        f"about {_gib(memory_need(tokens, hidden, 32000, dtype)[variant])}), or close other programs"
+    )
+
+
 def run_bench(
     *,
     tokens: int = 4096,
@@ -113,7 +162,7 @@ def run_bench(
     timeout_s: float | None = 3600,
 ) -> dict[str, Any]:
     """Measure both variants at each V (each in a fresh process) and return the figures as a dict."""
-    from posttrain.benchmarks.perf.common import run_isolated
+    from posttrain.benchmarks.perf.common import ChildKilled, run_isolated
     from posttrain.models import DEFAULT_CHUNK_SIZE, pick_device, resolve_dtype
 
     chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
@@ -141,7 +190,12 @@ def run_bench(
                 seed=seed,
                 threads=threads,
             )
-            res[variant] = run_isolated("posttrain.benchmarks.perf.losses:_child_run", kw, timeout=timeout_s)
+            try:
+                res[variant] = run_isolated(
+                    "posttrain.benchmarks.perf.losses:_child_run", kw, timeout=timeout_s
+                )
+            except ChildKilled as e:
+                raise OutOfMemory(_oom_message(variant, tokens, hidden, v, dtype, e.signal_name)) from None
         naive, chunked = res["naive"], res["chunked"]
         method = naive["memory_method"]
         time_ratio = chunked["median_s"] / naive["median_s"]

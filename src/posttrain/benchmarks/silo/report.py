@@ -104,7 +104,9 @@ def failure_summary(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]
         d: dict[str, Any] = {"cases": k, "success": sum(bool(r["success"]) for r in sel)}
         for m in modes:
             d[m] = sum(bool(r[m]) for r in sel)
-        d["share"] = {m: (d[m] / k if k else 0.0) for m in ("success", *modes)}
+        # failed cases none of the three modes explains (e.g. a wrong answer after full exchange)
+        d["other_failure"] = sum(not r["success"] and not any(bool(r[m]) for m in modes) for r in sel)
+        d["share"] = {m: (d[m] / k if k else 0.0) for m in ("success", *modes, "other_failure")}
         d["co_occurrence"] = {
             f"{m1}&{m2}": sum(bool(r[m1]) and bool(r[m2]) for r in sel)
             for i, m1 in enumerate(modes)
@@ -238,7 +240,7 @@ def _save_png(fig: Any, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")  # tight: labels (colorbar's) not clipped
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
 
@@ -401,7 +403,16 @@ def write_report(
     t1 = table1(rows)
     fails = failure_summary(rows)
     columns, body = table1_rows(t1, rows, sc)
-    fcols = ["agent", "cases", "success", "premature", "consensus", "computation", "with leader"]
+    fcols = [
+        "agent",
+        "cases",
+        "success",
+        "premature",
+        "consensus",
+        "computation",
+        "other failure",
+        "with leader",
+    ]
     frows = [
         [
             a,
@@ -410,6 +421,7 @@ def write_report(
             d["premature_submission"],
             d["consensus_failure"],
             d["computation_error"],
+            d["other_failure"],
             d["cases_with_emergent_leader"],
         ]
         for a, d in fails.items()
