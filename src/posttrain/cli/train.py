@@ -250,6 +250,11 @@ def eval_cmd(
         )
     if out is not None:
         atomic_write_json(out, res)
+    if isinstance(res.get("report"), dict) and res["report"].get("table"):
+        from posttrain.utils.tables import print_table
+
+        table = res["report"]["table"]
+        print_table(table["title"], table["columns"], table["rows"])
     typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "samples"}))
 
 
