@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("if_verifiable")
 
-from posttrain.rewards import get_reward  # noqa: E402
-from posttrain.tasks import Example, get_task  # noqa: E402
-from posttrain.tasks.ifcheckers import (  # noqa: E402
+from posttrain.rewards import get_reward
+from posttrain.tasks import Example, get_task
+from posttrain.tasks.ifcheckers import (
     aggregate,
     build_checker,
     check_instructions,

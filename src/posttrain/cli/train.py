@@ -255,7 +255,10 @@ def eval_cmd(
 
         table = res["report"]["table"]
         print_table(table["title"], table["columns"], table["rows"])
-    typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "samples"}))
+    shown = {k_: v for k_, v in res.items() if k_ != "samples"}
+    if isinstance(shown.get("report"), dict):  # per-prompt verdicts and the table: in --out only
+        shown["report"] = {k_: v for k_, v in shown["report"].items() if k_ not in ("items", "table")}
+    typer.echo(json.dumps(shown))
 
 
 @demo_app.command("rl")

@@ -300,7 +300,7 @@ def instruction_report(
     whose checker turns out to need missing data are skipped and counted."""
     from posttrain.tasks.ifcheckers import CheckerUnavailable, aggregate, check_instructions
 
-    rows, late_skips = [], 0
+    rows, items, late_skips = [], [], 0
     for ex, text in zip(examples, texts, strict=True):
         m = ex.meta
         try:
@@ -311,7 +311,9 @@ def instruction_report(
             late_skips += 1
             continue
         rows.append({"instruction_id_list": m["instruction_id_list"], "strict": strict, "loose": loose})
+        items.append({"id": ex.id, "strict": all(strict), "loose": all(loose)})
     agg = aggregate(rows)
+    agg["items"] = items  # per-prompt verdicts (paired before/after comparisons)
     agg["skipped"] = {**(skipped or {}), "at_scoring": late_skips}
     table_rows: list[list[Any]] = [
         ["prompt-level", agg.get("prompt_strict"), agg.get("prompt_loose"), agg["n_prompts"]],

@@ -138,6 +138,7 @@ def evaluate(
     temperature: float = 1.0,
     batch_size: int | None = 256,
     seed: int = EVAL_SEED,
+    report: Any = None,
 ) -> dict[str, Any]:
     """:func:`run_eval` with an ``engine`` and episode ``runner`` built from their registries (default:
     Hugging Face ``generate`` and single-turn episodes) over ``model``. The engine has its own sampling
@@ -154,6 +155,7 @@ def evaluate(
         k=k,
         samples=samples,
         temperature=temperature,
+        report=report,
     )
 
 
