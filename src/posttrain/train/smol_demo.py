@@ -75,6 +75,12 @@ def evaluate_instructions(
         source.close()
     rep = res["report"]
     n = rep["n_prompts"]
+    print(
+        f"[smol] {rep['table']['title']}: prompt strict {rep['prompt_strict']:.3f} loose {rep['prompt_loose']:.3f}, "
+        f"instruction strict {rep['instruction_strict']:.3f} loose {rep['instruction_loose']:.3f} "
+        f"({time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
     return {
         "n": n,
         "prompt_strict": rep["prompt_strict"],
