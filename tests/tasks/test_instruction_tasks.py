@@ -217,3 +217,13 @@ def test_word_problems():
     assert r(f"{e.answer}", e) == 1.0 and r(f"The answer is {int(e.answer) + 1}.", e) == 0.0
     with pytest.raises(ValueError, match="steps must be 1, 2 or 3"):
         get_task("word_problems", steps=5)
+
+
+def test_last_number_reward():
+    e = Example("w", "p", "12")
+    r = get_reward("last_number")
+    assert r("9 - 5 = 4, then 4 + 8 = 12", e) == 1.0
+    assert r("12 first, but then 13", e) == 0.0
+    assert r("so 12.<|im_end|> and 99", e) == 1.0  # after end-of-sequence is ignored
+    assert r("no number", e) == 0.0
+    assert get_task("word_problems").default_reward == "last_number"

@@ -3,12 +3,13 @@
 Each problem is a short story with ``steps`` operations (1-3) on small quantities: a start amount,
 then gains (``+``), losses (``-``), or groups (``x``), e.g. "Maya has 14 stickers. She buys 6 more,
 then gives 5 to a friend. How many stickers does Maya have now? Answer with only the number." The gold
-answer is the integer result (never negative). Default reward ``numeric`` (the first line of the
-completion, its last number if it is not a number as a whole). Held-out is drawn first; the splits
+answer is the integer result (never negative). Default reward ``last_number`` (the last number
+anywhere in the completion: chat models reason before they answer whatever the prompt asks; ``numeric``,
+which reads the first line, scored 1.7 % on 2-step problems). Held-out is drawn first; the splits
 never share a problem text. A chat task (``chat = True``): meant for instruction-tuned models.
 
 Difficulty: ``steps`` and ``max_value`` (the largest start amount). Measured on SmolLM2-135M-Instruct
-(greedy, 48 new tokens): see docs/real-model.md.
+(greedy, 80 new tokens): see docs/real-model.md.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class WordProblemsTask(Task):
     """Chat-form arithmetic word problems. See the module docstring."""
 
     name = "word_problems"
-    default_reward = "numeric"
+    default_reward = "last_number"
     chat = True
 
     def __init__(
