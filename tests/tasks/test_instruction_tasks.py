@@ -227,3 +227,19 @@ def test_last_number_reward():
     assert r("so 12.<|im_end|> and 99", e) == 1.0  # after end-of-sequence is ignored
     assert r("no number", e) == 0.0
     assert get_task("word_problems").default_reward == "last_number"
+
+
+def test_cli_eval_prints_the_instruction_report(tmp_path):
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    out = tmp_path / "r.json"
+    args = ["eval", "--model", "tiny", "--task", "instructions", "--n", "3", "--max-new-tokens", "4"]
+    res = CliRunner().invoke(app, [*args, "--out", str(out), "reward.num_workers=0"])
+    assert res.exit_code == 0, res.output
+    assert "prompt-level" in res.output and "instruction-level" in res.output
+    saved = json.loads(out.read_text())
+    assert saved["settings"]["chat_template"] is True  # a chat task is prompted through the template
+    rep = saved["report"]
+    assert rep["n_prompts"] == 3 and len(rep["items"]) == 3 and rep["prompt_strict"] == saved["accuracy"]

@@ -269,11 +269,13 @@ def evaluate_cli_settings(
     if task is not None and task != tree["task"]["name"]:
         tree["task"].update(name=task, params={})
         tree["reward"].update(name=None, params={})
-        if not any(o.startswith("task.chat_template=") for o in overrides):
-            from posttrain.tasks import TASKS
+        from posttrain.tasks import TASKS
 
-            # chat tasks (instructions, ifbench, word_problems) are prompted through the chat template
-            tree["task"]["chat_template"] = bool(getattr(TASKS.get(task), "chat", False))
+        # chat tasks (instructions, ifbench, word_problems) are prompted through the chat template
+        if getattr(TASKS.get(task), "chat", False) and not any(
+            o.startswith("task.chat_template=") for o in overrides
+        ):
+            tree["task"]["chat_template"] = True
     if task_params is not None:
         tree["task"]["params"].update(task_params)
     if max_new_tokens is not None:
