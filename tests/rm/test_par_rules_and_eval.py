@@ -337,3 +337,10 @@ def test_benchmark_subsets_get_their_task_type_and_rubric(tmp_path):
     assert {p.task_type for p in pairs[4:]} == {"safety"}
     prompt = pointwise_prompt(pairs[1].prompt, pairs[1].chosen, pairs[1].task_type)
     assert "<task>code</task>" in prompt and "Functional correctness" in prompt
+
+
+def test_rm_eval_scorer_passes_enable_thinking():
+    from posttrain.recipes.patarm.scorers import build_scorer
+
+    sc = build_scorer("hf:tiny", enable_thinking=False, device="cpu")
+    assert sc.obj.judge.formatter.enable_thinking is False

@@ -35,6 +35,11 @@ _TASK_TYPE = typer.Option(
     "chat", "--task-type", help="task type of rows without one: chat | math | code | safety"
 )
 _CHAT = typer.Option(False, "--chat-template/--plain", help="wrap judge prompts in the model's chat template")
+_THINK = typer.Option(
+    None,
+    "--enable-thinking/--disable-thinking",
+    help="pass enable_thinking to the judge's chat template (Qwen3); default: the template's own",
+)
 _KEY_ENV = typer.Option(None, "--api-key-env", help="environment variable holding the endpoint's API key")
 
 
@@ -159,6 +164,7 @@ def evaluate(
     rubric_style: str = _RUBRIC,
     task_type: str = _TASK_TYPE,
     chat_template: bool = _CHAT,
+    enable_thinking: Optional[bool] = _THINK,  # noqa: UP045
     api_key_env: Optional[str] = _KEY_ENV,  # noqa: UP045
     n_boot: int = typer.Option(1000, "--n-boot", help="bootstrap resamples for the 95% CIs"),
     seed: int = typer.Option(0, "--seed"),
@@ -182,6 +188,7 @@ def evaluate(
                 temperature=temperature,
                 max_new_tokens=max_new_tokens,
                 chat_template=chat_template,
+                enable_thinking=enable_thinking,
                 api_key_env=api_key_env,
                 seed=seed,
             )
