@@ -56,8 +56,8 @@ class RealRMSettings:
     pair_task_params: dict[str, Any] = field(
         default_factory=lambda: {
             "types": ["startend:quotation", "detectable_format:title", "change_case:english_lowercase"],
-            "n_train": 2000,
-            "n_heldout": 200,
+            "n_train": 500,
+            "n_heldout": 100,
             "seed": 0,
         }
     )
@@ -93,7 +93,7 @@ class RealRMSettings:
         base = dict(
             n_train_prompts=8,
             n_eval_prompts=4,
-            samples_per_prompt=2,
+            samples_per_prompt=4,
             sample_max_new_tokens=24,
             judge_sft_steps=2,
             par_steps=1,
