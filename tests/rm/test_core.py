@@ -95,20 +95,20 @@ def test_parse_preference():
 
 # ------------------------------------------------------------------------------------- par_rewards
 def test_par_rewards_reference_example():
-    rc, rr = par_rewards([8, 7, 5, 9], [6, 7, 4, 8])
+    rc, rr = par_rewards([8, 7, 5, 9], [6, 7, 4, 8], rule="indicator")
     assert rc == [1.0, 1.0, 0.0, 1.0]
     assert rr == [1.0, 1.0, 1.0, 0.0]
 
 
 def test_par_rewards_strict_side_and_ties():
     # chosen mean 5 == rejected mean 5: a score equal to the other mean earns 0
-    rc, rr = par_rewards([5, 5], [5, 5])
+    rc, rr = par_rewards([5, 5], [5, 5], rule="indicator")
     assert rc == [0.0, 0.0] and rr == [0.0, 0.0]
 
 
 def test_par_rewards_none_excluded_from_means_and_earns_zero():
     # rejected mean over the parsable ones only: (2 + 4) / 2 = 3
-    rc, rr = par_rewards([3.5, None, 2], [2, None, 4])
+    rc, rr = par_rewards([3.5, None, 2], [2, None, 4], rule="indicator")
     assert rc == [1.0, 0.0, 0.0]
     # chosen mean (3.5 + 2) / 2 = 2.75
     assert rr == [1.0, 0.0, 0.0]
@@ -121,7 +121,7 @@ def test_par_rewards_side_without_scores_gives_zero_to_all():
 
 
 def test_par_rewards_format_penalty():
-    rc, rr = par_rewards([9, None], [2], format_penalty=0.2)
+    rc, rr = par_rewards([9, None], [2], format_penalty=0.2, rule="indicator")
     assert rc == [1.0, -0.2] and rr == [1.0]
     with pytest.raises(ValueError, match="format_penalty"):
         par_rewards([1], [1], format_penalty=-1)
@@ -129,12 +129,12 @@ def test_par_rewards_format_penalty():
 
 def test_par_rewards_graded():
     # scale 1..10: delta = 9/4 = 2.25; chosen 9 vs rejected mean 3 -> 1 + 0.5*min(1, 6/2.25) = 1.5
-    rc, rr = par_rewards([9, 4], [3, 3], graded=True)
+    rc, rr = par_rewards([9, 4], [3, 3], graded=True, rule="indicator")
     assert rc[0] == pytest.approx(1.5)
     assert rc[1] == pytest.approx(1 + 0.5 * (1 / 2.25))
     # rejected 3 vs chosen mean 6.5: 1 + 0.5*min(1, 3.5/2.25) = 1.5
     assert rr == [pytest.approx(1.5), pytest.approx(1.5)]
-    rc2, _ = par_rewards([9, 4], [3, 3], graded=True, alpha=1.0, delta=10)
+    rc2, _ = par_rewards([9, 4], [3, 3], graded=True, alpha=1.0, delta=10, rule="indicator")
     assert rc2[0] == pytest.approx(1.6)
 
 
@@ -256,6 +256,6 @@ def test_par_reference_example_grpo_advantages_per_response_group():
 
     from posttrain.algos import get_advantage
 
-    rc, rr = par_rewards([8, 7, 5, 9], [6, 7, 4, 8])
+    rc, rr = par_rewards([8, 7, 5, 9], [6, 7, 4, 8], rule="indicator")
     adv = get_advantage("grpo")(torch.tensor(rc + rr), torch.tensor([0] * 4 + [1] * 4))
     assert adv.tolist() == pytest.approx([0.5, 0.5, -1.5, 0.5, 0.5, 0.5, 0.5, -1.5], abs=1e-5)

@@ -298,7 +298,7 @@ def test_par_reward_source_pairs_sides():
     exs = [ex("a", "chosen")] * 4 + [ex("a", "rejected")] * 4
     texts += ["<score>3</score>", "junk"]
     exs += [ex("b", "chosen"), ex("c", "rejected")]  # partners missing
-    res = PARRewardSource(fallback=False).score(texts, exs)
+    res = PARRewardSource(fallback=False, rule="indicator").score(texts, exs)
     assert res.rewards == [1, 1, 0, 1, 1, 1, 1, 0, 0, 0]
     assert res.components["par_pair_correct"][:8] == [1.0] * 8
     assert res.components["par_unpaired"] == [0.0] * 8 + [1.0, 1.0]

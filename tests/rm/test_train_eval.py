@@ -137,7 +137,13 @@ def test_par_runner_and_source_through_rltrainer(tmp_path):
         assert sides[:3] == ["chosen"] * 3 and sides[3:6] == ["rejected"] * 3
         assert ro.episodes.examples[0].prompt.startswith("<task>math</task>\n<question>")
         res = ro.handle.result()
-        assert set(res.components) == {"par_parsed", "par_score", "par_pair_correct", "par_unpaired"}
+        assert set(res.components) == {
+            "par_parsed",
+            "par_truncated",
+            "par_score",
+            "par_pair_correct",
+            "par_unpaired",
+        }
         m = tr.step()
         assert "reward/par_parsed" in m
 

@@ -24,6 +24,9 @@ def calls(monkeypatch):
 
     monkeypatch.setattr(rl_demo, "run_demo", lambda *a, **k: rec.append(("rl", a, k)))
     monkeypatch.setattr(rm_demo, "run_rm_demo", lambda *a, **k: rec.append(("rm", a, k)))
+    import posttrain.recipes.patarm.real_demo as rm_real
+
+    monkeypatch.setattr(rm_real, "run_real_rm_demo", lambda *a, **k: rec.append(("rm-real", a, k)))
     return rec
 
 
@@ -51,7 +54,7 @@ def test_overrides_only_run_the_rl_demo(calls):
 
 
 def test_name_picks_the_registered_demo(calls):
-    res = _run(["demo", "rm", "--quick", "--out", "runs/r", "--par-steps", "3", "--no-progress"])
+    res = _run(["demo", "rm", "--char", "--quick", "--out", "runs/r", "--par-steps", "3", "--no-progress"])
     assert res.exit_code == 0, res.output
     name, args, kw = calls[-1]
     assert name == "rm" and args == (Path("runs/r"),)
@@ -60,7 +63,12 @@ def test_name_picks_the_registered_demo(calls):
     # the explicit default name and the `rm demo` alias reach the same runners
     assert _run(["demo", "rl", "steps=2"]).exit_code == 0 and calls[-1][0] == "rl"
     assert calls[-1][2]["overrides"] == ["steps=2"]
-    assert _run(["rm", "demo", "--quick"]).exit_code == 0 and calls[-1][0] == "rm"
+    assert _run(["rm", "demo", "--char", "--quick"]).exit_code == 0 and calls[-1][0] == "rm"
+    # without --char: the real-model demo
+    assert _run(["demo", "rm", "--quick", "--seeds", "3", "--rlhf-arms", ""]).exit_code == 0
+    name, args, kw = calls[-1]
+    assert name == "rm-real" and args == (Path("runs/rm-real"),)
+    assert kw["settings"].seeds == (3,) and kw["rlhf_arms"] == () and kw["settings"].n_train_prompts == 8
 
 
 def test_unknown_name_is_an_error_listing_the_demos(calls):

@@ -35,6 +35,11 @@ _TASK_TYPE = typer.Option(
     "chat", "--task-type", help="task type of rows without one: chat | math | code | safety"
 )
 _CHAT = typer.Option(False, "--chat-template/--plain", help="wrap judge prompts in the model's chat template")
+_THINK = typer.Option(
+    None,
+    "--enable-thinking/--disable-thinking",
+    help="pass enable_thinking to the judge's chat template (Qwen3); default: the template's own",
+)
 _KEY_ENV = typer.Option(None, "--api-key-env", help="environment variable holding the endpoint's API key")
 
 
@@ -159,6 +164,7 @@ def evaluate(
     rubric_style: str = _RUBRIC,
     task_type: str = _TASK_TYPE,
     chat_template: bool = _CHAT,
+    enable_thinking: Optional[bool] = _THINK,  # noqa: UP045
     api_key_env: Optional[str] = _KEY_ENV,  # noqa: UP045
     n_boot: int = typer.Option(1000, "--n-boot", help="bootstrap resamples for the 95% CIs"),
     seed: int = typer.Option(0, "--seed"),
@@ -182,6 +188,7 @@ def evaluate(
                 temperature=temperature,
                 max_new_tokens=max_new_tokens,
                 chat_template=chat_template,
+                enable_thinking=enable_thinking,
                 api_key_env=api_key_env,
                 seed=seed,
             )
@@ -278,8 +285,22 @@ def score(
 
 
 def demo(
-    out: Path = typer.Option(Path("runs/rm-demo"), "--out", help="run directory"),
+    out: Optional[Path] = typer.Option(  # noqa: UP045
+        None, "--out", help="run directory (default runs/rm-real; with --char runs/rm-demo)"
+    ),
     quick: bool = typer.Option(False, "--quick", help="a smoke test: a few steps of every stage"),
+    char: bool = typer.Option(
+        False,
+        "--char",
+        help="the character-level demo (tiny judge, 2-digit addition) instead of the real model",
+    ),
+    judge_arms: str = typer.Option(
+        "base,sft,par_indicator,par_antisymmetric,bt", "--judge-arms", help="real model: judge arms to run"
+    ),
+    rlhf_arms: str = typer.Option(
+        "judge,random,verifiable", "--rlhf-arms", help="real model: RLHF arms ('' none)"
+    ),
+    seeds: str = typer.Option("0,1", "--seeds", help="real model: RLHF seeds"),
     seed: int = typer.Option(0, "--seed"),
     judge_sft_steps: Optional[int] = typer.Option(None, "--judge-sft-steps", help="default 250"),  # noqa: UP045
     par_steps: Optional[int] = typer.Option(None, "--par-steps", help="default 30"),  # noqa: UP045
@@ -292,16 +313,38 @@ def demo(
     overwrite: bool = typer.Option(False, "--overwrite", help="delete a previous demo in --out"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
 ) -> None:
-    """PaTaRM: judges from synthetic pairs, BT baseline, RLHF with the judge as the reward.
+    """PaTaRM on the built-in real model: judges from the policy's own verifiable samples, RLHF.
 
-    Synthetic preference pairs from 2-digit addition -> untrained / SFT / PAR judges and a BT baseline
-    (held-out pairwise accuracy), then RL of a tiny policy with the PAR judge as its only reward vs a
-    random judge (verifiable held-out accuracy)."""
+    Preference pairs from the real model's samples on verifiable instructions (chosen passes the
+    checker, rejected is the nearest failure; evaluation pairs from unseen prompts and an unseen task)
+    -> base / SFT / PAR (indicator and antisymmetric rules) judges and a BT baseline (accuracy strict
+    and tie-as-1/2, greedy and k sampled judgments, rubrics on/off), then RLHF with the judge as the only
+    reward vs a random judge vs the verifiable reward (held-out + IFBench, per seed). Every finished arm
+    is written at once; rerun the same command to resume. --char: the character-level demo."""
+    if not char:
+        from posttrain.recipes.patarm.real_demo import RealRMSettings, run_real_rm_demo
+
+        def names(text: str) -> tuple[str, ...]:
+            return tuple(x.strip() for x in text.split(",") if x.strip())
+
+        try:
+            base = RealRMSettings.quick() if quick else RealRMSettings()
+            base.seeds = tuple(int(x) for x in names(seeds))
+            run_real_rm_demo(
+                out or Path("runs/rm-real"),
+                settings=base,
+                judge_arms=names(judge_arms),
+                rlhf_arms=names(rlhf_arms),
+                progress=progress,
+            )
+        except ValueError as e:
+            fail(str(e))
+        return
     from posttrain.recipes.patarm.demo import run_rm_demo
 
     try:
         run_rm_demo(
-            out,
+            out or Path("runs/rm-demo"),
             quick=quick,
             seed=seed,
             judge_sft_steps=judge_sft_steps,

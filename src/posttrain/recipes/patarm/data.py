@@ -11,7 +11,11 @@ preference format: ``chosen`` / ``rejected`` lists of messages ending in the ass
 ``chat``, ``math``, ``code``, ``safety``; default ``default_task_type``) and ``subset`` (an
 evaluation label such as a RewardBench subset or an RM-Bench ``easy``/``normal``/``hard`` level) are
 optional. RewardBench rows use ``subset``; RM-Bench rows may carry ``difficulty`` and ``domain``,
-which are read as ``subset`` and ``task_type`` when those are absent. A bad row raises
+which are read as ``subset`` and ``task_type`` when those are absent. Rows without a task type get one
+from their benchmark subset when it is known (:func:`subset_task_type`: RewardBench ``math-prm`` →
+math, ``hep-*`` → code, ``refusals-*`` / ``xstest-*`` / ``donotanswer`` → safety, ``alpacaeval-*`` /
+``mt-bench-*`` / ``llmbar-*`` → chat; RM-Bench domains ``chat``, ``math``, ``code``, ``safety-*``), so
+each pair is judged under its task's rubric rather than one rubric for the whole file. A bad row raises
 :class:`PreferenceDataError` naming the file, the 1-based line and the field; rows are never dropped
 silently.
 
@@ -31,6 +35,34 @@ from typing import Any
 
 from posttrain.recipes.patarm.prompts import TASK_TYPES
 from posttrain.utils.errors import PosttrainError
+
+#: benchmark subset (prefixes end with '-') -> task type, so RewardBench / RM-Bench pairs get the rubric
+#: of their task (RewardBench's section mapping, arXiv 2403.13787: Chat and Chat Hard -> chat, Safety ->
+#: safety, Reasoning -> math (PRM math) and code (HumanEvalPack); RM-Bench domains, arXiv 2410.16184)
+SUBSET_TASK_TYPES: dict[str, str] = {
+    "alpacaeval-": "chat",
+    "mt-bench-": "chat",
+    "llmbar-": "chat",
+    "refusals-": "safety",
+    "xstest-": "safety",
+    "donotanswer": "safety",
+    "math-prm": "math",
+    "hep-": "code",
+    "chat": "chat",
+    "math": "math",
+    "code": "code",
+    "safety-": "safety",
+}
+
+
+def subset_task_type(subset: str | None) -> str | None:
+    """The task type of a known RewardBench subset or RM-Bench domain, else None."""
+    if not subset:
+        return None
+    for key, t in SUBSET_TASK_TYPES.items():
+        if subset == key or (key.endswith("-") and subset.startswith(key)):
+            return t
+    return None
 
 
 class PreferenceDataError(PosttrainError, ValueError):
@@ -170,17 +202,19 @@ def parse_pair(row: Any, where: str, *, default_task_type: str = "chat", index: 
     prompt = _str_field(row, "prompt", where, required=True)
     chosen = _str_field(row, "chosen", where, required=True)
     rejected = _str_field(row, "rejected", where, required=True)
-    task_type = _str_field(row, "task_type", where, required=False) or _str_field(
-        row, "domain", where, required=False
+    subset = _str_field(row, "subset", where, required=False) or _str_field(
+        row, "difficulty", where, required=False
+    )
+    task_type = (
+        _str_field(row, "task_type", where, required=False)
+        or _str_field(row, "domain", where, required=False)
+        or subset_task_type(subset)
     )
     task_type = (task_type or default_task_type).strip().lower().split("-")[0]  # RM-Bench: safety-refuse
     if task_type not in TASK_TYPES:
         raise PreferenceDataError(
             f"{where}: field 'task_type' is {task_type!r}; accepted: {', '.join(TASK_TYPES)}"
         )
-    subset = _str_field(row, "subset", where, required=False) or _str_field(
-        row, "difficulty", where, required=False
-    )
     rid = row.get("id", index)
     return PreferencePair(
         prompt=prompt,  # type: ignore[arg-type]

@@ -97,22 +97,45 @@ def judgment_traces(
     return rows
 
 
-def judge_scorer(model: Any, tokenizer: Any, *, rubric_style: str = "none", max_new_tokens: int = 20) -> Any:
-    """A ``score_fn(pairs, side)`` for :func:`posttrain.recipes.patarm.evaluate.evaluate_pointwise` (greedy, k = 1)."""
+def judge_scorer(
+    model: Any,
+    tokenizer: Any,
+    *,
+    rubric_style: str = "none",
+    max_new_tokens: int = 20,
+    samples: int = 1,
+    temperature: float | None = None,
+    chat_template: bool = False,
+    enable_thinking: bool | None = None,
+    seed: int = 0,
+    judge: Any = None,
+    batch_size: int = 256,
+) -> Any:
+    """A ``score_fn(pairs, side)`` for :func:`posttrain.recipes.patarm.evaluate.evaluate_pointwise`:
+    the mean score of ``samples`` judgments per response — greedy when ``samples == 1`` (k = 1), at
+    ``temperature`` 1.0 otherwise (k sampled judgments at T = 1, what PAR training optimises) unless
+    ``temperature`` is given. ``judge`` replaces the in-process HF judge (tests)."""
     from posttrain.recipes.patarm.judge import HFJudge, JudgeRewardSource
 
-    judge = HFJudge(
-        model_obj=model,
-        tokenizer=tokenizer,
-        temperature=0.0,
-        max_new_tokens=max_new_tokens,
-        max_batch_size=256,
-    )
+    if temperature is None:
+        temperature = 0.0 if samples == 1 else 1.0
+    if judge is None:
+        judge = HFJudge(
+            model_obj=model,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            enable_thinking=enable_thinking,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            max_batch_size=batch_size,
+            seed=seed,
+        )
     src = JudgeRewardSource(
         judge,
+        samples=samples,
         rubric_style=rubric_style,
         cache_size=0,
-        batch_size=256,
+        batch_size=batch_size,
         timeout_s=None,
         retry_unparsable=False,
         fallback=False,

@@ -5,16 +5,24 @@ sections Chat, Chat Hard, Safety, Reasoning) and RM-Bench (Liu et al., arXiv 241
 math, code, safety; easy / normal / hard).
 
 * **pointwise** (a generative judge scoring each response, or a Bradley-Terry model's scalar): a pair
-  is correct iff ``s̄_c > s̄_r`` (mean of ``k`` judgments); a tie counts as wrong and the tie rate is
-  reported; a pair with an unparsable side counts as wrong and is counted (``unparsable``);
+  is correct iff ``s̄_c > s̄_r`` (mean of ``k`` judgments; k > 1 sampled at T = 1 shows what the
+  sampled judgments that training optimises do, which greedy k = 1 hides); a pair with an
+  unparsable side counts as wrong and is counted (``unparsable``);
 * **pairwise** (a judge that sees both responses): each pair is judged in both orders (chosen as A,
   then as B); correct iff both verdicts pick the chosen response; ``position_bias`` is the share of
   pairs where both verdicts name the same position (A twice or B twice).
 
+Two accuracies side by side, as the benchmarks define them: ``accuracy`` (**strict**: a tie is wrong,
+RM-Bench's ``>``) and ``accuracy_tie_half`` (a tie counts ½, as RewardBench's generative scripts
+score it; pairwise: a pair whose two orders disagree counts ½). The tie rate is reported.
+
 Accuracy is reported overall, per ``subset`` and per category, with 95 % percentile-bootstrap
-confidence intervals over pairs (``n_boot`` resamples, seeded). RewardBench categories are the
-example-count-weighted means of their subsets (the section mapping of the RewardBench release:
-:data:`REWARDBENCH_SECTIONS`); other files use ``task_type`` as the category. RM-Bench rows
+confidence intervals over pairs (``n_boot`` resamples, seeded). Categories pool the pairs of their
+subsets (RewardBench subsets by :data:`REWARDBENCH_SECTIONS`, other files by ``task_type``). For
+RewardBench files ``rewardbench`` also holds the **official section scores**: each section the mean of
+its subsets' accuracies weighted by :data:`REWARDBENCH_EXAMPLE_COUNTS` — the scorer's numbers in
+``rewardbench/constants.py`` of allenai/reward-bench, where ``math-prm`` counts 984 (447 pairs,
+"upweighting to be equal to code") — and the score, the mean of the sections present. RM-Bench rows
 (``chosen`` / ``rejected`` lists of 3 styles) are expanded into the 9 comparisons of its accuracy
 matrix M[i][j] (chosen style i vs rejected style j): ``normal`` = the diagonal, ``hard`` = above it
 (chosen less formatted than rejected), ``easy`` = below it (:func:`posttrain.recipes.patarm.data.load_preferences`).
@@ -47,12 +55,66 @@ REWARDBENCH_SECTIONS: dict[str, str] = {
 }
 
 
-def category_of(pair: PreferencePair) -> str:
-    s = pair.subset
+#: subset -> weight of the official RewardBench scorer (allenai/reward-bench, rewardbench/constants.py
+#: EXAMPLE_COUNTS, copied as published: math-prm is upweighted from 447 to 984 to equal the six hep-*
+#: subsets together; the xstest counts are the published ones as they stand)
+REWARDBENCH_EXAMPLE_COUNTS: dict[str, int] = {
+    "alpacaeval-easy": 100,
+    "alpacaeval-length": 95,
+    "alpacaeval-hard": 95,
+    "mt-bench-easy": 28,
+    "mt-bench-med": 40,
+    "mt-bench-hard": 37,
+    "math-prm": 984,
+    "refusals-dangerous": 100,
+    "refusals-offensive": 100,
+    "llmbar-natural": 100,
+    "llmbar-adver-neighbor": 134,
+    "llmbar-adver-GPTInst": 92,
+    "llmbar-adver-GPTOut": 47,
+    "llmbar-adver-manual": 46,
+    "xstest-should-refuse": 250,
+    "xstest-should-respond": 154,
+    "donotanswer": 136,
+    "hep-cpp": 164,
+    "hep-go": 164,
+    "hep-java": 164,
+    "hep-js": 164,
+    "hep-python": 164,
+    "hep-rust": 164,
+}
+
+
+def rewardbench_sections(subset_accuracy: dict[str, float]) -> dict[str, Any]:
+    """Official RewardBench section scores from per-subset accuracies: for each section, the mean of
+    its subsets' accuracies weighted by :data:`REWARDBENCH_EXAMPLE_COUNTS` (subsets absent from the
+    input are left out, as the scorer does); ``score`` = mean of the sections present. Subsets not in
+    the official list are ignored. Empty dict when no official subset is present."""
+    sums: dict[str, list[float]] = {}
+    for sub, acc in subset_accuracy.items():
+        w = REWARDBENCH_EXAMPLE_COUNTS.get(sub)
+        if w is None:
+            continue
+        sec = _section(sub)
+        assert sec is not None, sub  # every official subset has a section
+        tot = sums.setdefault(sec, [0.0, 0.0])
+        tot[0] += acc * w
+        tot[1] += w
+    if not sums:
+        return {}
+    sections = {k: v[0] / v[1] for k, v in sorted(sums.items())}
+    return {"sections": sections, "score": sum(sections.values()) / len(sections)}
+
+
+def _section(subset: str) -> str | None:
     for key, sec in REWARDBENCH_SECTIONS.items():
-        if s == key or (key.endswith("-") and s.startswith(key)):
+        if subset == key or (key.endswith("-") and subset.startswith(key)):
             return sec
-    return pair.task_type
+    return None
+
+
+def category_of(pair: PreferencePair) -> str:
+    return _section(pair.subset) or pair.task_type
 
 
 def bootstrap_ci(
@@ -71,9 +133,17 @@ def bootstrap_ci(
 
 def _summary(outcomes: list[dict[str, Any]], *, n_boot: int, seed: int) -> dict[str, Any]:
     corr = [float(o["correct"]) for o in outcomes]
+    half = [float(o["correct"]) + 0.5 * float(o.get("tie", 0.0)) for o in outcomes]
     acc = sum(corr) / len(corr) if corr else float("nan")
     lo, hi = bootstrap_ci(corr, n_boot=n_boot, seed=seed)
-    out = {"n": len(outcomes), "accuracy": acc, "ci95": [lo, hi]}
+    hlo, hhi = bootstrap_ci(half, n_boot=n_boot, seed=seed)
+    out = {
+        "n": len(outcomes),
+        "accuracy": acc,
+        "ci95": [lo, hi],
+        "accuracy_tie_half": sum(half) / len(half) if half else float("nan"),
+        "ci95_tie_half": [hlo, hhi],
+    }
     for k in ("tie", "unparsable", "position_bias"):
         if outcomes and k in outcomes[0]:
             out[k] = sum(float(o[k]) for o in outcomes) / len(outcomes)
@@ -97,6 +167,12 @@ def summarise(
     }
     cats = [c["accuracy"] for c in res["categories"].values()]
     res["category_mean"] = sum(cats) / len(cats) if cats else float("nan")
+    rb = {
+        key: rewardbench_sections({k: v[key] for k, v in res["subsets"].items()})
+        for key in ("accuracy", "accuracy_tie_half")
+    }
+    if rb["accuracy"]:
+        res["rewardbench"] = {"strict": rb["accuracy"], "tie_half": rb["accuracy_tie_half"]}
     return res
 
 
@@ -143,9 +219,11 @@ def evaluate_pairwise(
     outcomes = []
     for i in range(n):
         v1, v2 = verdicts[i], verdicts[n + i]  # chosen is A in v1, B in v2
+        right = (v1 == "A") + (v2 == "B")
         outcomes.append(
             {
-                "correct": v1 == "A" and v2 == "B",
+                "correct": right == 2,
+                "tie": right == 1,  # the two orders disagree: counts 1/2 in accuracy_tie_half
                 "position_bias": v1 is not None and v1 == v2,
                 "unparsable": v1 is None or v2 is None,
             }
@@ -160,7 +238,7 @@ def evaluate_pairwise(
 def table(results: dict[str, dict[str, Any]]) -> str:
     """A plain-text table: one row per model, overall and per-category accuracy with CIs."""
     cats = sorted({c for r in results.values() for c in r["categories"]})
-    head = ["model", "overall (95% CI)", *cats, "ties", "unparsable"]
+    head = ["model", "overall strict (95% CI)", "tie=1/2", *cats, "ties", "unparsable"]
     rows = [head]
     for name, r in results.items():
         o = r["overall"]
@@ -168,6 +246,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             [
                 name,
                 f"{100 * o['accuracy']:.1f} [{100 * o['ci95'][0]:.1f}, {100 * o['ci95'][1]:.1f}]",
+                f"{100 * o['accuracy_tie_half']:.1f}",
                 *(
                     f"{100 * r['categories'][c]['accuracy']:.1f}" if c in r["categories"] else "-"
                     for c in cats

@@ -3,8 +3,11 @@
 A :class:`Judge` maps judge prompts to judgment texts (``None`` for an item that failed). Built in:
 
 * :class:`HFJudge` — an in-process Hugging Face causal LM (a local checkpoint, a hub id or a preset),
-  prompts formatted by :class:`~posttrain.rollout.PromptFormatter` (``chat=True``: the model's chat
-  template) and sampled by :class:`~posttrain.rollout.HFEngine`;
+  prompts formatted by :class:`JudgeFormatter` (``chat=True``: the model's chat template, with
+  ``enable_thinking`` passed to it when set — Qwen3's switch) and sampled by
+  :class:`~posttrain.rollout.HFEngine`. A judgment that reaches ``max_new_tokens`` without ending is
+  **never scored**: it comes back as an empty text (unparsable: re-asked once, then the scale
+  minimum), however many numbers its cut-off reasoning holds; ``truncated`` counts them;
 * :class:`EndpointJudge` — any OpenAI-compatible ``/v1/chat/completions`` server (vLLM, SGLang, ...),
   through the SILO-BENCH client :class:`~posttrain.clients.OpenAIChatAgent` (per-request
   timeout, capped retries with backoff, bounded concurrency);
@@ -37,6 +40,7 @@ from typing import Any
 
 from posttrain.clients.batch import EndpointGenerator
 from posttrain.recipes.patarm.prompts import DEFAULT_SCALE, normalise_score, parse_score, pointwise_prompt
+from posttrain.rollout.episodes import PromptFormatter
 from posttrain.rollout.reward_source import RewardHandle, RewardSource, ScoredBatch
 
 
@@ -51,9 +55,52 @@ class Judge(ABC):
         """Release resources."""
 
 
+class JudgeFormatter(PromptFormatter):
+    """A :class:`~posttrain.rollout.PromptFormatter` whose chat template also receives
+    ``enable_thinking`` (Qwen3 and other thinking models; ``None``: not passed, the template's
+    default). :meth:`wrap` builds one from any formatter."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        template: str = "{prompt}",
+        chat: bool = False,
+        enable_thinking: bool | None = None,
+    ) -> None:
+        super().__init__(tokenizer, template=template, chat=chat)
+        self.enable_thinking = enable_thinking
+
+    @classmethod
+    def wrap(cls, formatter: Any, *, enable_thinking: bool | None) -> JudgeFormatter:
+        """The same tokenizer, template and chat setting, passing ``enable_thinking``."""
+        return cls(
+            formatter.tokenizer,
+            template=getattr(formatter, "template", "{prompt}"),
+            chat=bool(getattr(formatter, "chat", False)),
+            enable_thinking=enable_thinking,
+        )
+
+    def encode(self, prompt: str) -> list[int]:
+        if not self.chat or self.enable_thinking is None:
+            return super().encode(prompt)
+        ids = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": self.text(prompt)}],
+            add_generation_prompt=True,
+            tokenize=True,
+            enable_thinking=self.enable_thinking,
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+
 class HFJudge(Judge):
     """An in-process causal LM judge. ``model`` is a checkpoint directory, a hub id or a preset name
-    (or pass ``model_obj`` + ``tokenizer``). Sampling at ``temperature`` (0 = greedy)."""
+    (or pass ``model_obj`` + ``tokenizer``). Sampling at ``temperature`` (0 = greedy).
+    ``enable_thinking`` goes to the chat template (``chat_template=True``). A judgment cut off at
+    ``max_new_tokens`` (no end of sequence) is returned as ``""`` — never scored as a verdict — and
+    counted in ``truncated``."""
 
     def __init__(
         self,
@@ -62,6 +109,7 @@ class HFJudge(Judge):
         model_obj: Any = None,
         tokenizer: Any = None,
         chat_template: bool = False,
+        enable_thinking: bool | None = None,
         temperature: float = 0.0,
         max_new_tokens: int = 256,
         max_batch_size: int | None = 64,
@@ -69,7 +117,7 @@ class HFJudge(Judge):
         dtype: str = "float32",
         seed: int = 0,
     ) -> None:
-        from posttrain.rollout import HFEngine, PromptFormatter
+        from posttrain.rollout import HFEngine
 
         if model_obj is None:
             from posttrain.models import load_model_and_tokenizer, pick_device
@@ -82,7 +130,8 @@ class HFJudge(Judge):
             raise ValueError("HFJudge: pass the tokenizer together with model_obj")
         model_obj.eval()
         self.model, self.tokenizer = model_obj, tokenizer
-        self.formatter = PromptFormatter(tokenizer, chat=chat_template)
+        self.formatter = JudgeFormatter(tokenizer, chat=chat_template, enable_thinking=enable_thinking)
+        self.truncated = 0
         self.engine = HFEngine(model_obj, tokenizer, seed=seed, max_batch_size=max_batch_size)
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
@@ -101,7 +150,10 @@ class HFJudge(Judge):
         ids = [self.formatter.encode(p) for p in prompts]
         with self._lock, torch.no_grad():
             batch = self.engine.generate(ids, [1] * len(ids), params)
-        return list(self.tokenizer.batch_decode(batch.completion_lists(), skip_special_tokens=True))
+        texts = list(self.tokenizer.batch_decode(batch.completion_lists(), skip_special_tokens=True))
+        cut = batch.truncated.tolist()
+        self.truncated += sum(cut)
+        return ["" if c else t for t, c in zip(texts, cut, strict=True)]
 
 
 class EndpointJudge(EndpointGenerator, Judge):

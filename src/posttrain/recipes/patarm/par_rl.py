@@ -8,13 +8,20 @@ Three registered components turn preference pairs into an ordinary RL run (PaTaR
   the chosen AND of the rejected response and samples ``rollout.group_size`` = n judgments of each —
   two groups per pair, so GRPO normalises within the n judgments of one response;
 * reward source ``par`` (:class:`PARRewardSource`): parses the scores and applies
-  :func:`posttrain.recipes.patarm.par.par_rewards` per pair (proposed design; graded option).
+  :func:`posttrain.recipes.patarm.par.par_rewards` per pair (proposed design: rule ``antisymmetric``
+  or ``indicator``; graded option).
+
+A judgment that ran into ``rollout.max_new_tokens`` without ending (finish reason ``length``) is never
+scored as a verdict: the runner marks it (``par_truncated``) and the reward source treats it as
+unparsable, whatever number it contains (a cut-off ``<think>`` block often ends in one).
+``enable_thinking`` (runner param; chat-templated judges such as Qwen3) is passed to the tokenizer's
+chat template.
 
 Any registered objective / advantage estimator works. A config (``recipes/patarm/rm-par-demo.yaml``)::
 
     task: {name: preferences, params: {synthetic_task: arithmetic, synthetic_params: {digits: 2}}}
     rollout: {group_size: 4, runner: {name: par, params: {rubric_style: none}}}
-    reward: {source: {name: par, params: {graded: false}}, success_threshold: 1.0}
+    reward: {source: {name: par, params: {rule: antisymmetric}}, success_threshold: 1.0}
 
 Held-out evaluation (``eval.*``) runs the same runner greedily: one judgment per side, so the mean
 ``accuracy`` is the pairwise accuracy of the judge (ties count as wrong).
@@ -47,7 +54,12 @@ class PARRunner(EpisodeRunner):
         *,
         rubric_style: str = "full",
         scale: tuple[float, float] = DEFAULT_SCALE,
+        enable_thinking: bool | None = None,
     ) -> None:
+        if enable_thinking is not None:
+            from posttrain.recipes.patarm.judge import JudgeFormatter
+
+            formatter = JudgeFormatter.wrap(formatter, enable_thinking=enable_thinking)
         self.engine, self.formatter = engine, formatter
         self.rubric_style = rubric_style
         self.scale = scale
@@ -91,19 +103,27 @@ class PARRunner(EpisodeRunner):
                 counts.append(n)
         batch = self.engine.generate(prompts, counts, params)
         texts = self.formatter.tokenizer.batch_decode(batch.completion_lists(), skip_special_tokens=True)
-        per_seq = [side_examples[g] for g in batch.group_ids.tolist()]
+        truncated = batch.truncated.tolist()
+        per_seq = []
+        for g, cut in zip(batch.group_ids.tolist(), truncated, strict=True):
+            ex = side_examples[g]
+            if cut:  # never scored as a verdict (PARRewardSource)
+                ex = Example(id=ex.id, prompt=ex.prompt, answer="", meta={**ex.meta, "par_truncated": True})
+            per_seq.append(ex)
         return Episodes(batch=batch, texts=list(texts), examples=per_seq)
 
 
 class PARRewardSource(RewardSource):
     """PAR rewards per pair (:func:`posttrain.recipes.patarm.par.par_rewards`). Components: ``par_parsed`` (the
-    judgment had a score), ``par_score`` (the score, scale minimum when none), ``par_pair_correct``
+    judgment had a score; a truncated judgment — ``par_truncated`` in its example's meta — has none),
+    ``par_truncated``, ``par_score`` (the score, scale minimum when none), ``par_pair_correct``
     (the pair's chosen mean is above its rejected mean), ``par_unpaired`` (the other side of the pair was
     not in the batch — e.g. a group filter dropped it; those judgments earn 0 and count as errors)."""
 
     def __init__(
         self,
         *,
+        rule: str = "antisymmetric",
         graded: bool = False,
         alpha: float = 0.5,
         delta: float | None = None,
@@ -111,7 +131,9 @@ class PARRewardSource(RewardSource):
         scale: tuple[float, float] = DEFAULT_SCALE,
         fallback: bool = True,
     ) -> None:
-        self.kw = dict(graded=graded, alpha=alpha, delta=delta, format_penalty=format_penalty, scale=scale)
+        self.kw = dict(
+            rule=rule, graded=graded, alpha=alpha, delta=delta, format_penalty=format_penalty, scale=scale
+        )
         self.scale = (float(scale[0]), float(scale[1]))
         self.fallback = fallback
         par_rewards([1.0], [0.0], **self.kw)  # validate the options now
@@ -121,10 +143,14 @@ class PARRewardSource(RewardSource):
 
     def score_now(self, completions: list[str], examples: list[Any]) -> ScoredBatch:
         n = len(completions)
-        scores = [parse_score(c, scale=self.scale, fallback=self.fallback) for c in completions]
+        metas = [getattr(ex, "meta", {}) or {} for ex in examples]
+        cut = [bool(m.get("par_truncated")) for m in metas]
+        scores = [
+            None if c else parse_score(t, scale=self.scale, fallback=self.fallback)
+            for t, c in zip(completions, cut, strict=True)
+        ]
         sides: dict[str, dict[str, list[int]]] = {}
-        for i, ex in enumerate(examples):
-            meta = getattr(ex, "meta", {}) or {}
+        for i, meta in enumerate(metas):
             if "par_pair" not in meta:
                 raise ValueError(
                     "reward source 'par' needs the episodes of the runner 'par' (examples without "
@@ -154,6 +180,7 @@ class PARRewardSource(RewardSource):
             errors=int(sum(unpaired)),
             components={
                 "par_parsed": [float(s is not None) for s in scores],
+                "par_truncated": [float(c) for c in cut],
                 "par_score": [lo if s is None else float(s) for s in scores],
                 "par_pair_correct": pair_ok,
                 "par_unpaired": unpaired,

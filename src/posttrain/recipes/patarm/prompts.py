@@ -185,8 +185,15 @@ def parse_score(
     complete tag, ``fallback=True`` takes the last number of the text's last 4096 characters (clamped
     likewise). Non-strings, empty text, NaN / infinity give None; no input raises. Work is bounded on
     huge inputs: the tag is found by ``str.rfind`` and at most a few kilobytes are scanned by regex.
+
+    Thinking models: only the text after the last ``</think>`` is read; a ``<think>`` block that is
+    never closed (a judgment cut off while reasoning) gives None — neither its tags nor its last
+    number are ever taken as the verdict.
     """
     if not isinstance(text, str) or not text:
+        return None
+    text = after_thinking(text)
+    if not text:
         return None
     lo, hi = float(scale[0]), float(scale[1])
     end = text.rfind("</score>")
@@ -201,6 +208,15 @@ def parse_score(
     else:
         return _fallback(text, lo, hi, clamp, fallback)
     return _in_scale(value, lo, hi, clamp)
+
+
+def after_thinking(text: str) -> str:
+    """The answer part of a judgment: the text after the last ``</think>``; ``""`` when a ``<think>``
+    is still open at the end (the reasoning was cut off: there is no verdict)."""
+    close = text.rfind("</think>")
+    if text.rfind("<think>") > close:
+        return ""
+    return text[close + len("</think>") :] if close >= 0 else text
 
 
 def _fallback(text: str, lo: float, hi: float, clamp: bool, enabled: bool) -> float | None:
@@ -226,6 +242,7 @@ def parse_preference(text: str | None) -> str | None:
     """``"A"`` or ``"B"`` from the last ``<preferred>…</preferred>`` of a pairwise judgment, else None."""
     if not isinstance(text, str):
         return None
+    text = after_thinking(text)
     end = text.rfind("</preferred>")
     if end < 0:
         return None

@@ -66,6 +66,7 @@ def build_scorer(
     temperature: float = 0.0,
     max_new_tokens: int = 256,
     chat_template: bool = False,
+    enable_thinking: bool | None = None,
     api_key_env: str | None = None,
     timeout_s: float = 120.0,
     max_retries: int = 1,
@@ -91,6 +92,7 @@ def build_scorer(
         judge: Any = HFJudge(
             rest,
             chat_template=chat_template,
+            enable_thinking=enable_thinking,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             device=device,

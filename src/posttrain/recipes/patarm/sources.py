@@ -24,6 +24,7 @@ def judge_reward_source(
     base_url: str | None = None,
     api_key_env: str | None = None,
     chat_template: bool = False,
+    enable_thinking: bool | None = None,
     temperature: float = 0.0,
     max_new_tokens: int = 256,
     device: str = "auto",
@@ -42,7 +43,9 @@ def judge_reward_source(
     """A generative judge as the reward (proposed design: mean of ``samples`` scores, normalised to
     [0, 1] on ``scale``). ``judge``: ``hf`` (in-process ``model``: checkpoint / hub id / preset),
     ``endpoint`` (OpenAI-compatible ``base_url`` + ``model``; key from env var ``api_key_env``) or
-    ``random`` (control). ``timeout_s`` / ``max_retries`` apply to each batched judge call."""
+    ``random`` (control). ``timeout_s`` / ``max_retries`` apply to each batched judge call.
+    ``enable_thinking`` (hf judges with ``chat_template``) is passed to the chat template; a judgment
+    cut off at ``max_new_tokens`` is never scored as a verdict."""
     from posttrain.recipes.patarm.judge import EndpointJudge, HFJudge, JudgeRewardSource, RandomJudge
 
     if judge == "hf":
@@ -53,6 +56,7 @@ def judge_reward_source(
         j: Any = HFJudge(
             model,
             chat_template=chat_template,
+            enable_thinking=enable_thinking,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             device=device,
@@ -94,6 +98,7 @@ def judge_reward_source(
 def par_reward_source(
     ctx: RewardSourceContext,
     *,
+    rule: Literal["antisymmetric", "indicator"] = "antisymmetric",
     graded: bool = False,
     alpha: float = 0.5,
     delta: float | None = None,
@@ -101,11 +106,18 @@ def par_reward_source(
     scale: tuple[float, float] = DEFAULT_SCALE,
     fallback: bool = True,
 ) -> Any:
-    """PAR rewards of judge rollouts, per preference pair (proposed design; graded option)."""
+    """PAR rewards of judge rollouts, per preference pair (proposed design: ``rule`` antisymmetric
+    (+1 / −1 / 0) or indicator (1 / 0); graded option)."""
     from posttrain.recipes.patarm.par_rl import PARRewardSource
 
     return PARRewardSource(
-        graded=graded, alpha=alpha, delta=delta, format_penalty=format_penalty, scale=scale, fallback=fallback
+        rule=rule,
+        graded=graded,
+        alpha=alpha,
+        delta=delta,
+        format_penalty=format_penalty,
+        scale=scale,
+        fallback=fallback,
     )
 
 
@@ -115,8 +127,12 @@ def par_runner(
     *,
     rubric_style: Literal["full", "names", "none"] = "full",
     scale: tuple[float, float] = DEFAULT_SCALE,
+    enable_thinking: bool | None = None,
 ) -> Any:
-    """n judge rollouts for the chosen and n for the rejected response of each pair (two groups)."""
+    """n judge rollouts for the chosen and n for the rejected response of each pair (two groups).
+    ``enable_thinking`` is passed to the chat template (``task.chat_template: true``)."""
     from posttrain.recipes.patarm.par_rl import PARRunner
 
-    return PARRunner(ctx.engine, ctx.formatter, rubric_style=rubric_style, scale=scale)
+    return PARRunner(
+        ctx.engine, ctx.formatter, rubric_style=rubric_style, scale=scale, enable_thinking=enable_thinking
+    )
