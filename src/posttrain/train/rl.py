@@ -68,7 +68,7 @@ from posttrain.hooks import (
     RunInfo,
     Trajectory,
 )
-from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
+from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device, precision_autocast
 from posttrain.rollout import (
     EngineContext,
     EpisodeRunner,
@@ -304,7 +304,11 @@ class RLTrainer:
             cfg.rollout.engine.name,
             cfg.rollout.engine.params,
             EngineContext(
-                model, tokenizer, seed=dist.rank_seed(cfg.seed + 1), max_batch_size=cfg.rollout.max_batch_size
+                model,
+                tokenizer,
+                seed=dist.rank_seed(cfg.seed + 1),
+                max_batch_size=cfg.rollout.max_batch_size,
+                precision=cfg.model.precision,
             ),
         )
         self.runner = runner or build_runner(
@@ -389,7 +393,8 @@ class RLTrainer:
             min_new_tokens=cfg.rollout.min_new_tokens,
             suppress_eos=cfg.rollout.suppress_eos,
         )
-        episodes, handle, rounds = self._rollout(params)
+        with precision_autocast(self.device, cfg.model.precision):  # model.precision bf16: autocast
+            episodes, handle, rounds = self._rollout(params)
         self._check_logprobs(episodes)
         batch = episodes.batch.to(self.device)
         input_ids, attn, score_mask = batch.model_inputs()
@@ -544,7 +549,7 @@ class RLTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logp, entropy) (len(rows), T) over the completion positions at temperature τ; 0 except on
         action tokens (environment tokens are attended to, not scored)."""
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), precision_autocast(self.device, self.cfg.model.precision):
             lp, ent = lm.logprobs(
                 ro.input_ids[rows],
                 ro.attention_mask[rows],
@@ -899,7 +904,11 @@ class RLTrainer:
             cfg.rollout.engine.name,
             cfg.rollout.engine.params,
             EngineContext(
-                self.model, self.tokenizer, seed=EVAL_SEED, max_batch_size=cfg.rollout.max_batch_size or 512
+                self.model,
+                self.tokenizer,
+                seed=EVAL_SEED,
+                max_batch_size=cfg.rollout.max_batch_size or 512,
+                precision=cfg.model.precision,
             ),
         )
         runner = build_runner(
@@ -907,7 +916,8 @@ class RLTrainer:
             cfg.rollout.runner.params,
             RunnerContext(engine, self.formatter, self.tokenizer, seed=EVAL_SEED),
         )
-        with dist.full_params(self.model):  # FSDP2: rank 0 alone generates with gathered weights
+        with dist.full_params(self.model), precision_autocast(self.device, cfg.model.precision):
+            # FSDP2: rank 0 alone generates with gathered weights
             result = dist.on_main(  # rank 0 evaluates; every rank gets the result
                 lambda: run_eval(
                     runner,
