@@ -687,8 +687,11 @@ class RLTrainer:
                 # tokens where k3's clamps zero the KL gradient (kl_clamped)
                 sums.mean("kl_clamped_frac", float((kl_clamped(logp, ref) * m).sum()), w_tok)
         if ro.batch.logprobs is not None and first_epoch:
-            diff = ((logp.detach() - ro.batch.logprobs[rows]).abs() * m).sum()
-            sums.mean("rollout_logp_diff", float(diff), w_tok)
+            delta = logp.detach() - ro.batch.logprobs[rows]
+            sums.mean("rollout_logp_diff", float((delta.abs() * m).sum()), w_tok)
+            # what the first update's ratio would be with the sampler's log-probs as the old policy
+            # (exp(train - rollout); 1 when the rollout and the training forward agree)
+            sums.mean("rollout_ratio_mean", float((delta.exp() * m).sum()), w_tok)
 
     # ----------------------------------------------------------------------------- 5. metrics + hooks
     def report(
