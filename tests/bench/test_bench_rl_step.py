@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from posttrain.benchmarks import rl_step as rs
+from posttrain.benchmarks.perf import rl_step as rs
 from posttrain.models import build_char_tokenizer, load_model_and_tokenizer, preset_config
 
 MICRO = rs.RLStepPreset("micro", model="tiny", num_prompts=2, group_size=2, new_tokens=2)

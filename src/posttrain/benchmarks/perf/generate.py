@@ -391,7 +391,7 @@ def print_generate_report(result: dict[str, Any], console: Any = None) -> None:
 
     from posttrain.utils.tables import print_table
 
-    console = console or Console()
+    console = console or Console(width=max(Console().width, 150))  # the table has 9 columns
     title = (
         f"generate: {result['model']}, prompt {result['prompt_tokens']} tokens, {result['new_tokens']} new "
         f"tokens, median of {result['repeats']} (min-max), {result['threads']} threads"
