@@ -46,6 +46,7 @@ def test_generate_bench_micro():
     # tiny has no GGUF: llama.cpp is skipped with a reason, not silently
     assert res["llama_cpp_skipped_reason"]
     assert len(res["loadavg_start"]) == 3 and len(res["loadavg_end"]) == 3
+    assert res["greedy_same_as_hf"] is True  # fast vs hf, greedy fp32, two prompt lengths
 
 
 def test_generate_bench_rejects_unknown_engine():

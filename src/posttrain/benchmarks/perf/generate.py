@@ -231,9 +231,14 @@ def run_generate_bench(
     gguf: str | None = None,
     prompt: str = DEFAULT_PROMPT,
     seed: int = 0,
+    greedy_check_tokens: int = 16,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every (engine, batch) cell interleaved; return the JSON-able result."""
+    """Run every (engine, batch) cell interleaved; return the JSON-able result.
+
+    First, a correctness check on this model: the fast engine's greedy completions (fp32) of two prompts
+    of different lengths (left padding), ``greedy_check_tokens`` tokens each, must equal the HF
+    engine's (``greedy_same_as_hf``; 0 tokens skips it)."""
     import torch
     import transformers
 
@@ -279,6 +284,18 @@ def run_generate_bench(
     else:
         llama_skip = "disabled (--no-llama-cpp)"
 
+    greedy_same = None
+    if greedy_check_tokens > 0:
+        two = [prompt_ids, _prompt_ids(tok, "Hi")]
+        gp = SamplingParams(temperature=0, max_new_tokens=greedy_check_tokens)
+        a = HFEngine(lm, tok, seed=seed).generate(two, [1, 1], gp)
+        b = FastEngine(lm, tok, seed=seed).generate(two, [1, 1], gp)
+        greedy_same = bool(
+            a.completion_ids.shape == b.completion_ids.shape
+            and (a.completion_ids == b.completion_ids).all()
+            and a.finish_reasons == b.finish_reasons
+        )
+        log(f"greedy fp32 check, fast vs hf, {greedy_check_tokens} tokens x 2 prompts: same = {greedy_same}")
     engines_built: dict[str, Any] = {}
     for s in specs:
         if s.engine == "hf":
@@ -376,6 +393,8 @@ def run_generate_bench(
         "decode_flops_per_token": f_tok,
         "parameters": n_params,
         "llama_cpp_skipped_reason": llama_skip,
+        "greedy_same_as_hf": greedy_same,
+        "greedy_check_tokens": greedy_check_tokens,
         "loadavg_start": list(load_start),
         "loadavg_end": list(os.getloadavg()),
         "versions": {
@@ -430,6 +449,13 @@ def print_generate_report(result: dict[str, Any], console: Any = None) -> None:
         markup=False,
         highlight=False,
     )
+    if result.get("greedy_same_as_hf") is not None:
+        console.print(
+            f"greedy fp32, fast vs hf ({result['greedy_check_tokens']} tokens x 2 prompts): "
+            + ("same completions" if result["greedy_same_as_hf"] else "DIFFERENT completions"),
+            markup=False,
+            highlight=False,
+        )
     if result.get("llama_cpp_skipped_reason"):
         console.print(
             f"llama.cpp skipped: {result['llama_cpp_skipped_reason']}", markup=False, highlight=False
