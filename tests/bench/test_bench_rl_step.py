@@ -458,7 +458,7 @@ def test_cli_rl_step_rejects_unknown_preset():
 
     res = CliRunner().invoke(app, ["bench", "rl-step", "--preset", "huge"], env={"COLUMNS": "200"})
     assert res.exit_code == 2
-    assert "unknown rl-step preset 'huge'; known: small, tiny" in res.output
+    assert "unknown rl-step preset 'huge'; known: small, smol, tiny" in res.output
 
 
 def test_cli_rl_step_without_trl_prints_the_install_hint_verbatim(monkeypatch):
