@@ -29,6 +29,9 @@ from typing import Any
 
 DEFAULT_PROMPT = "Write a short story about a robot who learns to paint."
 DEFAULT_ENGINES = ("hf:fp32", "hf:bf16", "fast:fp32", "fast:bf16")
+#: LlamaCppRunner segfaulted in its first llama_decode (prompt prefill) with llama-cpp-python 0.3.36 on
+#: the SmolLM2 GGUF; until that is fixed the bench skips llama.cpp with this reason instead of crashing.
+LLAMA_CPP_RUNNER_WORKS = False
 LLAMA_CPP_INSTALL = (
     "pip install 'posttrain[llamacpp]'  (llama-cpp-python, compiled from source: needs a C++ compiler "
     "and cmake, several minutes; e.g. CMAKE_BUILD_PARALLEL_LEVEL=2 nice pip install llama-cpp-python)"
@@ -273,6 +276,11 @@ def run_generate_bench(
                 llama_skip = f"no GGUF file for {model!r} ({e}); pass --gguf"
         if gguf is not None and llama_cpp_version() is None:
             llama_skip = f"llama-cpp-python is not installed: {LLAMA_CPP_INSTALL}"
+        if llama_skip is None and not LLAMA_CPP_RUNNER_WORKS:
+            llama_skip = (
+                "the llama.cpp runner is not finished: with llama-cpp-python 0.3.36 its first llama_decode "
+                "segfaults (docs/bench-generate.md); left out of this run"
+            )
         if llama_skip is None:
             runner = LlamaCppRunner(
                 gguf,
