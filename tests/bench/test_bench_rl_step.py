@@ -193,7 +193,15 @@ def test_presets_match_the_issue_and_validate():
     assert (tiny.num_prompts, tiny.group_size, tiny.new_tokens, tiny.model) == (16, 8, 8, "tiny")
     assert (small.num_prompts, small.group_size, small.new_tokens, small.model) == (8, 8, 32, "small")
     assert tiny.batch_size == 128
-    with pytest.raises(ValueError, match="unknown rl-step preset 'huge'; known: small, tiny"):
+    smol = rs.get_preset("smol")  # the real model, bf16, fast engine (issue: speed on a real model)
+    assert (smol.model, smol.num_prompts, smol.group_size, smol.new_tokens) == ("smollm2-135m", 8, 4, 32)
+    assert (smol.precision, smol.engine) == ("bf16", "fast")
+    assert (tiny.precision, tiny.engine) == ("fp32", "hf")  # the tiny target is unchanged
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        rs.RLStepPreset("x", "tiny", 2, 2, 2, precision="fp8")
+    with pytest.raises(ValueError, match="engine must be hf or fast"):
+        rs.RLStepPreset("x", "tiny", 2, 2, 2, engine="vllm")
+    with pytest.raises(ValueError, match="unknown rl-step preset 'huge'; known: small, smol, tiny"):
         rs.get_preset("huge")
     with pytest.raises(ValueError, match="group_size must be >= 2"):
         rs.RLStepPreset("x", "tiny", 2, 1, 2)
@@ -450,7 +458,7 @@ def test_cli_rl_step_rejects_unknown_preset():
 
     res = CliRunner().invoke(app, ["bench", "rl-step", "--preset", "huge"], env={"COLUMNS": "200"})
     assert res.exit_code == 2
-    assert "unknown rl-step preset 'huge'; known: small, tiny" in res.output
+    assert "unknown rl-step preset 'huge'; known: small, smol, tiny" in res.output
 
 
 def test_cli_rl_step_without_trl_prints_the_install_hint_verbatim(monkeypatch):
@@ -467,3 +475,27 @@ def test_cli_rl_step_without_trl_prints_the_install_hint_verbatim(monkeypatch):
     res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "TRL skipped: trl is not installed (pip install 'posttrain[bench]')" in res.output
+
+
+def test_bench_micro_bf16_fast_engine_records_precision_figures():
+    """The real-model preset's settings (bf16 on every side, posttrain on the fast engine) on the micro
+    configuration: the bf16 matmul rate and FLOP limit, the load average, posttrain's mismatch metrics."""
+    import dataclasses
+
+    micro = dataclasses.replace(MICRO, precision="bf16", engine="fast")
+    result = rs.run_rl_step_bench(
+        micro, repeats=1, warmup=1, with_trl=False, matmul_size=128, matmul_repeats=2, threads=1
+    )
+    _check_result(result, with_trl=False, repeats=1)
+    mm16 = statistics.median(result["matmul_times_bf16_s"])
+    assert result["matmul_gflops_bf16"] == pytest.approx(2 * 128**3 / mm16 / 1e9)
+    assert result["flop_limit_bf16_s"] == pytest.approx(
+        result["flops"]["total"] / (result["matmul_gflops_bf16"] * 1e9)
+    )
+    assert result["ratio_posttrain_over_flop_limit_bf16"] == pytest.approx(
+        result["posttrain_median_step_s"] / result["flop_limit_bf16_s"]
+    )
+    assert len(result["loadavg_start"]) == 3 and len(result["loadavg_rounds"]) == 2
+    assert 0 <= result["posttrain_rollout_logp_diff"] < 0.05
+    assert result["posttrain_rollout_ratio_mean"] == pytest.approx(1.0, abs=0.05)
+    assert result["config"]["precision"] == "bf16" and result["config"]["engine"] == "fast"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from posttrain.cli import analyze as _analyze  # noqa: F401
 from posttrain.cli import bench_ablation as _bench_ablation  # noqa: F401
+from posttrain.cli import bench_generate as _bench_generate  # noqa: F401
 from posttrain.cli import bench_losses as _bench_losses  # noqa: F401
 from posttrain.cli import bench_rl as _bench_rl  # noqa: F401
 from posttrain.cli import cit as _cit  # noqa: F401

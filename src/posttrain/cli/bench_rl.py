@@ -12,7 +12,15 @@ from posttrain.cli.app import bench_app
 @bench_app.command("rl-step")
 def rl_step(
     preset: str = typer.Option(
-        "tiny", "--preset", help="tiny (16x8 completions, 8 tokens) or small (8x8, 32)."
+        "tiny",
+        "--preset",
+        help="tiny (16x8 completions, 8 tokens), small (8x8, 32), smol (real model smollm2-135m, 8x4, 32, bf16, fast engine).",
+    ),
+    precision: str | None = typer.Option(
+        None, "--precision", help="Override the preset's precision: fp32 or bf16."
+    ),
+    engine: str | None = typer.Option(
+        None, "--engine", help="Override posttrain's rollout engine: hf or fast."
     ),
     json_path: Path | None = typer.Option(None, "--json", help="Write the figures to this JSON file."),
     repeats: int = typer.Option(5, "--repeats", min=1, help="Measured steps of each implementation."),
@@ -60,6 +68,8 @@ def rl_step(
                 "num_prompts": prompts,
                 "group_size": group_size,
                 "new_tokens": new_tokens,
+                "precision": precision,
+                "engine": engine,
             }.items()
             if v is not None
         }

@@ -23,6 +23,7 @@ from posttrain.models.logprobs import (
     sequence_logprobs,
     token_logprobs,
 )
+from posttrain.models.precision import PRECISIONS, check_precision, precision_autocast
 from posttrain.models.presets import PRESETS, Preset, build_preset_model, list_presets, preset_config
 from posttrain.models.seq2seq import Seq2SeqAdapter
 from posttrain.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer, char_vocab
@@ -31,6 +32,7 @@ __all__ = [
     "ADAPTERS",
     "CHAT_TEMPLATE",
     "DEFAULT_CHUNK_SIZE",
+    "PRECISIONS",
     "PRESETS",
     "CausalLMAdapter",
     "ModelAdapter",
@@ -40,6 +42,7 @@ __all__ = [
     "build_char_tokenizer",
     "build_preset_model",
     "char_vocab",
+    "check_precision",
     "ensure_pad_token",
     "list_presets",
     "load_adapter",
@@ -48,6 +51,7 @@ __all__ = [
     "pad_right",
     "pick_device",
     "position_ids_from_attention_mask",
+    "precision_autocast",
     "preset_config",
     "resolve_dtype",
     "sequence_logprobs",

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from posttrain.models.precision import autocast_dtype
+
 DEFAULT_CHUNK_SIZE = 1024
 
 
@@ -403,13 +405,28 @@ def sequence_logprobs(
     pred = valid[:, 1:]
     h_sel = hidden[pred]
     y_sel = input_ids[:, 1:][pred]
-    lp, ent = token_logprobs(
-        h_sel.to(weight.dtype),
-        weight,
-        y_sel,
-        temperature=temperature,
-        chunk_size=chunk_size,
-        lm_head_bias=bias,
-    )
+    low = autocast_dtype(input_ids.device)
+    if low is None:
+        lp, ent = token_logprobs(
+            h_sel.to(weight.dtype),
+            weight,
+            y_sel,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            lm_head_bias=bias,
+        )
+    else:  # model.precision bf16 (autocast): the head's matmuls take bf16 operands (the cast is
+        # differentiable, so the fp32 master weight gets the gradient); softmax math stays fp32, and
+        # forward and backward recompute see the same operands (autocast off inside)
+        with torch.autocast(input_ids.device.type, enabled=False):
+            lp, ent = token_logprobs(
+                h_sel.to(low),
+                weight.to(low),
+                y_sel,
+                temperature=temperature,
+                chunk_size=chunk_size,
+                lm_head_bias=None if bias is None else bias.to(low),
+            )
+        lp, ent = lp.float(), ent.float()
     zeros = torch.zeros(b, t, dtype=lp.dtype, device=lp.device)
     return zeros.masked_scatter(valid, lp), zeros.masked_scatter(valid, ent)

@@ -10,6 +10,7 @@ from posttrain.rollout.base import (
     pad_left,
 )
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter, SingleTurnRunner
+from posttrain.rollout.fast import FastEngine
 from posttrain.rollout.hf import HFEngine
 from posttrain.rollout.registry import (
     ENGINES,
@@ -33,6 +34,7 @@ __all__ = [
     "EngineContext",
     "EpisodeRunner",
     "Episodes",
+    "FastEngine",
     "FunctionRewardSource",
     "HFEngine",
     "PromptFormatter",

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from posttrain.rollout.base import RolloutEngine
 from posttrain.rollout.episodes import EpisodeRunner, PromptFormatter, SingleTurnRunner
+from posttrain.rollout.fast import FastEngine
 from posttrain.rollout.hf import HFEngine
 from posttrain.rollout.multiturn import multi_turn_runner
 from posttrain.rollout.reward_source import FunctionRewardSource, RewardSource
@@ -43,13 +44,15 @@ from posttrain.utils.registry import PluginError, Registry, any_callable, check_
 @dataclass(frozen=True)
 class EngineContext:
     """What an engine factory receives: the policy ``model`` (a torch module on its device), its
-    ``tokenizer``, the sampling ``seed`` for the engine's own generator, and ``max_batch_size``
-    (at most this many sequences per generate call; None = no limit)."""
+    ``tokenizer``, the sampling ``seed`` for the engine's own generator, ``max_batch_size``
+    (at most this many sequences per generate call; None = no limit) and the compute ``precision``
+    (``model.precision``: "fp32" or "bf16"; the trainer also calls the engine inside that autocast)."""
 
     model: Any
     tokenizer: Any
     seed: int
     max_batch_size: int | None = None
+    precision: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,28 @@ def hf_engine(ctx: EngineContext, *, eos_token_ids: list[int] | None = None) -> 
         seed=ctx.seed,
         max_batch_size=ctx.max_batch_size,
         eos_token_ids=eos_token_ids,
+    )
+
+
+@ENGINES.register("fast")
+def fast_engine(
+    ctx: EngineContext,
+    *,
+    eos_token_ids: list[int] | None = None,
+    drop_finished: bool = True,
+    compact_fraction: float = 0.25,
+) -> RolloutEngine:
+    """Lean CPU decode loop (:class:`~posttrain.rollout.fast.FastEngine`): pre-allocated KV cache, each
+    prompt prefilled once for its group, finished rows dropped; same sampler as ``hf``."""
+    return FastEngine(
+        ctx.model,
+        ctx.tokenizer,
+        seed=ctx.seed,
+        max_batch_size=ctx.max_batch_size,
+        eos_token_ids=eos_token_ids,
+        precision=ctx.precision,
+        drop_finished=drop_finished,
+        compact_fraction=compact_fraction,
     )
 
 

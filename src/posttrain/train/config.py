@@ -100,6 +100,10 @@ class ModelConfig(StrictModel):
     """Preset name (``posttrain.models.list_presets()``), a local Hugging Face model directory, or a
     run folder (its latest checkpoint's model; an SFT run's ``model/``)."""
     dtype: str = "float32"
+    precision: str = "fp32"
+    """Compute precision: "fp32", or "bf16" = bf16 autocast for the rollout and the training
+    forward/backward over fp32 master weights and AdamW state, log-softmax and losses in fp32
+    (needs ``dtype: float32``; docs/precision.md). Same meaning on CPU and GPU."""
     device: str = "auto"
     """"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", "mps". The name is checked at
     config time; whether this machine has the device, when the model is loaded (and by the CLI before
@@ -134,6 +138,24 @@ class ModelConfig(StrictModel):
         from posttrain.models.loading import check_device
 
         return check_device(v, available=False)
+
+    @field_validator("precision")
+    @classmethod
+    def _precision(cls, v: str) -> str:
+        from posttrain.models.precision import check_precision
+
+        return check_precision(v)
+
+    @model_validator(mode="after")
+    def _precision_needs_fp32_weights(self) -> ModelConfig:
+        from posttrain.models.loading import DTYPE_NAMES
+
+        if self.precision == "bf16" and DTYPE_NAMES[self.dtype.lower()] != "float32":
+            raise ValueError(
+                f"model.precision 'bf16' keeps fp32 master weights and needs model.dtype float32, got "
+                f"{self.dtype!r} (for pure bf16 weights set dtype bfloat16 and precision fp32)"
+            )
+        return self
 
 
 class TaskConfig(StrictModel):

@@ -69,7 +69,7 @@ from posttrain.hooks import (
     RunInfo,
     SamplerKeepFilter,
 )
-from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
+from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device, precision_autocast
 from posttrain.models.lora import AdapterDisabledLM, is_lora, prepare_model
 from posttrain.rollout import (
     EngineContext,
@@ -382,7 +382,11 @@ class RLTrainer:
             cfg.rollout.engine.name,
             cfg.rollout.engine.params,
             EngineContext(
-                model, tokenizer, seed=dist.rank_seed(cfg.seed + 1), max_batch_size=cfg.rollout.max_batch_size
+                model,
+                tokenizer,
+                seed=dist.rank_seed(cfg.seed + 1),
+                max_batch_size=cfg.rollout.max_batch_size,
+                precision=cfg.model.precision,
             ),
         )
         self.collector.formatter, self.collector.engine = self.formatter, self.engine
@@ -498,7 +502,8 @@ class RLTrainer:
             min_new_tokens=cfg.rollout.min_new_tokens,
             suppress_eos=cfg.rollout.suppress_eos,
         )
-        episodes, handle, rounds = self._rollout(params)
+        with precision_autocast(self.device, cfg.model.precision):  # model.precision bf16: autocast
+            episodes, handle, rounds = self._rollout(params)
         self._check_logprobs(episodes)
         batch = episodes.batch.to(self.device)
         input_ids, attn, score_mask = batch.model_inputs()
@@ -569,7 +574,7 @@ class RLTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logp, entropy) (len(rows), T) over the completion positions at temperature τ; 0 except on
         action tokens (environment tokens are attended to, not scored)."""
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), precision_autocast(self.device, self.cfg.model.precision):
             lp, ent = lm.logprobs(
                 ro.input_ids[rows],
                 ro.attention_mask[rows],
@@ -708,8 +713,11 @@ class RLTrainer:
                 # tokens where k3's clamps zero the KL gradient (kl_clamped)
                 sums.mean("kl_clamped_frac", float((kl_clamped(logp, ref) * m).sum()), w_tok)
         if ro.batch.logprobs is not None and first_epoch:
-            diff = ((logp.detach() - ro.batch.logprobs[rows]).abs() * m).sum()
-            sums.mean("rollout_logp_diff", float(diff), w_tok)
+            delta = logp.detach() - ro.batch.logprobs[rows]
+            sums.mean("rollout_logp_diff", float((delta.abs() * m).sum()), w_tok)
+            # what the first update's ratio would be with the sampler's log-probs as the old policy
+            # (exp(train - rollout); 1 when the rollout and the training forward agree)
+            sums.mean("rollout_ratio_mean", float((delta.exp() * m).sum()), w_tok)
 
     # ----------------------------------------------------------------------------- 5. metrics + hooks
     def report(
@@ -917,7 +925,11 @@ class RLTrainer:
             cfg.rollout.engine.name,
             cfg.rollout.engine.params,
             EngineContext(
-                self.model, self.tokenizer, seed=EVAL_SEED, max_batch_size=cfg.rollout.max_batch_size or 512
+                self.model,
+                self.tokenizer,
+                seed=EVAL_SEED,
+                max_batch_size=cfg.rollout.max_batch_size or 512,
+                precision=cfg.model.precision,
             ),
         )
         runner = build_runner(
@@ -925,7 +937,8 @@ class RLTrainer:
             cfg.rollout.runner.params,
             RunnerContext(engine, self.formatter, self.tokenizer, seed=EVAL_SEED),
         )
-        with dist.full_params(self.model):  # FSDP2: rank 0 alone generates with gathered weights
+        with dist.full_params(self.model), precision_autocast(self.device, cfg.model.precision):
+            # FSDP2: rank 0 alone generates with gathered weights
             result = dist.on_main(  # rank 0 evaluates; every rank gets the result
                 lambda: run_eval(
                     runner,

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import statistics
 import tempfile
 import time
@@ -55,6 +56,10 @@ from typing import Any
 
 #: posttrain's step must take at most this multiple of the floor (the issue's target).
 TARGET_POSTTRAIN_OVER_FLOOR = 1.05
+#: Real-model targets (issue: speed on a real model): posttrain at least 2x faster than TRL, and within
+#: 1.5x of the FLOP limit at the measured bf16 matmul rate.
+TARGET_POSTTRAIN_OVER_TRL = 0.5
+TARGET_POSTTRAIN_OVER_BF16_LIMIT = 1.5
 
 SIDES = ("posttrain", "trl", "floor", "plain_hf")
 
@@ -74,8 +79,18 @@ class RLStepPreset:
     lr: float = 1e-5
     grad_clip: float = 1.0
     temperature: float = 1.0
+    precision: str = "fp32"  # model.precision of every side: fp32, or bf16 autocast (TRL: bf16=True)
+    engine: str = "hf"  # posttrain's rollout engine (rollout.engine): hf or fast
 
     def __post_init__(self) -> None:
+        from posttrain.models.precision import check_precision
+
+        try:
+            check_precision(self.precision)
+        except ValueError as e:
+            raise ValueError(f"rl-step preset {self.name!r}: {e}") from None
+        if self.engine not in ("hf", "fast"):
+            raise ValueError(f"rl-step preset {self.name!r}: engine must be hf or fast, got {self.engine!r}")
         for key in ("num_prompts", "group_size", "new_tokens"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
@@ -105,6 +120,17 @@ class RLStepPreset:
 PRESETS: dict[str, RLStepPreset] = {
     "tiny": RLStepPreset("tiny", model="tiny", num_prompts=16, group_size=8, new_tokens=8),
     "small": RLStepPreset("small", model="small", num_prompts=8, group_size=8, new_tokens=32),
+    # the built-in real model (SmolLM2-135M, `posttrain models prepare smollm2-135m`): the issue's
+    # 8 prompts x 4 completions x 32 tokens, every side in bf16 autocast, posttrain on the fast engine
+    "smol": RLStepPreset(
+        "smol",
+        model="smollm2-135m",
+        num_prompts=8,
+        group_size=4,
+        new_tokens=32,
+        precision="bf16",
+        engine="fast",
+    ),
 }
 
 
@@ -180,16 +206,18 @@ def step_flops(
     return {"generation": fwd, "train_forward": fwd, "train_backward": 2 * fwd, "total": 4 * fwd}
 
 
-def time_matmul(size: int, *, repeats: int = 3) -> list[float]:
-    """Wall seconds of `repeats` fp32 `torch.matmul`s of two (size x size) matrices (after one untimed)."""
+def time_matmul(size: int, *, repeats: int = 3, dtype: Any = None) -> list[float]:
+    """Wall seconds of `repeats` `torch.matmul`s of two (size x size) matrices (after one untimed), in
+    `dtype` (default fp32)."""
     import torch
 
     from posttrain.benchmarks.perf.common import time_fn
 
+    dtype = dtype or torch.float32
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=gen)
-    b = torch.randn(size, size, generator=gen)
-    out = torch.empty(size, size)
+    a = torch.randn(size, size, generator=gen).to(dtype)
+    b = torch.randn(size, size, generator=gen).to(dtype)
+    out = torch.empty(size, size, dtype=dtype)
     return time_fn(lambda: torch.matmul(a, b, out=out), repeats=repeats, warmup=1)["wall_s"]
 
 
@@ -296,9 +324,12 @@ class FloorStep:
     def step(self) -> dict[str, float]:
         import torch
 
+        from posttrain.models.precision import precision_autocast
+
         n = self.preset.new_tokens
         self.model.eval()
-        with torch.no_grad():
+        amp = precision_autocast("cpu", self.preset.precision)
+        with torch.no_grad(), amp:
             seq = self.model.generate(
                 input_ids=self.input_ids,
                 attention_mask=self.attention_mask,
@@ -311,13 +342,14 @@ class FloorStep:
         full_mask = torch.cat([self.attention_mask, torch.ones_like(completion)], dim=1)
         position_ids = (full_mask.cumsum(-1) - 1).clamp(min=0)
         # logits only at the n positions that predict the completion tokens
-        logits = self.model(
-            input_ids=seq[:, :-1],
-            attention_mask=full_mask[:, :-1],
-            position_ids=position_ids[:, :-1],
-            logits_to_keep=n,
-            use_cache=False,
-        ).logits
+        with precision_autocast("cpu", self.preset.precision):
+            logits = self.model(
+                input_ids=seq[:, :-1],
+                attention_mask=full_mask[:, :-1],
+                position_ids=position_ids[:, :-1],
+                logits_to_keep=n,
+                use_cache=False,
+            ).logits
         logp = logits.float().log_softmax(-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
         loss = -(self.weights[:, None] * logp).mean()
         loss.backward()
@@ -393,7 +425,7 @@ class TRLRun:
             args = GRPOConfig(
                 output_dir=output_dir,
                 use_cpu=True,
-                bf16=False,  # TRL defaults to bf16; every side runs fp32
+                bf16=preset.precision == "bf16",  # the preset's precision on every side (TRL's default: bf16)
                 fp16=False,
                 activation_checkpointing=False,  # TRL defaults to recomputing activations; the others do not
                 seed=seed,
@@ -507,7 +539,12 @@ def posttrain_config(
     n = preset.new_tokens
     return RLConfig.model_validate(
         {
-            "model": {"name": preset.model, "dtype": "float32", "device": "cpu"},
+            "model": {
+                "name": preset.model,
+                "dtype": "float32",
+                "device": "cpu",
+                "precision": preset.precision,
+            },
             "task": {"name": "arithmetic", "params": task_params},
             "rollout": {
                 "temperature": preset.temperature,
@@ -516,6 +553,7 @@ def posttrain_config(
                 "min_new_tokens": n,  # EOS suppressed, as on the other sides
                 "group_size": preset.group_size,
                 "prompts_per_step": preset.num_prompts,
+                "engine": {"name": preset.engine},
             },
             "objective": {"name": "ppo"},
             "advantage": {"name": "grpo"},
@@ -561,6 +599,7 @@ class PosttrainStep:
         self.config = posttrain_config(preset, task_params, seed=seed, steps=steps, out_dir=out_dir)
         self.trainer = RLTrainer(self.config, model=model, tokenizer=tokenizer)
         self.completion_lengths: list[int] = []
+        self.metrics: list[dict[str, Any]] = []
         engine = self.trainer.engine
         generate = engine.generate
 
@@ -578,7 +617,9 @@ class PosttrainStep:
             # a random-init model answers no arithmetic right and every completion runs to the cap:
             # the trainer's degenerate-setting warnings are expected here
             warnings.simplefilter("ignore", DegenerateSettingWarning)
-            return self.trainer.step()
+            m = self.trainer.step()
+        self.metrics.append(m)
+        return m
 
     def close(self) -> None:
         self.trainer.close()
@@ -604,6 +645,7 @@ def summarize(
     matmul_size: int,
     matmul_times: Sequence[float],
     target: float = TARGET_POSTTRAIN_OVER_FLOOR,
+    matmul_times_bf16: Sequence[float] = (),
 ) -> dict[str, Any]:
     """Medians, the FLOP limit and every ratio, computed from the measured times only.
 
@@ -614,6 +656,9 @@ def summarize(
     mm_median = _median(matmul_times)
     gflops = matmul_gflops(matmul_size, mm_median) if mm_median else None
     flop_limit = flops_total / (gflops * 1e9) if gflops else None
+    mm16 = _median(matmul_times_bf16)
+    gflops16 = matmul_gflops(matmul_size, mm16) if mm16 else None
+    flop_limit16 = flops_total / (gflops16 * 1e9) if gflops16 else None
     pt_floor = _ratio(med["posttrain"], med["floor"])
 
     def paired(a: str, b: str) -> float | None:
@@ -656,6 +701,15 @@ def summarize(
         "ratio_disagreement": max(gaps) if gaps else None,
         "target_posttrain_over_floor": target,
         "target_pass": None if pt_floor is None else bool(pt_floor <= target),
+        # bf16 matmul rate and the FLOP limit at it (the real-model targets: posttrain <= 0.5 x TRL,
+        # posttrain <= 1.5 x the bf16 limit)
+        "matmul_gflops_bf16": gflops16,
+        "flop_limit_bf16_s": flop_limit16,
+        "ratio_posttrain_over_flop_limit_bf16": _ratio(med["posttrain"], flop_limit16),
+        "ratio_trl_over_flop_limit_bf16": _ratio(med["trl"], flop_limit16),
+        "ratio_floor_over_flop_limit_bf16": _ratio(med["floor"], flop_limit16),
+        "target_posttrain_over_trl": TARGET_POSTTRAIN_OVER_TRL,
+        "target_posttrain_over_flop_limit_bf16": TARGET_POSTTRAIN_OVER_BF16_LIMIT,
     }
 
 
@@ -708,6 +762,9 @@ def run_rl_step_bench(
     total_rounds = warmup + repeats
     all_times: dict[str, list[float]] = {side: [] for side in SIDES}
     matmul_times: list[float] = []
+    matmul_times_bf16: list[float] = []
+    loads: list[float] = []
+    load_start = os.getloadavg()
     threads_before = torch.get_num_threads()
     threads = threads or threads_before
 
@@ -742,6 +799,10 @@ def run_rl_step_bench(
                 all_times[side.name].append(timed(side))
             if i >= warmup:
                 matmul_times.extend(time_matmul(matmul_size, repeats=matmul_repeats))
+                matmul_times_bf16.extend(
+                    time_matmul(matmul_size, repeats=matmul_repeats, dtype=torch.bfloat16)
+                )
+            loads.append(os.getloadavg()[0])
             phase = "warm-up" if i < warmup else "measured"
             log(
                 f"round {i + 1}/{total_rounds} ({phase}): "
@@ -783,7 +844,24 @@ def run_rl_step_bench(
         "config": asdict(preset) | {"batch_size": preset.batch_size},
         "repeats": repeats,
         "warmup": warmup,
-        **summarize(measured, flops_total=flops["total"], matmul_size=matmul_size, matmul_times=matmul_times),
+        **summarize(
+            measured,
+            flops_total=flops["total"],
+            matmul_size=matmul_size,
+            matmul_times=matmul_times,
+            matmul_times_bf16=matmul_times_bf16,
+        ),
+        "matmul_times_bf16_s": matmul_times_bf16,
+        "loadavg_start": list(load_start),
+        "loadavg_rounds": loads,
+        "loadavg_end": list(os.getloadavg()),
+        # posttrain's own mismatch metrics, median over the measured steps (docs/precision.md)
+        "posttrain_rollout_logp_diff": _median(
+            [m["rollout_logp_diff"] for m in posttrain.metrics[warmup:] if "rollout_logp_diff" in m]
+        ),
+        "posttrain_rollout_ratio_mean": _median(
+            [m["rollout_ratio_mean"] for m in posttrain.metrics[warmup:] if "rollout_ratio_mean" in m]
+        ),
         "trl_skipped_reason": trl_skipped,
         "step_times_s": measured,
         "warmup_times_s": {side: times[:warmup] for side, times in all_times.items()},
@@ -858,6 +936,10 @@ def report_rows(result: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
+
+
 def print_report(result: dict[str, Any], console: Any = None) -> None:
     """Rich tables: step times side by side, then the ratios with the target's pass/fail."""
     from rich.console import Console
@@ -879,6 +961,28 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         f"+ train fwd {flops['train_forward'] / 1e9:.2f} + bwd {flops['train_backward'] / 1e9:.2f}) / "
         f"{result['matmul_gflops']:.1f} GFLOP/s measured fp32 matmul ({result['matmul_size']}^2) "
         f"= {result['flop_limit_s']:.3f} s"
+    )
+    if result.get("flop_limit_bf16_s"):
+        console.print(
+            f"bf16 FLOP limit: {result['matmul_gflops_bf16']:.1f} GFLOP/s measured bf16 matmul = "
+            f"{result['flop_limit_bf16_s']:.3f} s; posttrain = {result['ratio_posttrain_over_flop_limit_bf16']:.2f}x "
+            f"it (target <= {result['target_posttrain_over_flop_limit_bf16']}), TRL = "
+            + (
+                f"{result['ratio_trl_over_flop_limit_bf16']:.2f}x"
+                if result.get("ratio_trl_over_flop_limit_bf16")
+                else "n/a"
+            ),
+            highlight=False,
+        )
+    cfgp = result["config"]
+    console.print(
+        f"precision {cfgp.get('precision', 'fp32')}, posttrain engine {cfgp.get('engine', 'hf')}; posttrain "
+        f"rollout_logp_diff {_fmt(result.get('posttrain_rollout_logp_diff'))}, rollout ratio mean "
+        f"{_fmt(result.get('posttrain_rollout_ratio_mean'))}; posttrain / TRL target <= "
+        f"{result.get('target_posttrain_over_trl')}; load average "
+        f"{_fmt(result.get('loadavg_start', [None])[0])} at start, "
+        f"{_fmt(result.get('loadavg_end', [None])[0])} at end",
+        highlight=False,
     )
     target = result["target_posttrain_over_floor"]
     verdict = {True: "[green]PASS[/green]", False: "[red]FAIL[/red]", None: "n/a"}[result["target_pass"]]
