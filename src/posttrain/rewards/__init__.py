@@ -1,7 +1,8 @@
 """Reward functions for verifiable tasks, and `RewardPool` to run them safely in worker processes.
 
 `get_reward(name, **params)`, `list_rewards()`, `register_reward` (a `Registry`). Built in:
-`exact_match`, `numeric`, `format`, `countdown`, `math_verify`, `weighted`.
+`exact_match`, `numeric`, `format`, `countdown`, `math_verify`, `weighted`, `instructions_strict`,
+`instructions_loose`, `instructions_fraction`.
 A plug-in ``package.module:Name`` (a top-level class whose instances are called as
 ``reward(completion, example) -> float``) works wherever a reward name does.
 """
@@ -9,6 +10,7 @@ A plug-in ``package.module:Name`` (a top-level class whose instances are called 
 from posttrain.rewards import basic as _basic  # noqa: F401  (registers the rewards)
 from posttrain.rewards import countdown as _countdown  # noqa: F401
 from posttrain.rewards import events as _events  # noqa: F401
+from posttrain.rewards import instructions as _instructions  # noqa: F401
 from posttrain.rewards import mathverify as _mathverify  # noqa: F401
 from posttrain.rewards import weighted as _weighted  # noqa: F401
 from posttrain.rewards.base import (

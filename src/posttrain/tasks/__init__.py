@@ -1,14 +1,17 @@
 """Built-in verifiable tasks and a dataset loader.
 
 `get_task(name, **params) -> Task`, `list_tasks()`, `register_task` (a `Registry`). Built in:
-`arithmetic`, `countdown`, `jsonl` (also `.json`, and `.parquet` when pyarrow is installed).
+`arithmetic`, `countdown`, `jsonl`, `instructions` / `ifbench` (verifiable instruction following),
+`word_problems` (also `.json`, and `.parquet` when pyarrow is installed).
 A plug-in ``package.module:Name`` (a subclass of :class:`Task`) works wherever a task name does.
 """
 
 from posttrain.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the task)
 from posttrain.tasks import countdown as _countdown  # noqa: F401
 from posttrain.tasks import dialogue_events as _dialogue_events  # noqa: F401
+from posttrain.tasks import instructions as _instructions  # noqa: F401
 from posttrain.tasks import jsonl as _jsonl  # noqa: F401
+from posttrain.tasks import word_problems as _word_problems  # noqa: F401
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.base import (
     DEFAULT_MARKER,

@@ -55,11 +55,14 @@ def run_eval(
     k: int = 1,
     samples: int = 1,
     temperature: float = 1.0,
+    report: Any = None,
 ) -> dict[str, Any]:
     """Greedy pass@1 (``accuracy``), mean reward, length and truncated fraction on ``examples`` with
     any episode ``runner`` (over any engine) and ``reward_source``; with ``k > 1`` also ``pass@k`` from
     ``samples`` completions per example at ``temperature``. Episodes the runner scored itself
-    (``Episodes.rewards``) are not sent to the reward source."""
+    (``Episodes.rewards``) are not sent to the reward source. ``report(examples, texts) -> dict``
+    (a task's ``eval_report``, e.g. IFBench's accuracies) adds ``result["report"]`` from the greedy
+    completions."""
     if not examples:
         raise ValueError("evaluate: no examples")
     if k > 1 and samples < k:
@@ -88,6 +91,8 @@ def run_eval(
         np.add.at(per_group, seps.batch.group_ids.numpy(), s.astype(int))
         out[f"pass@{k}"] = float(np.mean([pass_at_k(samples, int(c), k) for c in per_group]))
         out["sampled_accuracy"] = float(s.mean())
+    if report is not None:
+        out["report"] = report(list(eps.examples), list(eps.texts))
     out["wall_s"] = time.perf_counter() - t0
     out["samples"] = [
         {"prompt": e.prompt, "completion": t, "answer": e.answer}
@@ -133,6 +138,7 @@ def evaluate(
     temperature: float = 1.0,
     batch_size: int | None = 256,
     seed: int = EVAL_SEED,
+    report: Any = None,
 ) -> dict[str, Any]:
     """:func:`run_eval` with an ``engine`` and episode ``runner`` built from their registries (default:
     Hugging Face ``generate`` and single-turn episodes) over ``model``. The engine has its own sampling
@@ -149,6 +155,7 @@ def evaluate(
         k=k,
         samples=samples,
         temperature=temperature,
+        report=report,
     )
 
 
@@ -262,6 +269,11 @@ def evaluate_cli_settings(
     if task is not None and task != tree["task"]["name"]:
         tree["task"].update(name=task, params={})
         tree["reward"].update(name=None, params={})
+        if not any(o.startswith("task.chat_template=") for o in overrides):
+            from posttrain.tasks import TASKS
+
+            # chat tasks (instructions, ifbench, word_problems) are prompted through the chat template
+            tree["task"]["chat_template"] = bool(getattr(TASKS.get(task), "chat", False))
     if task_params is not None:
         tree["task"]["params"].update(task_params)
     if max_new_tokens is not None:
@@ -326,6 +338,7 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
             k=cfg.eval.k,
             samples=cfg.eval.samples,
             temperature=cfg.eval.temperature,
+            report=getattr(task, "eval_report", None),
         )
     finally:
         source.close()

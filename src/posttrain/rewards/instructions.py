@@ -1,0 +1,97 @@
+"""Rewards for verifiable instruction following (tasks `instructions`, `ifbench`).
+
+The example's ``meta`` names the checker set (``checkers``: ``ifeval`` | ``ifbench``), the
+``instruction_id_list`` and their ``kwargs``; the verdicts come from
+:func:`posttrain.tasks.ifcheckers.check_instructions` (the checkers of `if-verifiable`, scored as the
+IFEval/IFBench authors' ``evaluation_lib`` does):
+
+- ``instructions_strict``: 1.0 when every instruction is followed by the response as it is;
+- ``instructions_loose``: 1.0 when every instruction is followed by at least one of the 8 loose variants
+  (first / last / both lines removed, asterisks stripped);
+- ``instructions_fraction``: the fraction of instructions followed (strict; ``loose=True`` for loose).
+
+Text after an end-of-sequence string is cut first (``cut_at_stop``). ``detailed`` reports all three.
+"""
+
+from __future__ import annotations
+
+from posttrain.rewards.base import DEFAULT_STOP, cut_at_stop, register_reward
+from posttrain.tasks.base import Example
+from posttrain.tasks.ifcheckers import check_instructions
+
+
+def verdicts(
+    completion: str, example: Example, stop: tuple[str, ...] = DEFAULT_STOP
+) -> tuple[list[bool], list[bool]]:
+    meta = example.meta
+    try:
+        ids, kwargs, which = meta["instruction_id_list"], meta["kwargs"], meta["checkers"]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"example {example.id!r}: meta needs checkers, instruction_id_list and kwargs "
+            "(an `instructions` or `ifbench` task example)"
+        ) from None
+    return check_instructions(cut_at_stop(completion, stop), ids, kwargs, example.prompt, which)
+
+
+class _InstructionReward:
+    name = ""
+
+    def __init__(self, stop: tuple[str, ...] | list[str] = DEFAULT_STOP) -> None:
+        self.stop = tuple(stop)
+
+    def setup(self) -> None:
+        from posttrain.tasks.ifcheckers import registry
+
+        registry("ifeval")
+        registry("ifbench")
+
+    def detailed(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
+        strict, loose = verdicts(completion, example, self.stop)
+        comps = {
+            "strict": float(all(strict)),
+            "loose": float(all(loose)),
+            "fraction": sum(strict) / len(strict) if strict else 0.0,
+            "fraction_loose": sum(loose) / len(loose) if loose else 0.0,
+        }
+        return self._pick(comps), comps
+
+    def _pick(self, comps: dict[str, float]) -> float:
+        raise NotImplementedError
+
+    def __call__(self, completion: str, example: Example) -> float:
+        return self.detailed(completion, example)[0]
+
+
+@register_reward("instructions_strict")
+class InstructionsStrictReward(_InstructionReward):
+    """1.0 when every instruction is followed (strict)."""
+
+    name = "instructions_strict"
+
+    def _pick(self, comps: dict[str, float]) -> float:
+        return comps["strict"]
+
+
+@register_reward("instructions_loose")
+class InstructionsLooseReward(_InstructionReward):
+    """1.0 when every instruction is followed by some loose variant of the response."""
+
+    name = "instructions_loose"
+
+    def _pick(self, comps: dict[str, float]) -> float:
+        return comps["loose"]
+
+
+@register_reward("instructions_fraction")
+class InstructionsFractionReward(_InstructionReward):
+    """The fraction of instructions followed (strict, or loose with ``loose=True``)."""
+
+    name = "instructions_fraction"
+
+    def __init__(self, loose: bool = False, stop: tuple[str, ...] | list[str] = DEFAULT_STOP) -> None:
+        super().__init__(stop)
+        self.loose = bool(loose)
+
+    def _pick(self, comps: dict[str, float]) -> float:
+        return comps["fraction_loose" if self.loose else "fraction"]
