@@ -219,3 +219,20 @@ def test_trainer_passes_token_counts_to_reinforce_pp(tmp_path):
     b = ro.episodes.batch
     expected = get_advantage("reinforce_pp")(sc.shaped, b.group_ids, token_counts=b.action_lengths.cpu())
     torch.testing.assert_close(sc.advantages, expected)
+
+
+# ------------------------------------------------------------------- DGPO/MASPO authors' aggregation
+def test_token_mean_micro_is_the_authors_per_micro_batch_mean_and_differs_from_global_token_mean():
+    """Two micro-batches of 2 sequences, 2 and 6 valid tokens: the authors' mode averages the two
+    micro-batch token means (each scaled by 2/4 of the minibatch); posttrain's token-mean divides by
+    the 8 tokens of the whole minibatch."""
+    from posttrain.algos import agg_loss, list_agg_modes
+
+    assert "token-mean-micro" in list_agg_modes()
+    v = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [3.0, 3, 3], [3.0, 3, 3]])
+    m = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [1.0, 1, 1], [1.0, 1, 1]])
+    micro = [agg_loss(v[r], m[r], "token-mean-micro", global_seqs=4) for r in (slice(0, 2), slice(2, 4))]
+    assert float(sum(micro)) == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)
+    glob = [agg_loss(v[r], m[r], "token-mean", global_tokens=8) for r in (slice(0, 2), slice(2, 4))]
+    assert float(sum(glob)) == pytest.approx((2 * 1.0 + 6 * 3.0) / 8)
+    load_rl_config(None, [*TINY, "objective.name=dgpo", "objective.agg=token-mean-micro", "minibatches=2"])
