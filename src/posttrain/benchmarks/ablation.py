@@ -213,8 +213,10 @@ def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> li
         "logging.progress=false",
         f"out_dir={run_dir}",
     ]
-    if s.real:
+    if s.real:  # the bench evaluates the start (once per seed) and the end itself, per question
         shared += [f"model.name={s.model}", f"optimizer.lr={s.lr or 2e-5}", "rollout.max_batch_size=32"]
+        shared = [o for o in shared if not o.startswith(("eval.at_start", "eval.at_end", "eval.every"))]
+        shared += ["eval.at_start=false", "eval.at_end=false", "eval.every=0"]
     elif s.lr is not None:
         shared.append(f"optimizer.lr={s.lr}")
     own = [
@@ -451,7 +453,8 @@ def run_seed(
                 rows = list(read_jsonl(run_dir / "metrics.jsonl"))
                 extra = task_scores(tr, rows, s.eval_n)
                 end = greedy_verdicts(tr, heldout)
-        res = summarise_run(rows, warmup_frac=s.warmup_frac)
+        own = [dict(pre, step=0), dict(end, step=s.steps)] if s.real else None
+        res = summarise_run(rows, warmup_frac=s.warmup_frac, evals=own)
         res.update(extra)
         res.update(
             seed=seed,
@@ -551,10 +554,13 @@ def paired_differences(results: dict[str, list[dict[str, Any]]], ref: str = "grp
 
 
 # ----------------------------------------------------------------------------------------- summary
-def summarise_run(rows: list[dict[str, Any]], *, warmup_frac: float = 0.25) -> dict[str, Any]:
-    """Per-run numbers and curves from a run's ``metrics.jsonl`` rows."""
+def summarise_run(
+    rows: list[dict[str, Any]], *, warmup_frac: float = 0.25, evals: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Per-run numbers and curves from a run's ``metrics.jsonl`` rows (``evals``: the start and end
+    evaluations when the bench made them itself, rows with ``step``, ``accuracy``, ``length_mean``)."""
     steps = [r for r in rows if r.get("kind") == "step"]
-    evals = [r for r in rows if r.get("kind") == "eval"]
+    evals = evals if evals is not None else [r for r in rows if r.get("kind") == "eval"]
     if not steps or not evals:
         raise ValueError("ablation run logged no step or no eval rows")
     ent = [float(r["entropy_pre_update"]) for r in steps]
