@@ -198,11 +198,14 @@ def test_dapo_sampler_warns_when_the_round_cap_is_hit(tmp_path):
     ("recipe", "name"), [("e3", "e3"), ("asrr", "asrr"), ("dapo", "dapo"), ("e3", "e3-asrr-dgpo")]
 )
 def test_shipped_config_runs_one_step(tmp_path, recipe, name):
+    # the overlong penalty's max_length must follow rollout.max_new_tokens (checked at config time)
+    overlong = ["hooks.shaper.params.max_length=6", "hooks.shaper.params.buffer=2"] if name == "dapo" else []
     tr = trainer(
         tmp_path,
         'task.params={digits: 1, ops: "+", n_train: 8, n_heldout: 8, format: scratchpad}',
         "rollout.max_new_tokens=6",
         "rollout.group_size=8",
+        *overlong,
         config=RECIPES / recipe / f"{name}.yaml",
     )
     (m,) = steps(tr, 1)
