@@ -23,7 +23,7 @@ def close(x, y, tol=1e-4):
 
 
 def test_registry():
-    assert list_advantages() == ["dr_grpo", "duca", "grpo", "reinforce_pp", "rloo"]
+    assert list_advantages() == ["dr_grpo", "duca", "grpo", "reinforce_plus_plus", "reinforce_pp", "rloo"]
     assert get_advantage("reinforce_plus_plus_baseline") is get_advantage("reinforce_pp")
     assert advantage_defaults("grpo") == {"norm_std": True, "eps": 1e-6}
     assert advantage_defaults("rloo") == {}

@@ -19,6 +19,7 @@ def test_modes_listed():
         "seq-mean-token-sum",
         "seq-mean-token-sum-norm",
         "token-mean",
+        "token-mean-micro",
         "token-sum",
     ]
 
@@ -102,7 +103,8 @@ def test_errors_name_the_problem():
     seed=st.integers(0, 100_000),
     b=st.integers(1, 8),
     t=st.integers(1, 6),
-    mode=st.sampled_from(list_agg_modes()),
+    # token-mean-micro (the DGPO/MASPO authors' per-micro-batch mean) is not invariant by design
+    mode=st.sampled_from([m for m in list_agg_modes() if m != "token-mean-micro"]),
     scale=st.sampled_from([None, 3.0, 16.0]),
     data=st.data(),
 )

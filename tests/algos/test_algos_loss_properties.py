@@ -207,7 +207,8 @@ def test_padding_poison_does_not_change_loss_or_gradient(seed, b, t, dtype, toke
     t=st.integers(1, 5),
     n_chunks=st.integers(2, 4),
     name=st.sampled_from(LOSSES),
-    agg=st.sampled_from(list_agg_modes()),
+    # token-mean-micro (the DGPO/MASPO authors' per-micro-batch mean) is not invariant by design
+    agg=st.sampled_from([m for m in list_agg_modes() if m != "token-mean-micro"]),
     fixed_scale=st.sampled_from([None, 7.0]),
     data=st.data(),
 )

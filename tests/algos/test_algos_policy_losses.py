@@ -56,7 +56,8 @@ def test_registry_names_and_aliases():
 
 def test_defaults_are_the_papers():
     assert policy_loss_defaults("ppo") == {"clip_low": 0.2, "clip_high": 0.2, "clip_c": 3.0}
-    assert policy_loss_defaults("dapo") == {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 3.0}
+    # DAPO: verl's DAPO recipe clip_ratio_c = 10 (ppo keeps verl's actor default 3)
+    assert policy_loss_defaults("dapo") == {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 10.0}
     assert policy_loss_defaults("gspo") == {"clip_low": 3e-4, "clip_high": 4e-4}
     assert policy_loss_defaults("cispo") == {"clip_low": 10.0, "clip_high": 0.2}
     assert policy_loss_defaults("sapo") == {"tau_pos": 1.0, "tau_neg": 1.05}

@@ -109,6 +109,8 @@ def test_cli_rl_runs_with_an_old_config_path(tmp_path):
         "rollout.prompts_per_step=2",
         "rollout.group_size=2",
         "rollout.max_new_tokens=3",
+        "hooks.shaper.params.max_length=3",  # the overlong penalty follows the length limit
+        "hooks.shaper.params.buffer=1",
         "hooks.sampler.params.max_rounds=1",
         "steps=1",
         "eval.at_start=false",

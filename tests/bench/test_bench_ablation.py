@@ -4,6 +4,7 @@ bad arguments, fresh run folders, and the per-run summary / claim checks on synt
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -42,9 +43,39 @@ def test_quick_ablation_runs_every_selected_arm_from_one_warm_start(tmp_path):
     # DAPO draws extra rounds; the others spend exactly the per-step budget
     assert data["runs"]["grpo"][0]["rollouts_total"] == 2 * 4 * 4
     assert data["runs"]["dapo"][0]["rollouts_total"] >= 2 * 4 * 4
-    # a second ablation into the same folder is refused unless asked to overwrite
+    # a second ablation into the same folder is refused unless asked to overwrite or resume
     with pytest.raises(FileExistsError, match="--overwrite"):
         run_ablation(AblationSettings.quick(arms=["grpo"]), tmp_path)
+    # each finished (arm, seed) was written as it completed, with its gate; paired differences vs grpo
+    for arm in ("grpo", "dgpo", "dapo"):
+        saved = json.loads((tmp_path / "results" / f"{arm}-s0.json").read_text())
+        assert saved["gate"]["verdict"] in ("FIRED", "NOT FIRED") and saved["correct_end"]
+    assert set(data["paired"]) == {"dgpo", "dapo"} and data["paired"]["dgpo"]["n_pairs"] == 8
+    assert "Paired differences vs grpo" in (tmp_path / "ablation.md").read_text()
+    # resume: finished arms are loaded, only the missing one runs
+    said = []
+    res2 = run_ablation(
+        AblationSettings.quick(arms=["grpo", "dgpo", "maspo"], sft_steps=4),
+        tmp_path,
+        resume=True,
+        log=said.append,
+    )
+    assert any("grpo: done earlier" in m for m in said) and any("dgpo: done earlier" in m for m in said)
+    assert any("maspo: GATE" in m for m in said) and not any("grpo: GATE" in m for m in said)
+    assert res2["runs"]["grpo"][0]["heldout_acc_end"] == data["runs"]["grpo"][0]["heldout_acc_end"]
+
+
+def test_real_model_settings_are_checked():
+    with pytest.raises(ValueError, match="word_problems or instructions"):
+        AblationSettings(model="smollm2-135m", task="arithmetic")
+    with pytest.raises(ValueError, match="needs a real model"):
+        AblationSettings(task="word_problems")
+    from posttrain.benchmarks.ablation import arm_overrides
+
+    s = AblationSettings(model="smollm2-135m", task="word_problems", max_new_tokens=24)
+    o = arm_overrides(s, "asrr", 0, Path("r"))
+    assert "model.name=smollm2-135m" in o and "task.chat_template=true" in o and "eval.at_end=false" in o
+    assert any(x.startswith("task.assistant_prefix=") for x in o) and any("window: 8" in x for x in o)
 
 
 def test_cli_quick_and_bad_arm(tmp_path):

@@ -117,7 +117,8 @@ def test_store_failures_of_partially_solved_groups_and_retire_solved():
     eps, r, c = _episodes([(0, [True, False, False]), (1, [False, False]), (2, [True, True])])
     buf.observe(eps, r, c, step=0)
     assert set(buf.records) == {"q0"}  # q1 unsolved, q2 solved: nothing stored
-    assert len(buf.records["q0"]["fail"]) == 2 and buf.records["q0"]["ok"] == []
+    # the correct one is kept too (never replayed): the near-miss metric compares failures with it
+    assert len(buf.records["q0"]["fail"]) == 2 and len(buf.records["q0"]["ok"]) == 1
     assert buf.started
     eps, r, c = _episodes([(0, [True, True])])
     buf.observe(eps, r, c, step=1)
@@ -136,8 +137,9 @@ def test_caps_in_entries_and_bytes_evict_oldest():
     for step in range(3):
         eps, r, c = _episodes([(step, [True, False, False])])
         buf.observe(eps, r, c, step=step)
-    entries = [e for rec in buf.records.values() for e in rec["fail"]]
-    assert sorted(e["step"] for e in entries) == [1, 2, 2]  # 6 stored, the 3 oldest left
+    entries = [e for rec in buf.records.values() for k in ("ok", "fail") for e in rec[k]]
+    # 9 stored (2 failures + the correct solution per step), the 6 oldest left
+    assert sorted(e["step"] for e in entries) == [2, 2, 2]
     one = entry_bytes(entries[0])
     assert one == 8 * 4 + 64  # 2 ids + 2 log-probs
     small = REPLAY_BUFFERS.get("random-failure")(start_accuracy=0.0, max_bytes=2 * one)
@@ -195,3 +197,81 @@ def test_bad_params_named():
         REPLAY_BUFFERS.get("nexgrpo")(rho=0.5)
     with pytest.raises(ValueError, match="replay embedding"):
         REPLAY_BUFFERS.get("nexgrpo")(embedding="nope")
+
+
+# ----------------------------------------------------------------- audit: per-question gate, z-scores
+def _entry(conf, ids=(1, 2, 3, 4, 5), emb=None, seq=0):
+    return {
+        "ids": list(ids),
+        "logp": [-0.1] * len(ids),
+        "finish": "stop",
+        "mask": None,
+        "adv": {},
+        "conf": conf,
+        "emb": emb,
+        "step": 0,
+        "seq": seq,
+    }
+
+
+def test_mid_confidence_gate_is_per_question_by_default():
+    """Pooled quantiles keep a fixed share of the whole pool (a question of confident failures loses
+    its low ones to another's); per question, each question's own middle is kept."""
+    recs = {
+        "q0": {"example": _ex(0), "acc": 0.5, "fail": [_entry(c) for c in (0.1, 0.2, 0.3)], "ok": []},
+        "q1": {"example": _ex(1), "acc": 0.5, "fail": [_entry(c) for c in (0.7, 0.8, 0.9)], "ok": []},
+    }
+    per_q = REPLAY_BUFFERS.get("nexgrpo")()
+    pooled = REPLAY_BUFFERS.get("nexgrpo")(gate_scope="pool")
+    per_q.records, pooled.records = recs, recs
+    assert [e["conf"] for e in per_q.candidates("q0")] == [0.2]
+    assert [e["conf"] for e in per_q.candidates("q1")] == [0.8]
+    assert [e["conf"] for e in pooled.candidates("q0")] == [0.2, 0.3]
+    assert [e["conf"] for e in pooled.candidates("q1")] == [0.7, 0.8]
+    with pytest.raises(ValueError, match="gate_scope"):
+        REPLAY_BUFFERS.get("nexgrpo")(gate_scope="global")
+
+
+def test_standardised_similarity_separates_the_near_miss():
+    """Cosines 1.000 (near miss) vs 0.958 (far failure): raw softmax at T = 0.1 picks the near miss
+    with p ≈ 0.60; standardised per question it is picked almost always."""
+    ok = [1.0, 0.0]
+    far = [0.958, math.sqrt(1 - 0.958**2)]
+    rec = {
+        "example": _ex(0),
+        "acc": 0.5,
+        "ok": [_entry(1.0, emb=ok)],
+        "fail": [_entry(0.5, emb=ok, seq=1), _entry(0.5, emb=far, seq=2)],
+    }
+    picks = {}
+    for sim in ("raw", "zscore"):
+        buf = REPLAY_BUFFERS.get("nexgrpo")(gate="none", similarity=sim)
+        buf.records = {"q0": rec}
+        rng = random.Random(0)
+        picks[sim] = sum(buf.pick("q0", 1, rng)[0]["seq"] == 1 for _ in range(400)) / 400
+    assert 0.5 < picks["raw"] < 0.7
+    assert picks["zscore"] > 0.99
+
+
+def test_near_miss_rate_of_replayed_failures_is_logged():
+    from posttrain.recipes.nexgrpo.replay import token_edit_distance
+
+    assert token_edit_distance([1, 2, 3, 4, 5], [1, 2, 3, 4, 6]) == pytest.approx(0.2)
+    assert token_edit_distance([], []) == 0.0
+    buf = REPLAY_BUFFERS.get("random-failure")(start_accuracy=0.0, ratio=1.0)
+    buf.records = {
+        "q0": {
+            "example": _ex(0),
+            "acc": 0.5,
+            "ok": [_entry(1.0, ids=(1, 2, 3, 4, 5))],
+            "fail": [_entry(0.5, ids=(1, 2, 3, 4, 6))],
+        }
+    }
+    buf.started = True
+    plan = buf.mix(PromptPlan([_ex(0)], [4]), 1)
+    buf.draw(plan, 1)
+    assert buf.metrics()["near_miss_rate"] == 1.0
+    buf.records["q0"]["fail"] = [_entry(0.5, ids=(9, 9, 9, 9, 9))]
+    buf.draw(buf.mix(PromptPlan([_ex(0)], [4]), 2), 2)
+    assert buf.metrics()["near_miss_rate"] == 0.0
+    assert buf.metrics()["near_miss_rate_total"] == 0.5

@@ -18,17 +18,29 @@ QWEN_VOCAB = 152064  # ln|V| + ln ln|V| = 14.4113
 
 # --------------------------------------------------------------------------------- E3 allocation
 @pytest.mark.parametrize(
-    ("ranks", "g_min", "g_max", "expected"),
+    ("ranks", "g_min", "g_max", "leftover", "expected"),
     [
-        ([0.1, 0.3, 0.6, 0.9], 4, 12, [4, 6, 10, 12]),
-        ([0.2, 0.4, 0.5, 0.7], 6, 10, [6, 7, 9, 10]),
-        # authors' code: proportional step [4, 4, 5, 17] -> [4, 5, 6, 17] (exceeds G_max = 12);
+        ([0.1, 0.3, 0.6, 0.9], 4, 12, "hardest-first", [4, 6, 10, 12]),
+        ([0.1, 0.3, 0.6, 0.9], 4, 12, "capped", [4, 6, 10, 12]),
+        ([0.2, 0.4, 0.5, 0.7], 6, 10, "hardest-first", [6, 7, 9, 10]),
+        # authors' code (get_rollout_n_per_prompt): proportional step [4, 4, 5, 17] (not capped, so it
+        # exceeds G_max = 12), leftover 2 to the hardest prompt below G_max -> [4, 4, 7, 17]
+        ([0.0, 0.05, 0.1, 0.95], 4, 12, "hardest-first", [4, 4, 7, 17]),
         # capped at 12 and the overflow handed out in descending difficulty, cycling
-        ([0.0, 0.05, 0.1, 0.95], 4, 12, [6, 6, 8, 12]),
+        ([0.0, 0.05, 0.1, 0.95], 4, 12, "capped", [6, 6, 8, 12]),
+        # leftover 3 goes to the hardest prompt first (up to G_max), not one each round-robin
+        ([0.3, 0.3, 0.3, 0.3], 4, 12, "hardest-first", [11, 7, 7, 7]),
+        ([0.3, 0.3, 0.3, 0.3], 4, 12, "capped", [8, 8, 8, 8]),
     ],
 )
-def test_allocation_reference_rows(ranks, g_min, g_max, expected):
-    assert allocate_rollouts(ranks, 32, g_min, g_max) == expected
+def test_allocation_reference_rows(ranks, g_min, g_max, leftover, expected):
+    assert allocate_rollouts(ranks, 32, g_min, g_max, leftover=leftover) == expected
+
+
+def test_allocation_default_is_the_authors_rule():
+    assert allocate_rollouts([0.0, 0.05, 0.1, 0.95], 32, 4, 12) == [4, 4, 7, 17]
+    with pytest.raises(ValueError, match="leftover"):
+        allocate_rollouts([0.1], 8, 4, 12, leftover="round-robin")
 
 
 def test_unseen_and_all_zero_difficulty_give_the_uniform_split():
@@ -54,13 +66,16 @@ def _alloc_case(draw):
     return diff, total, g_min, g_max
 
 
+@pytest.mark.parametrize("leftover", ["hardest-first", "capped"])
 @settings(max_examples=300, deadline=None)
-@given(_alloc_case())
-def test_allocation_invariants(case):
+@given(case=_alloc_case())
+def test_allocation_invariants(case, leftover):
     diff, total, g_min, g_max = case
-    n = allocate_rollouts(diff, total, g_min, g_max)
+    n = allocate_rollouts(diff, total, g_min, g_max, leftover=leftover)
     assert sum(n) == total
-    assert all(g_min <= x <= g_max for x in n)
+    assert all(g_min <= x for x in n)
+    if leftover == "capped":
+        assert all(x <= g_max for x in n)
     k = [max(d, 0.0) for d in diff]
     for i in range(len(n)):
         for j in range(len(n)):

@@ -151,14 +151,16 @@ def test_asrr_shaper_penalises_long_correct_rollouts_only_in_solved_groups():
 
 def test_asrr_no_thinking_template_is_used_in_rollout_and_evaluation(tmp_path):
     tr = trainer(
-        tmp_path, f"task.prompt_template={json.dumps(NO_THINKING_TEMPLATE)}", "hooks.shaper.name=asrr"
+        tmp_path, f"task.assistant_prefix={json.dumps(NO_THINKING_PREFIX)}", "hooks.shaper.name=asrr"
     )
-    assert tr.formatter.text("1+1=?\n").endswith(NO_THINKING_PREFIX)
+    assert tr.formatter.full_text("1+1=?\n").endswith(NO_THINKING_PREFIX)
+    assert NO_THINKING_TEMPLATE.endswith(NO_THINKING_PREFIX)  # the deprecated user-text form
     ms = steps(tr, 1)
     assert ms[0]["reward_shaped_mean"] <= ms[0]["reward_mean"] + 1e-9
     ev = tr.evaluate()
     prompt_ids = tr.formatter.encode(tr.task.split("heldout")[0].prompt)
     assert tr.tokenizer.decode(prompt_ids).endswith(NO_THINKING_PREFIX) and "accuracy" in ev
+    assert "continue_thinking" in ev and "continue_thinking_frac" in ms[0]
 
 
 # ------------------------------------------------------------------------------------------ DAPO
@@ -196,11 +198,14 @@ def test_dapo_sampler_warns_when_the_round_cap_is_hit(tmp_path):
     ("recipe", "name"), [("e3", "e3"), ("asrr", "asrr"), ("dapo", "dapo"), ("e3", "e3-asrr-dgpo")]
 )
 def test_shipped_config_runs_one_step(tmp_path, recipe, name):
+    # the overlong penalty's max_length must follow rollout.max_new_tokens (checked at config time)
+    overlong = ["hooks.shaper.params.max_length=6", "hooks.shaper.params.buffer=2"] if name == "dapo" else []
     tr = trainer(
         tmp_path,
         'task.params={digits: 1, ops: "+", n_train: 8, n_heldout: 8, format: scratchpad}',
         "rollout.max_new_tokens=6",
         "rollout.group_size=8",
+        *overlong,
         config=RECIPES / recipe / f"{name}.yaml",
     )
     (m,) = steps(tr, 1)

@@ -155,6 +155,7 @@ def test_old_single_shaper_key_still_works_and_runs_first(tmp_path):
         None,
         [
             "hooks.shaper={name: asrr}",
+            "rollout.max_new_tokens=6",  # the overlong max_length must equal the length limit
             "hooks.shapers=[{name: dapo-overlong, params: {max_length: 6, buffer: 4}}]",
         ],
     )

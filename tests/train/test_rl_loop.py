@@ -290,10 +290,13 @@ def _copy_model_and_optimizer(tr):
     return model, opt
 
 
-def _hand_update(model, opt, rows, adv, *, epochs, minibatches, grad_clip, is_weight_rows=None):
+def _hand_update(
+    model, opt, rows, adv, *, epochs, minibatches, grad_clip, is_weight_rows=None, weights_from="current"
+):
     """PPO-clip (token-mean) updates: `epochs` passes over `minibatches` contiguous minibatches, each one
     clipped AdamW step; old log-probs from the model before any update. `is_weight_rows[i]`, when given,
-    maps row i's current log-probs (detached) to its per-token importance weights."""
+    maps row i's current log-probs (detached; `weights_from="old"`: its old log-probs) to its per-token
+    importance weights."""
     loss_fn = get_policy_loss("ppo")
     with torch.no_grad():
         old = [_completion_logp(model, p, c) for p, c in rows]
@@ -305,7 +308,10 @@ def _hand_update(model, opt, rows, adv, *, epochs, minibatches, grad_clip, is_we
             old_mb, mask = _pad([old[i] for i in mb.tolist()])
             w = None
             if is_weight_rows is not None:
-                w, _ = _pad([is_weight_rows[i](logps[j].detach()) for j, i in enumerate(mb.tolist())])
+                src = [
+                    old[i] if weights_from == "old" else logps[j].detach() for j, i in enumerate(mb.tolist())
+                ]
+                w, _ = _pad([is_weight_rows[i](src[j]) for j, i in enumerate(mb.tolist())])
             loss, _ = loss_fn(lp, old_mb, adv[mb], mask, is_weights=w)
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], grad_clip)
@@ -669,3 +675,53 @@ def _module_hooks():
     yield
     for reg, state in saved:
         reg.restore(state)
+
+
+def test_replay_is_weights_use_the_old_policy_with_two_minibatches(tmp_path):
+    """With two minibatches the replayed row (last row, second minibatch) is weighted by
+    pi_old / pi_past, not pi_theta / pi_past: the PPO ratio pi_theta / pi_old is already in the loss.
+    The step equals a hand-written two-minibatch update with weights exp(logp_old - logp_past) and
+    differs from one with exp(logp_theta - logp_past) (the ratio counted twice).
+    Mutant killed: `ReplayWeights` passing the current `logp.detach()` instead of `old_logp`."""
+    lr = 1e-2
+    reward = _FirstCharParity()
+    tr = trainer(
+        tmp_path,
+        "hooks.replay.name=test-first-shifted",
+        "minibatches=2",
+        f"optimizer.lr={lr}",
+        *HAND,
+        reward=reward,
+    )
+    generations = _record_generations(tr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        tr.step()
+        stored = tr.replay.stored
+        model, opt = _copy_model_and_optimizer(tr)
+        twice_model, twice_opt = _copy_model_and_optimizer(tr)
+        reward.given.clear()
+        m2 = tr.step()
+    assert m2["replayed"] == 1
+    fresh = generations[-1]
+    rows = [*_rows(fresh), (_rows(fresh)[0][0], stored.completion_ids)]
+    group_ids = torch.cat([fresh.group_ids, torch.tensor([0])])
+    past = torch.tensor(stored.logp_past)
+    adv = get_advantage("grpo")(torch.tensor(reward.given), group_ids)
+    assert adv[-1] != 0
+
+    def ones(lp):
+        return torch.ones_like(lp)
+
+    def replay_weights(lp):
+        return torch.exp(lp - past).clamp(max=10.0)
+
+    weights = [ones] * (len(rows) - 1) + [replay_weights]
+    kw = dict(epochs=1, minibatches=2, grad_clip=1.0, is_weight_rows=weights)
+    _hand_update(model, opt, rows, adv, weights_from="old", **kw)
+    _assert_same_weights(tr.model, model, lr)
+    _hand_update(twice_model, twice_opt, rows, adv, weights_from="current", **kw)
+    with torch.no_grad():
+        pairs = zip(tr.model.parameters(), twice_model.parameters(), strict=True)
+        diff = max(float((a - b).abs().max()) for a, b in pairs)
+    assert diff > 1e-2 * lr  # weighting with pi_theta (ratio counted twice) gives another update

@@ -12,8 +12,9 @@ name             A_i (g = group of i, n = |g|, μ_g = mean, s_g = unbiased std o
                  ``norm_std=False``: R_i − μ_g  (Dr.GRPO)
 ``dr_grpo``      R_i − μ_g  (n = 1: A = R)                                                     2503.20783
 ``rloo``         R_i − (Σ_g R − R_i)/(n − 1)  = n/(n−1)·(R_i − μ_g);  n = 1: A = R             verl rloo
-``reinforce_pp`` x_i = R_i − μ_g (n = 1: x = R), then whitened over the batch:                 verl
-                 (x_i − mean(x)) / sqrt(var_unbiased(x) + ε)                                   REINFORCE++
+``reinforce_pp`` x_i = R_i − μ_g (n = 1: x = R), then whitened over the batch's tokens:        verl
+                 (x_i − mean_tok(x)) / sqrt(var_tok(x) + ε)  (verl masked_whiten)              REINFORCE++
+``reinforce_plus_plus``  R_i whitened over the batch's tokens (no baseline; γ = 1)             verl
 ``duca``         per token: w_turn·A^turn_{i,k(t)} + w_sess·A^sess_i, each horizon z-scored     2603.01481
                  on its own (HIAN, proposed design; multi-turn runner inputs; returns (B, T))  (proposed)
 ===============  ===========================================================================  ===========
@@ -209,24 +210,61 @@ def rloo(r: Tensor, inv: Tensor, n_groups: int) -> Tensor:
     return torch.where(n < 2, r, r - baseline)
 
 
+def _token_whiten(x: Tensor, token_counts: Tensor | None, eps: float) -> Tensor:
+    """verl ``masked_whiten`` of a per-sequence value broadcast over each sequence's tokens: mean and
+    unbiased variance over TOKENS (a sequence of n tokens counts n times; Bessel's correction uses the
+    token count), ``(x − mean) · rsqrt(var + ε)``. ``token_counts=None``: every sequence counts once.
+    Fewer than two tokens (or sequences) in all: 0."""
+    w = torch.ones_like(x) if token_counts is None else torch.as_tensor(token_counts).to(x)
+    if w.shape != x.shape:
+        raise ValueError(f"token_counts must have shape {tuple(x.shape)}, got {tuple(w.shape)}")
+    if bool((w < 0).any()):
+        raise ValueError("token_counts must be >= 0")
+    n = w.sum()
+    if float(n) < 2:
+        return torch.zeros_like(x)
+    mean = (w * x).sum() / n
+    centred = x - mean
+    var = (w * centred.square()).sum() / (n - 1)
+    return centred * torch.rsqrt(var + eps)
+
+
 @register_advantage("reinforce_pp", aliases=("reinforce_plus_plus_baseline",), validate=_validate_eps)
-def reinforce_pp(r: Tensor, inv: Tensor, n_groups: int, *, eps: float = 1e-8) -> Tensor:
-    """REINFORCE++ with group baseline (Hu 2025, arXiv 2501.03262; verl ``reinforce_plus_plus_baseline``).
+def reinforce_pp(
+    r: Tensor, inv: Tensor, n_groups: int, *, eps: float = 1e-8, token_counts: Tensor | None = None
+) -> Tensor:
+    """REINFORCE++ with group baseline (Hu 2025, arXiv 2501.03262; verl
+    ``core_algos.py::compute_reinforce_plus_plus_baseline_outcome_advantage``).
 
         x_i = R_i − mean_g(R)                 (singleton: mean 0, so x_i = R_i)
-        A_i = (x_i − mean_B(x)) / sqrt(var_B(x) + ε)     var unbiased over the batch, ε = 1e-8
+        A_i = (x_i − mean_tok(x)) / sqrt(var_tok(x) + ε)     ε = 1e-8
 
-    verl whitens at token level (each sequence weighted by its length); here each sequence counts
-    once, which is the same when all responses have equal length. A batch of one gives A = 0.
+    mean and unbiased variance over the batch's TOKENS, as verl's ``masked_whiten`` (each sequence
+    weighted by its ``token_counts``; Bessel's correction N_tok / (N_tok − 1)). The trainer passes the
+    action-token counts; without them every sequence counts once (then the correction is B / (B − 1):
+    at 8 sequences × 7 tokens that is 0.944× verl's advantage). Fewer than two tokens: A = 0.
     """
     count, mean, _ = group_stats(r, inv, n_groups)
     x = r - torch.where(count[inv] < 2, torch.zeros_like(r), mean[inv])
-    b = x.shape[0]
-    if b == 0:
+    if x.shape[0] == 0:
         return x
-    centred = x - x.mean()
-    var = centred.square().sum() / max(b - 1, 1)
-    return centred * torch.rsqrt(var + eps)
+    return _token_whiten(x, token_counts, eps)
+
+
+@register_advantage("reinforce_plus_plus", validate=_validate_eps)
+def reinforce_plus_plus(
+    r: Tensor, inv: Tensor, n_groups: int, *, eps: float = 1e-8, token_counts: Tensor | None = None
+) -> Tensor:
+    """REINFORCE++ without baseline (Hu 2025, arXiv 2501.03262; verl
+    ``core_algos.py::compute_reinforce_plus_plus_outcome_advantage``) for outcome rewards with γ = 1:
+    the return of every token is R_i, whitened over the batch's tokens (verl ``masked_whiten``):
+    ``A_i = (R_i − mean_tok(R)) / sqrt(var_tok(R) + ε)``. No group baseline (groups are ignored).
+    verl's γ < 1 (per-token discounted returns) is not offered: posttrain's outcome advantages are one
+    value per sequence.
+    """
+    if r.shape[0] == 0:
+        return r
+    return _token_whiten(r, token_counts, eps)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -11,7 +11,16 @@ mode                           value                                            
 ``seq-mean-token-mean``        Σ_{i: n_i>0} [Σ_t m·ℓ / n_i] / S                              S = #{i: n_i > 0}
 ``seq-mean-token-sum``         Σ_i Σ_t m·ℓ / S                                               S = #{i: n_i > 0}
 ``seq-mean-token-sum-norm``    Σ_{i,t} m·ℓ / scale                     (Dr.GRPO)             scale = T
+``token-mean-micro``           (Σ_{i,t} m·ℓ / N_micro) · B_micro / S   (DGPO/MASPO authors)  S = B_micro
 =============================  ============================================================  =====================
+
+``token-mean-micro`` is the aggregation of the DGPO and MASPO authors' code (FlyTune/DGPO-RL,
+FlyTune/MASPO-RL, verl ``dp_actor.update_policy``): a token mean INSIDE each micro-batch, scaled by
+the micro-batch's share of the minibatch (``loss / gradient_accumulation``). It is not micro-batch
+invariant: a micro-batch of short answers weighs its tokens more. posttrain's default ``token-mean``
+normalises by the minibatch's global token count (every token weighs the same, whatever the
+micro-batch split); use ``token-mean-micro`` (with the authors' ``micro_batch_size``) only to
+reproduce their numbers exactly.
 
 Micro-batch invariance: pass ``global_tokens`` = N and ``global_seqs`` = S of the WHOLE (mini-)batch,
 and a fixed ``scale``; then every mode is a sum of per-row terms over a fixed normaliser, so the sum of
@@ -105,6 +114,16 @@ def _seq_mean_token_sum_norm(values, valid, scale, global_tokens, global_seqs):
     row_sum, _ = _masked_rows(values, valid)
     t = torch.tensor(float(values.shape[-1]), dtype=values.dtype, device=values.device)
     return row_sum.sum() / _as_denominator(scale, t)
+
+
+@AGG_MODES.register("token-mean-micro")
+def _token_mean_micro(values, valid, scale, global_tokens, global_seqs):
+    """(Σ m·ℓ / N_micro) · B_micro / S: the DGPO/MASPO authors' per-micro-batch token mean, rescaled by
+    the micro-batch's share of the S sequences of the minibatch (default S = B_micro: a plain
+    token mean of this micro-batch)."""
+    row_sum, row_cnt = _masked_rows(values, valid)
+    b = torch.tensor(float(values.shape[0]), dtype=values.dtype, device=values.device)
+    return row_sum.sum() / row_cnt.sum().clamp(min=1) * b / _as_denominator(global_seqs, b)
 
 
 def agg_loss(

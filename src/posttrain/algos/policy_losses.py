@@ -400,11 +400,12 @@ def ppo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.2, clip_c: floa
 
 
 @register_policy_loss("dapo", validate=_validate_ppo)
-def dapo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.28, clip_c: float | None = 3.0) -> Terms:
-    """DAPO clip-higher: the ``ppo`` loss with ε_low = 0.2, ε_high = 0.28 (DAPO, arXiv 2503.14476).
+def dapo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.28, clip_c: float | None = 10.0) -> Terms:
+    """DAPO clip-higher: the ``ppo`` loss with ε_low = 0.2, ε_high = 0.28, dual clip c = 10 (DAPO, arXiv 2503.14476).
 
     Source: Yu et al. 2025, DAPO (arXiv 2503.14476); code: verl ``docs/algo/dapo.md`` recipe
-    (``clip_ratio_low=0.2, clip_ratio_high=0.28``, token-mean aggregation, vanilla loss incl. dual clip).
+    (``clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0``, token-mean aggregation, vanilla
+    loss incl. dual clip; ``ppo``'s default c is verl's actor default 3.0).
     g_t exactly as for ``ppo``. DAPO's other parts (dynamic sampling, overlong shaping) live in the
     sampler and reward layers.
     """

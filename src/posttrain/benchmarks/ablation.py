@@ -42,14 +42,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.recipes.asrr.hooks import NO_THINKING_PREFIX, NO_THINKING_TEMPLATE
+from posttrain.recipes.asrr.hooks import NO_THINKING_PREFIX
 
 _E3 = [
     "hooks.sampler={name: e3, params: {g_min: 4, g_max: 12, widen: 2}}",
     "hooks.controllers=[{name: e3-temperature, params: {anneal: true}}]",
 ]
 _ASRR = [
-    f"task.prompt_template={json.dumps(NO_THINKING_TEMPLATE)}",
+    f"task.assistant_prefix={json.dumps(NO_THINKING_PREFIX)}",
     "hooks.shaper={name: asrr, params: {beta: 0.5, window: 24, tau: 1.0}}",
 ]
 
@@ -79,6 +79,19 @@ ARMS: dict[str, list[str]] = {
 TASKS: dict[str, Callable[[Any], list[str]]] = {
     "arithmetic": lambda s: [
         f'task.params={{digits: 2, ops: "+", n_train: {s.n_train}, n_heldout: 200, format: scratchpad, seed: 0}}'
+    ],
+    # real built-in model (``--model smollm2-135m``): chat tasks, its own rewards, no SFT warm start
+    "word_problems": lambda s: [
+        "task.name=word_problems",
+        f"task.params={{steps: {s.wp_steps}, max_value: 20, n_train: {s.n_train}, n_heldout: {max(s.eval_n, 50)}, seed: 0}}",
+        "task.chat_template=true",
+        "reward.name=numeric",
+    ],
+    "instructions": lambda s: [
+        "task.name=instructions",
+        f"task.params={{types: [startend:quotation], max_instructions: 1, n_train: {s.n_train}, n_heldout: {max(s.eval_n, 50)}, seed: 0}}",
+        "task.chat_template=true",
+        "reward.name=instructions_strict",
     ],
     "dialogue-events": lambda s: [
         "task.name=dialogue-events",
@@ -130,7 +143,14 @@ class AblationSettings:
     warm_start: str = "mixed"  # "mixed" (warm_start_pairs) or "scratchpad" (the demo's SFT set)
     minibatches: int = 2  # AdamW updates per rollout batch: > 1 makes GRPO / DGPO / MASPO differ
     jobs: int = 1  # worker processes, one seed each (2 on a 2-core machine halves the wall time)
+    model: str = "tiny"  # "tiny" (SFT warm start first) or a real model such as smollm2-135m (no SFT)
+    lr: float | None = None  # None: the base config's (1e-4 tiny; 2e-5 for a real model)
+    wp_steps: int = 2  # word_problems operations per problem
     extra: list[str] = field(default_factory=list)
+
+    @property
+    def real(self) -> bool:
+        return self.model != "tiny"
 
     @classmethod
     def quick(cls, **kw: Any) -> AblationSettings:
@@ -164,6 +184,12 @@ class AblationSettings:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
         if self.minibatches < 1:
             raise ValueError(f"--minibatches must be >= 1, got {self.minibatches}")
+        if self.real and self.task in ("arithmetic", "dialogue-events"):
+            raise ValueError(
+                f"--task {self.task} is for the tiny model; with --model {self.model} use word_problems or instructions"
+            )
+        if not self.real and self.task in ("word_problems", "instructions"):
+            raise ValueError(f"--task {self.task} needs a real model (--model smollm2-135m)")
         if not 4 <= self.group_size <= 12:
             raise ValueError(f"--group-size must lie in [4, 12] (E3's budget bounds), got {self.group_size}")
 
@@ -187,12 +213,19 @@ def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> li
         "logging.progress=false",
         f"out_dir={run_dir}",
     ]
+    if s.real:  # the bench evaluates the start (once per seed) and the end itself, per question
+        shared += [f"model.name={s.model}", f"optimizer.lr={s.lr or 2e-5}", "rollout.max_batch_size=32"]
+        shared = [o for o in shared if not o.startswith(("eval.at_start", "eval.at_end", "eval.every"))]
+        shared += ["eval.at_start=false", "eval.at_end=false", "eval.every=0"]
+    elif s.lr is not None:
+        shared.append(f"optimizer.lr={s.lr}")
     own = [
         o.replace("max_length: 72", f"max_length: {tokens}").replace(
             "max_rounds: 10", f"max_rounds: {s.dapo_max_rounds}"
         )
         for o in ARMS[arm]
     ]
+    own = [o.replace("window: 24", f"window: {max(1, tokens // 3)}") for o in own] if s.real else own
     if tokens < 72:  # scale the DAPO buffer and ASRR window with the length limit
         own = [
             o.replace("buffer: 16", f"buffer: {max(1, tokens // 4)}").replace(
@@ -208,21 +241,27 @@ def run_ablation(
     out_dir: str | Path,
     *,
     overwrite: bool = False,
+    resume: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run every (seed, arm); write ablation.json / .md / .png into ``out_dir``; return the result.
-    With ``s.jobs > 1`` the seeds run in that many worker processes (one seed each, one thread each)."""
+    With ``s.jobs > 1`` the seeds run in that many worker processes (one seed each, one thread each).
+
+    Each finished (arm, seed) is written at once to ``results/<arm>-s<seed>.json``; ``resume=True``
+    keeps those and runs only the missing ones (the run folders of unfinished arms are replaced)."""
     from posttrain.utils.io import atomic_write_json, atomic_write_text
 
     out = Path(out_dir)
     runs = out / "runs"
-    if runs.exists() and any(runs.iterdir()):
+    if runs.exists() and any(runs.iterdir()) and not resume:
         if not overwrite:
             raise FileExistsError(
-                f"{runs}: holds runs of an earlier ablation; pass --overwrite or choose another --out"
+                f"{runs}: holds runs of an earlier ablation; pass --resume, --overwrite or choose another --out"
             )
         shutil.rmtree(runs)
+        shutil.rmtree(out / "results", ignore_errors=True)
     runs.mkdir(parents=True, exist_ok=True)
+    (out / "results").mkdir(parents=True, exist_ok=True)
     say = log or (lambda msg: None)
     t0 = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in s.arms}
@@ -246,6 +285,9 @@ def run_ablation(
         "runs": results,
         "table": table,
         "claims": check_claims(table),
+        "paired": paired_differences(results),
+        "gates": {a: [r.get("gate") for r in rs] for a, rs in results.items()},
+        "prechecks": _read_prechecks(runs, s.seeds),
         "wall_s": time.perf_counter() - t0,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -253,6 +295,54 @@ def run_ablation(
     atomic_write_text(out / "ablation.md", markdown_table(result))
     result["plot"] = str(plot_ablation(results, out / "ablation.png"))
     return result
+
+
+def _read_prechecks(runs: Path, seeds: list[int]) -> dict[str, Any]:
+    out = {}
+    for seed in seeds:
+        p = runs / f"precheck-s{seed}.json"
+        if p.exists():
+            out[str(seed)] = json.loads(p.read_text())
+    return out
+
+
+def greedy_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
+    """Per-question greedy verdicts of the trainer's current policy (same engine, runner, formatter and
+    reward source as its evaluation): accuracy, mean length and the 0/1 list (for paired differences)."""
+    from posttrain.rollout import EngineContext, RunnerContext, SamplingParams, build_engine, build_runner
+    from posttrain.train.evaluate import EVAL_SEED
+
+    cfg = trainer.cfg
+    engine = build_engine(
+        cfg.rollout.engine.name,
+        cfg.rollout.engine.params,
+        EngineContext(
+            trainer.model, trainer.tokenizer, seed=EVAL_SEED, max_batch_size=cfg.rollout.max_batch_size or 512
+        ),
+    )
+    runner = build_runner(
+        cfg.rollout.runner.name,
+        cfg.rollout.runner.params,
+        RunnerContext(engine, trainer.formatter, trainer.tokenizer, seed=EVAL_SEED),
+    )
+    eps = runner.run(
+        examples,
+        [1] * len(examples),
+        SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, logprobs=False),
+    )
+    scored = trainer.reward_source.score(eps.texts, eps.examples)
+    correct = [float(r) >= cfg.reward.success_threshold for r in scored.rewards]
+    lengths = eps.batch.action_lengths.float()
+    return {
+        "accuracy": sum(correct) / len(correct),
+        "length_mean": float(lengths.mean()),
+        "correct": correct,
+        "samples": [t for t in eps.texts[:3]],
+    }
+
+
+def _result_path(runs: Path, arm: str, seed: int) -> Path:
+    return runs.parent / "results" / f"{arm}-s{seed}.json"
 
 
 def task_scores(trainer: Any, rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
@@ -285,7 +375,9 @@ def _run_seed_logged(args: tuple[AblationSettings, int, Path]) -> dict[str, dict
 def run_seed(
     s: AblationSettings, seed: int, runs: Path, say: Callable[[str], None]
 ) -> dict[str, dict[str, Any]]:
-    """One seed: the SFT warm start, then every arm from it; arm -> :func:`summarise_run` result."""
+    """One seed: the starting model (tiny: the SFT warm start; a real model: as it is), a printed
+    pre-check, then every arm from it; arm -> :func:`summarise_run` result plus its gate. Arms whose
+    result file exists are loaded, not run again (resume)."""
     from importlib.resources import files
 
     from posttrain.models import load_model_and_tokenizer
@@ -294,60 +386,181 @@ def run_seed(
     from posttrain.train.demo import sft_warm_start
     from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
     from posttrain.utils.config import build_config
-    from posttrain.utils.io import read_jsonl
+    from posttrain.utils.io import atomic_write_json, read_jsonl
 
+    out: dict[str, dict[str, Any]] = {}
+    todo = []
+    for arm in s.arms:
+        p = _result_path(runs, arm, seed)
+        if p.exists():
+            out[arm] = json.loads(p.read_text())
+            say(f"seed {seed} {arm:>13}: done earlier ({p})")
+        else:
+            todo.append(arm)
+    if not todo:
+        return out
     base = str(files("posttrain.configs") / "demo.yaml")
     base_cfg = build_config(RLConfig, base, arm_overrides(s, "grpo", seed, runs / f"sft-s{seed}"))
     model, tok = load_model_and_tokenizer(
         base_cfg.model.name, dtype=base_cfg.model.dtype, device="cpu", seed=seed
     )
-    say(f"seed {seed}: SFT warm start ({s.sft_steps} steps, {s.warm_start} set)")
-    t = time.perf_counter()
-    sft_warm_start(
-        base_cfg,
-        model,
-        tok,
-        steps=s.sft_steps,
-        seed=seed,
-        out_dir=runs / f"sft-s{seed}",
-        progress=False,
-        save=False,
-        # the mixed set (No-Thinking prefix, ASRR's arms) is built for arithmetic; dialogue-events SFTs
-        # on its labels alone
-        pairs=warm_start_pairs(get_task(base_cfg.task.name, **base_cfg.task.params), s.warm_start)
-        if s.task == "arithmetic"
-        else None,
-    )
-    say(f"seed {seed}: SFT done in {time.perf_counter() - t:.0f} s")
+    if not s.real:
+        say(f"seed {seed}: SFT warm start ({s.sft_steps} steps, {s.warm_start} set)")
+        t = time.perf_counter()
+        sft_warm_start(
+            base_cfg,
+            model,
+            tok,
+            steps=s.sft_steps,
+            seed=seed,
+            out_dir=runs / f"sft-s{seed}",
+            progress=False,
+            save=False,
+            # the mixed set (No-Thinking prefix, ASRR's arms) is built for arithmetic; dialogue-events SFTs
+            # on its labels alone
+            pairs=warm_start_pairs(get_task(base_cfg.task.name, **base_cfg.task.params), s.warm_start)
+            if s.task == "arithmetic"
+            else None,
+        )
+        say(f"seed {seed}: SFT done in {time.perf_counter() - t:.0f} s")
     state = copy.deepcopy(model.state_dict())
-    out: dict[str, dict[str, Any]] = {}
-    for arm in s.arms:
+    pre_path = runs / f"precheck-s{seed}.json"
+    pre: dict[str, Any] | None = json.loads(pre_path.read_text()) if pre_path.exists() else None
+    for arm in todo:
         run_dir = runs / f"{arm}-s{seed}"
-        cfg = build_config(RLConfig, base, arm_overrides(s, arm, seed, run_dir))
+        shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished earlier attempt
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SingleUpdateWarning etc.: the bench sets minibatches itself
+            cfg = build_config(RLConfig, base, arm_overrides(s, arm, seed, run_dir))
         model.load_state_dict(state)
         t = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateSettingWarning)
             with RLTrainer(cfg, model, tok) as tr:
+                heldout = tr.task.split("heldout")[: s.eval_n]
+                if pre is None:  # the starting model, greedy, before any RL (same for every arm)
+                    pre = greedy_verdicts(tr, heldout)
+                    pre.update(
+                        model=s.model, task=s.task, n=len(heldout), in_band=0.10 <= pre["accuracy"] <= 0.40
+                    )
+                    atomic_write_json(pre_path, pre)
+                    say(
+                        f"seed {seed} PRE-CHECK {s.model} on {s.task}: greedy held-out accuracy "
+                        f"{pre['accuracy']:.3f} over {len(heldout)} (10-40 % band: {pre['in_band']}), "
+                        f"mean length {pre['length_mean']:.1f} tokens; sample: {pre['samples'][0]!r}"
+                    )
                 tr.train(progress=False)
                 rows = list(read_jsonl(run_dir / "metrics.jsonl"))
                 extra = task_scores(tr, rows, s.eval_n)
-        res = summarise_run(rows, warmup_frac=s.warmup_frac)
+                end = greedy_verdicts(tr, heldout)
+        own = [dict(pre, step=0), dict(end, step=s.steps)] if s.real else None
+        res = summarise_run(rows, warmup_frac=s.warmup_frac, evals=own)
         res.update(extra)
-        res.update(seed=seed, wall_s=time.perf_counter() - t, run_dir=str(run_dir))
+        res.update(
+            seed=seed,
+            wall_s=time.perf_counter() - t,
+            run_dir=str(run_dir),
+            correct_start=pre["correct"],
+            correct_end=end["correct"],
+            heldout_acc_end_verdicts=end["accuracy"],
+        )
+        res["gate"] = arm_gate(arm, res)
+        atomic_write_json(_result_path(runs, arm, seed), res)
         out[arm] = res
         say(
             f"seed {seed} {arm:>13}: held-out {res['heldout_acc_end']:.3f} (start {res['heldout_acc_start']:.3f}),"
             f" length {res['heldout_len_end']:.1f} (start {res['heldout_len_start']:.1f}), {res['wall_s']:.0f} s"
         )
+        say(f"seed {seed} {arm:>13}: GATE {res['gate']['verdict']}: {res['gate']['detail']}")
+    return out
+
+
+def _mean_key(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [float(r[key]) for r in rows if key in r]
+    return statistics.fmean(vals) if vals else None
+
+
+def arm_gate(arm: str, res: dict[str, Any]) -> dict[str, Any]:
+    """Did the arm's mechanism fire? From its step metrics (``res['mech']``); verdict FIRED / NOT FIRED
+    and the numbers behind it."""
+    m = res.get("mech", {})
+    if arm in ("grpo", "dgpo", "maspo", "e3-asrr-dgpo"):
+        clip = m.get("clipfrac")
+        fired = clip is not None and clip > 0
+        extra = {k: m[k] for k in m if "clip" in k or "boundary" in k or "gate" in k or k == "ratio_dev"}
+        detail = f"clip/boundary token fractions {extra}"
+    elif arm == "e3":
+        dev, nh, ne = res.get("entropy_dev_max"), res.get("n_hard_mean"), res.get("n_easy_mean")
+        fired = nh is not None and ne is not None and nh > ne
+        detail = (
+            f"entropy max dev {dev:.3f} from target (within 10 %: {dev is not None and dev <= 0.10}); "
+            f"rollouts per hard prompt {nh}, per easy prompt {ne}; τ end {res.get('temperature_end'):.3f}"
+        )
+    elif arm == "asrr":
+        share = m.get("shaped_groups_frac")
+        fired = bool(share)
+        detail = f"share of groups where the length penalty fired {share}; continue-thinking {m.get('continue_thinking_frac')}"
+    elif arm == "dapo":
+        zv = m.get("zero_var_frac")
+        extra = res.get("rollouts_total")
+        fired = zv is not None and zv == 0.0
+        detail = f"zero-variance groups after filtering {zv}; rollouts generated {extra}; rounds per step {m.get('sampling_rounds')}"
+    elif arm in ("nexgrpo", "random-failure", "success"):
+        fired = bool(res.get("replayed_total"))
+        detail = (
+            f"replayed {res.get('replayed_total')} trajectories; near-miss rate of replayed failures "
+            f"{m.get('replay/near_miss_rate')}"
+        )
+    else:
+        fired, detail = None, ""
+    return {"verdict": {True: "FIRED", False: "NOT FIRED", None: "n/a"}[fired], "detail": detail}
+
+
+def paired_differences(results: dict[str, list[dict[str, Any]]], ref: str = "grpo") -> dict[str, Any]:
+    """Each arm minus ``ref`` on held-out greedy accuracy and length: per seed, and pooled over the
+    (seed, question) pairs of the same held-out questions with SE = sd(d) / sqrt(n)."""
+    if ref not in results:
+        return {}
+    by_seed = {r["seed"]: r for r in results[ref]}
+    out: dict[str, Any] = {}
+    for arm, runs in results.items():
+        if arm == ref:
+            continue
+        d_acc: list[float] = []
+        seeds = []
+        d_len = []
+        for r in runs:
+            g = by_seed.get(r["seed"])
+            if g is None or "correct_end" not in r or "correct_end" not in g:
+                continue
+            seeds.append(r["seed"])
+            d_acc += [float(a) - float(b) for a, b in zip(r["correct_end"], g["correct_end"], strict=True)]
+            d_len.append(r["heldout_len_end"] - g["heldout_len_end"])
+        if not d_acc:
+            continue
+        n = len(d_acc)
+        mean = statistics.fmean(d_acc)
+        se = statistics.stdev(d_acc) / math.sqrt(n) if n > 1 else float("nan")
+        out[arm] = {
+            "seeds": seeds,
+            "acc_diff": mean,
+            "acc_diff_se": se,
+            "n_pairs": n,
+            "len_diff_per_seed": d_len,
+            "len_diff_mean": statistics.fmean(d_len),
+            "len_diff_se": statistics.stdev(d_len) / math.sqrt(len(d_len)) if len(d_len) > 1 else None,
+        }
     return out
 
 
 # ----------------------------------------------------------------------------------------- summary
-def summarise_run(rows: list[dict[str, Any]], *, warmup_frac: float = 0.25) -> dict[str, Any]:
-    """Per-run numbers and curves from a run's ``metrics.jsonl`` rows."""
+def summarise_run(
+    rows: list[dict[str, Any]], *, warmup_frac: float = 0.25, evals: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Per-run numbers and curves from a run's ``metrics.jsonl`` rows (``evals``: the start and end
+    evaluations when the bench made them itself, rows with ``step``, ``accuracy``, ``length_mean``)."""
     steps = [r for r in rows if r.get("kind") == "step"]
-    evals = [r for r in rows if r.get("kind") == "eval"]
+    evals = evals if evals is not None else [r for r in rows if r.get("kind") == "eval"]
     if not steps or not evals:
         raise ValueError("ablation run logged no step or no eval rows")
     ent = [float(r["entropy_pre_update"]) for r in steps]
@@ -358,7 +571,13 @@ def summarise_run(rows: list[dict[str, Any]], *, warmup_frac: float = 0.25) -> d
     rollouts = [float(r.get("sampler/rollouts_generated", r["num_sequences"])) for r in steps]
     hard = [r["sampler/n_hard"] for r in steps if "sampler/n_hard" in r]
     easy = [r["sampler/n_easy"] for r in steps if "sampler/n_easy" in r]
+    mech_keys = sorted(
+        {k for r in steps for k in r if "clip" in k or "boundary" in k or k.startswith("replay/")}
+        | {"shaped_groups_frac", "continue_thinking_frac", "zero_var_frac", "sampling_rounds", "ratio_mean"}
+    )
+    mech = {k: _mean_key(steps, k) for k in mech_keys}
     return {
+        "mech": {k: v for k, v in mech.items() if v is not None},
         "heldout_acc_start": float(evals[0]["accuracy"]),
         "heldout_acc_end": float(evals[-1]["accuracy"]),
         "heldout_len_start": float(evals[0]["length_mean"]),
@@ -514,6 +733,33 @@ def markdown_table(result: dict[str, Any]) -> str:
         "Claims: " + "; ".join(f"{k}: {v['holds']}" for k, v in result["claims"].items()),
         "",
     ]
+    for seed, pre in (result.get("prechecks") or {}).items():
+        lines.append(
+            f"Pre-check (seed {seed}): {pre['model']} on {pre['task']}, greedy held-out accuracy "
+            f"{pre['accuracy']:.3f} over {pre['n']} questions (10-40 % band: {pre['in_band']}), mean length "
+            f"{pre['length_mean']:.1f} tokens."
+        )
+    if result.get("gates"):
+        lines += ["", "| arm | seed | gate | detail |", "|---|---|---|---|"]
+        for arm, gates in result["gates"].items():
+            for r, g in zip(result["runs"][arm], gates, strict=True):
+                if g:
+                    lines.append(f"| {arm} | {r['seed']} | {g['verdict']} | {g['detail']} |")
+    if result.get("paired"):
+        lines += [
+            "",
+            "Paired differences vs grpo (held-out greedy accuracy over the same (seed, question) pairs, "
+            "SE = sd/sqrt(n); length per seed):",
+            "",
+            "| arm | seeds | Δacc ± SE | n pairs | Δlen (tokens) |",
+            "|---|---|---|---|---|",
+        ]
+        for arm, d in result["paired"].items():
+            lines.append(
+                f"| {arm} | {d['seeds']} | {d['acc_diff']:+.3f} ± {d['acc_diff_se']:.3f} | {d['n_pairs']} | "
+                f"{d['len_diff_mean']:+.1f} |"
+            )
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -524,6 +770,14 @@ def print_ablation(result: dict[str, Any]) -> None:
     print_table("posttrain bench ablation (mean ± std over seeds)", header, rows)
     for k, v in result["claims"].items():
         print(f"  {k}: {v}")
+    for arm, gates in (result.get("gates") or {}).items():
+        for r, g in zip(result["runs"][arm], gates, strict=True):
+            if g:
+                print(f"  gate {arm} s{r['seed']}: {g['verdict']}: {g['detail']}")
+    for arm, d in (result.get("paired") or {}).items():
+        print(
+            f"  {arm} - grpo: Δacc {d['acc_diff']:+.3f} ± {d['acc_diff_se']:.3f} (n={d['n_pairs']}), Δlen {d['len_diff_mean']:+.1f}"
+        )
 
 
 def plot_ablation(results: dict[str, list[dict[str, Any]]], path: Path) -> Path:

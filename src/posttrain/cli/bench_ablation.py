@@ -41,7 +41,9 @@ def ablation(
     ),
     eval_every: int | None = typer.Option(None, "--eval-every", min=1, help="Held-out eval every N steps."),
     task: str = typer.Option(
-        "arithmetic", "--task", help="arithmetic or dialogue-events (adds OOD macro-F1)."
+        "arithmetic",
+        "--task",
+        help="arithmetic or dialogue-events (adds OOD macro-F1); with --model smollm2-135m: word_problems or instructions.",
     ),
     warm_start: str | None = typer.Option(
         None,
@@ -53,6 +55,27 @@ def ablation(
     ),
     jobs: int | None = typer.Option(
         None, "--jobs", min=1, help="Worker processes, one seed each (default 1; 2 on 2 idle cores)."
+    ),
+    model: str = typer.Option(
+        "tiny",
+        "--model",
+        help="tiny (SFT warm start first) or the built-in real model smollm2-135m (no SFT).",
+    ),
+    prompts_per_step: int | None = typer.Option(
+        None, "--prompts-per-step", min=1, help="Prompts per RL step."
+    ),
+    group_size: int | None = typer.Option(
+        None, "--group-size", min=4, max=12, help="Completions per prompt."
+    ),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="Generation limit."),
+    eval_n: int | None = typer.Option(None, "--eval-n", min=1, help="Held-out questions evaluated."),
+    lr: float | None = typer.Option(
+        None, "--lr", help="Learning rate (default: 1e-4 tiny, 2e-5 real model)."
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Keep the finished (arm, seed) results in --out and run only the missing ones.",
     ),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke run (2 steps, tiny batches)."),
     out: Path = typer.Option(
@@ -79,6 +102,12 @@ def ablation(
         "warm_start": warm_start,
         "minibatches": minibatches,
         "jobs": jobs,
+        "model": model,
+        "prompts_per_step": prompts_per_step,
+        "group_size": group_size,
+        "max_new_tokens": max_new_tokens,
+        "eval_n": eval_n,
+        "lr": lr,
     }
     given = {k: v for k, v in given.items() if v is not None}
     try:
@@ -87,7 +116,9 @@ def ablation(
         raise typer.BadParameter(str(e)) from None
     err = Console(stderr=True)
     try:
-        result = run_ablation(settings, out, overwrite=overwrite, log=lambda m: err.print(m, highlight=False))
+        result = run_ablation(
+            settings, out, overwrite=overwrite, resume=resume, log=lambda m: err.print(m, highlight=False)
+        )
     except FileExistsError as e:
         raise typer.BadParameter(str(e), param_hint="--out") from None
     print_ablation(result)

@@ -31,37 +31,100 @@ from posttrain.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 class PromptFormatter:
     """Prompt text -> token ids, identical in rollout, SFT and evaluation.
 
-    template: a ``str.format`` template with one field ``{prompt}`` (e.g. the ASRR No-Thinking prefix
-    goes here); chat: wrap the formatted text as one user message with the tokenizer's chat template
+    template: a ``str.format`` template with one field ``{prompt}`` (the USER text); chat: wrap the
+    formatted text as one user message with the tokenizer's chat template
     (``add_generation_prompt=True``), as instruction-tuned checkpoints (Qwen3) expect.
+    assistant_prefix: text that opens the ASSISTANT turn, after the generation prompt (e.g. ASRR's
+    No-Thinking prefix ``<think>…</think>``, arXiv:2505.15400 Fig. 4): the model continues after it,
+    so it is part of the prompt ids (never trained on, never in the completion). When the chat
+    template's generation prompt already ends with the prefix's opening tag (R1-Distill templates end
+    with ``<think>\n``), that tag is not repeated. Without ``chat`` it is appended to the text.
     """
 
-    def __init__(self, tokenizer: Any, *, template: str = "{prompt}", chat: bool = False) -> None:
+    def __init__(
+        self, tokenizer: Any, *, template: str = "{prompt}", chat: bool = False, assistant_prefix: str = ""
+    ) -> None:
         if "{prompt}" not in template:
             raise ValueError(f"prompt template must contain '{{prompt}}', got {template!r}")
         self.tokenizer = tokenizer
         self.template = template
         self.chat = chat
+        self.assistant_prefix = assistant_prefix
 
     def text(self, prompt: str) -> str:
+        """The user text (template applied; no chat template, no assistant prefix)."""
         return self.template.replace("{prompt}", prompt)
 
+    def full_text(self, prompt: str) -> str:
+        """Everything the model sees before its completion, as text: the chat-wrapped user turn and
+        generation prompt (with ``chat``), then the assistant prefix."""
+        if not self._is_chat(prompt):
+            return self.text(prompt) + self.assistant_prefix
+        head = self.tokenizer.apply_chat_template(
+            self._turns(prompt), add_generation_prompt=True, tokenize=False
+        )
+        return head + _dedupe_opening_tag(head, self.assistant_prefix)
+
+    def _is_chat(self, prompt: Any) -> bool:
+        """A conversation (``tasks.ChatPrompt``) always goes through the chat template."""
+        return self.chat or bool(getattr(prompt, "messages", None))
+
+    def _turns(self, prompt: Any) -> list[dict[str, str]]:
+        """The chat turns: the prompt's own messages, or one user turn; the template applies to the last."""
+        messages = getattr(prompt, "messages", None)
+        turns = [{"role": r, "content": c} for r, c in messages or [("user", prompt)]]
+        turns[-1]["content"] = self.text(turns[-1]["content"])
+        return turns
+
     def encode(self, prompt: str) -> list[int]:
-        messages = getattr(prompt, "messages", None)  # a conversation (tasks.ChatPrompt): always chat
-        if self.chat or messages:
-            turns = [{"role": r, "content": c} for r, c in messages or [("user", prompt)]]
-            turns[-1]["content"] = self.text(turns[-1]["content"])
-            ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        if self._is_chat(prompt) and self.assistant_prefix:
+            return [int(i) for i in self.tokenizer.encode(self.full_text(prompt), add_special_tokens=False)]
+        if self._is_chat(prompt):
+            ids = self.tokenizer.apply_chat_template(
+                self._turns(prompt), add_generation_prompt=True, tokenize=True
+            )
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             return [int(i) for i in ids]
-        return [int(i) for i in self.tokenizer.encode(self.text(prompt), add_special_tokens=False)]
+        return [
+            int(i)
+            for i in self.tokenizer.encode(
+                self.text(prompt) + self.assistant_prefix, add_special_tokens=False
+            )
+        ]
 
     def encode_completion(self, completion: str) -> list[int]:
         """Completion text -> ids followed by EOS (the SFT target)."""
         ids = [int(i) for i in self.tokenizer.encode(completion, add_special_tokens=False)]
         eos = self.tokenizer.eos_token_id
         return [*ids, int(eos)] if eos is not None else ids
+
+
+def _dedupe_opening_tag(head: str, prefix: str) -> str:
+    """``prefix`` without its leading tag (e.g. ``<think>``) when ``head`` already ends with that tag."""
+    stripped = prefix.lstrip()
+    if stripped.startswith("<") and ">" in stripped:
+        tag = stripped[: stripped.index(">") + 1]
+        if head.rstrip().endswith(tag):
+            return stripped[len(tag) :].lstrip("\n")
+    return prefix
+
+
+#: Default markers of reasoning resumed after a No-Thinking prefix (case-insensitive substrings).
+CONTINUE_THINKING_MARKERS = ("</think>", "<think>", "wait", "hmm", "let me", "step by step")
+
+
+def continue_thinking_ratio(
+    texts: list[str], markers: tuple[str, ...] | list[str] = CONTINUE_THINKING_MARKERS
+) -> float:
+    """ASRR's Continue-Thinking ratio (arXiv:2505.15400, §4): the share of completions generated after
+    the No-Thinking prefix that resume reasoning, detected as containing any of ``markers``
+    (case-insensitive). The paper does not publish its detector; the markers are a choice, set them
+    per task (``task.continue_thinking_markers``). Empty list of texts: 0."""
+    if not texts:
+        return 0.0
+    low = [m.lower() for m in markers]
+    return sum(any(m in t.lower() for m in low) for t in texts) / len(texts)
 
 
 def cat_row_inputs(

@@ -236,7 +236,12 @@ class ImportanceWeights(Protocol):
 
 
 class ReplayWeights:
-    """Replayed rows: the buffer's ``is_weights(logp, logp_past, mask)`` (π_θ / π_past); fresh rows 1."""
+    """Replayed rows: the buffer's ``is_weights(old_logp, logp_past, mask)`` = π_old / π_past; fresh rows 1.
+
+    The weight uses π_old (the policy that started this step), not the current π_θ: the policy loss
+    already multiplies the PPO ratio π_θ / π_old, so the product is π_θ / π_past. With π_θ here the
+    ratio would be counted twice from the second minibatch or epoch on (on-policy, one update,
+    π_θ = π_old and both agree)."""
 
     def __init__(self, replay: Callable[[], ReplayBuffer]) -> None:
         self.replay = replay
@@ -245,7 +250,7 @@ class ReplayWeights:
         if not bool(episodes.replayed.any()):
             return None
         replayed = episodes.replayed.to(logp.device)[rows]
-        w = self.replay().is_weights(logp.detach(), batch.logprobs[rows], mask)
+        w = self.replay().is_weights(old_logp.detach(), batch.logprobs[rows], mask)
         return torch.where(replayed[:, None], w, torch.ones_like(w))
 
 

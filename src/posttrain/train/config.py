@@ -15,6 +15,7 @@ against what the named target accepts, also at config time.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -166,6 +167,14 @@ class TaskConfig(StrictModel):
     """Text around each prompt (e.g. an ASRR No-Thinking prefix); must contain ``{prompt}``."""
     chat_template: bool = False
     """Wrap prompts with the tokenizer's chat template (instruction-tuned checkpoints)."""
+    assistant_prefix: str = ""
+    """Text that opens the assistant turn, after the chat template's generation prompt (ASRR's
+    No-Thinking prefix, arXiv:2505.15400 Fig. 4); the same in rollout, SFT and evaluation."""
+    continue_thinking_markers: list[str] = Field(
+        default_factory=lambda: ["</think>", "<think>", "wait", "hmm", "let me", "step by step"]
+    )
+    """With an ``assistant_prefix``: completions containing any of these (case-insensitive) count as
+    Continue-Thinking (logged as ``continue_thinking_frac`` per step and ``continue_thinking`` per eval)."""
 
     @field_validator("prompt_template")
     @classmethod
@@ -530,6 +539,16 @@ class HooksConfig(StrictModel):
         return ([self.shaper] if self.shaper.name != "none" else []) + list(self.shapers)
 
 
+#: Objectives whose difference from plain policy gradient lives in the ratio r = π_θ / π_old (clip,
+#: clip-higher, dual clip, gates, sequence ratio, soft gate, truncated IS weight). With one on-policy
+#: update per rollout batch r ≡ 1, so each gives the same gradient as PPO/GRPO at r = 1.
+RATIO_OBJECTIVES = ("ppo", "dapo", "dgpo", "maspo", "gspo", "cispo", "sapo")
+
+
+class SingleUpdateWarning(UserWarning):
+    """A ratio-based objective with one on-policy update per step: its ratio mechanism never acts."""
+
+
 class RLConfig(StrictModel):
     """One RL run. Every field has a default; a YAML file overrides some, ``key=value`` the rest."""
 
@@ -591,6 +610,66 @@ class RLConfig(StrictModel):
                 f"rollout.max_new_tokens: {self.rollout.max_new_tokens} does not fit the context of model "
                 f"{self.model.name!r} ({ctx} tokens, prompt included); use at most {ctx - 1} (minus the "
                 "longest prompt)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _top_p_logprobs(self) -> RLConfig:
+        """``rollout.top_p < 1``: the engine's sampling log-probs are renormalised over the nucleus,
+        the trainer's over the full vocabulary, so every use of rollout log-probs would be biased
+        (the defect of TRL issue 6789). Refused where they are used: replay importance weights,
+        losses with the ``rollout_logp`` input, the engine's truncated IS (``tis_mode``)."""
+        if self.rollout.top_p >= 1.0:
+            return self
+        from posttrain.algos import get_policy_loss
+
+        users = []
+        if self.hooks.replay.name != "none":
+            users.append(f"hooks.replay {self.hooks.replay.name!r} (importance weights π_old/π_past)")
+        if "rollout_logp" in get_policy_loss(self.objective.name).inputs:
+            users.append(f"objective {self.objective.name!r} (input rollout_logp)")
+        if self.rollout.engine.params.get("tis_mode") is not None:
+            users.append("rollout.engine.params.tis_mode (truncated importance sampling)")
+        if users:
+            raise ValueError(
+                f"rollout.top_p={self.rollout.top_p}: sampling log-probs are renormalised over the "
+                "nucleus while the trainer's are over the full vocabulary, so their ratio is biased; "
+                f"used by {'; '.join(users)}. Set rollout.top_p=1.0 (or drop those parts)."
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_limit(self) -> RLConfig:
+        """DAPO's soft overlong penalty ramps down to ``max_length``, the hard generation limit
+        (arXiv:2503.14476, Eq. 13): any other value shifts or truncates the ramp."""
+        specs = [self.hooks.shaper, *self.hooks.shapers]
+        for i, spec in enumerate(specs):
+            if spec.name != "dapo-overlong":
+                continue
+            key = "hooks.shaper" if i == 0 else f"hooks.shapers[{i - 1}]"
+            got = spec.params.get("max_length")
+            if got != self.rollout.max_new_tokens:
+                raise ValueError(
+                    f"{key}.params.max_length: the dapo-overlong penalty needs max_length == "
+                    f"rollout.max_new_tokens ({self.rollout.max_new_tokens}), got {got!r}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _warn_single_update(self) -> RLConfig:
+        """Config-time warning: a ratio-based objective other than PPO/GRPO with ``minibatches=1`` and
+        ``ppo_epochs=1`` has r ≡ 1 and gives PPO's gradient (DGPO, MASPO and PPO then coincide)."""
+        from posttrain.algos import POLICY_LOSSES
+
+        name = POLICY_LOSSES.canonical(self.objective.name)
+        if name in RATIO_OBJECTIVES and name != "ppo" and not self.off_policy:
+            warnings.warn(
+                f"objective {name!r} with minibatches=1 and ppo_epochs=1: one on-policy update per "
+                "step, so the ratio π_θ/π_old is 1 and the objective's clip/gate never acts (its "
+                "gradient equals PPO/GRPO's). Set minibatches (the DGPO/MASPO authors' scripts do 4 "
+                "updates per step, DAPO's recipe 16) or ppo_epochs > 1 to use it.",
+                SingleUpdateWarning,
+                stacklevel=2,
             )
         return self
 

@@ -56,6 +56,7 @@ def run_eval(
     samples: int = 1,
     temperature: float = 1.0,
     report: Any = None,
+    thinking_markers: list[str] | None = None,
 ) -> dict[str, Any]:
     """Greedy pass@1 (``accuracy``), mean reward, length and truncated fraction on ``examples`` with
     any episode ``runner`` (over any engine) and ``reward_source``; with ``k > 1`` also ``pass@k`` from
@@ -92,6 +93,10 @@ def run_eval(
         np.add.at(per_group, seps.batch.group_ids.numpy(), s.astype(int))
         out[f"pass@{k}"] = float(np.mean([pass_at_k(samples, int(c), k) for c in per_group]))
         out["sampled_accuracy"] = float(s.mean())
+    if thinking_markers is not None:  # ASRR: share of greedy answers that resume reasoning
+        from posttrain.rollout.episodes import continue_thinking_ratio
+
+        out["continue_thinking"] = continue_thinking_ratio(list(eps.texts), thinking_markers)
     if report is not None:
         out["report"] = report(list(eps.examples), list(eps.texts))
     out["wall_s"] = time.perf_counter() - t0
@@ -337,7 +342,12 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
     model, tok = load_model_and_tokenizer(loc.path, dtype=cfg.model.dtype, device=device, seed=cfg.seed)
     reward_name = cfg.reward.name or task.default_reward
     reward_fn = get_reward(reward_name, **cfg.reward.params)
-    formatter = PromptFormatter(tok, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
+    formatter = PromptFormatter(
+        tok,
+        template=cfg.task.prompt_template,
+        chat=cfg.task.chat_template,
+        assistant_prefix=cfg.task.assistant_prefix,
+    )
     engine = build_engine(
         cfg.rollout.engine.name,
         cfg.rollout.engine.params,
@@ -371,6 +381,7 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
             samples=cfg.eval.samples,
             temperature=cfg.eval.temperature,
             report=getattr(task, "eval_report", None),
+            thinking_markers=cfg.task.continue_thinking_markers if cfg.task.assistant_prefix else None,
         )
     finally:
         source.close()
@@ -381,6 +392,7 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
         "task_params": dict(cfg.task.params),
         "prompt_template": cfg.task.prompt_template,
         "chat_template": cfg.task.chat_template,
+        "assistant_prefix": cfg.task.assistant_prefix,
         "reward": reward_name,
         "reward_params": dict(cfg.reward.params),
         "max_new_tokens": cfg.rollout.max_new_tokens,

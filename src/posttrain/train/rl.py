@@ -85,6 +85,7 @@ from posttrain.rollout import (
     build_reward_source,
     build_runner,
 )
+from posttrain.rollout.episodes import continue_thinking_ratio
 from posttrain.rollout.reward_source import RewardHandle
 from posttrain.train import dist
 from posttrain.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
@@ -368,7 +369,10 @@ class RLTrainer:
 
         self.reward_failures = RewardFailureMonitor(cfg.reward.max_failed_frac)  # shown once, counted
         self.formatter = PromptFormatter(
-            tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template
+            tokenizer,
+            template=cfg.task.prompt_template,
+            chat=cfg.task.chat_template,
+            assistant_prefix=cfg.task.assistant_prefix,
         )
         self.train_examples, _ = bound_prompts(  # prompts must leave max_new_tokens in the context
             self.train_examples,
@@ -625,7 +629,10 @@ class RLTrainer:
                 truncated=b.truncated,
             )
             changes[f"shaping/{i}_{name}_abs_change"] = float((shaped - before).abs().mean())
-        adv = self.adv_fn(shaped, b.group_ids, **self.cfg.advantage.params, **episodes.advantage_inputs)
+        inputs = dict(episodes.advantage_inputs)
+        if "token_counts" in self.adv_fn.defaults:  # token-weighted whitening (REINFORCE++, verl)
+            inputs.setdefault("token_counts", b.action_lengths.cpu())
+        adv = self.adv_fn(shaped, b.group_ids, **self.cfg.advantage.params, **inputs)
         wait = time.perf_counter() - t0
         return StepScores(raw, correct, shaped, adv, res.timeouts, res.errors, res.components, wait, changes)
 
@@ -806,6 +813,15 @@ class RLTrainer:
             "reward_timeouts": float(scored.timeouts),
             "reward_errors": float(scored.errors),
         }
+        # groups whose rewards the shapers changed (ASRR: the length penalty fired; DAPO: overlong)
+        changed = torch.zeros(g, dtype=torch.float64).index_add_(
+            0, inv, ((scored.shaped.double() - scored.raw.double()).abs() > 1e-12).double()
+        )
+        out["shaped_groups_frac"] = float((changed > 0).double().mean())
+        if self.cfg.task.assistant_prefix:  # ASRR's Continue-Thinking ratio of the step's completions
+            out["continue_thinking_frac"] = continue_thinking_ratio(
+                list(episodes.texts), self.cfg.task.continue_thinking_markers
+            )
         for k, vals in (scored.components or {}).items():
             if vals:
                 out[f"reward/{k}"] = float(np.mean(vals))
@@ -949,6 +965,9 @@ class RLTrainer:
                     k=e.k,
                     samples=e.samples,
                     temperature=e.temperature,
+                    thinking_markers=cfg.task.continue_thinking_markers
+                    if cfg.task.assistant_prefix
+                    else None,
                 )
             )
         for hook in self.hooks():  # curricula read the held-out accuracy

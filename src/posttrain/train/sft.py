@@ -256,7 +256,10 @@ class SFTTrainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.formatter = PromptFormatter(
-            self.tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template
+            self.tokenizer,
+            template=cfg.task.prompt_template,
+            chat=cfg.task.chat_template,
+            assistant_prefix=cfg.task.assistant_prefix,
         )
         self._task = None
         self.examples = self._training_examples(pairs, rows)

@@ -7,8 +7,10 @@ Source: "When to Continue Thinking: Adaptive Thinking Mode Switching for Efficie
 
 Choices where the paper is open: ε = 1e-6 (the paper says "small constant"); a group without a correct
 rollout gets no length term (O_i = 0; α is 0 there anyway unless τ = 0); the "α = 1.0" row of Table 3
-conflicts with the dynamic α and is ignored; the prefix uses Eq. 1's wording inside the think tags the
-figures show.
+conflicts with the dynamic α and is ignored; the prefix uses the figures' wording ("Okay, I think I
+have finished thinking.") inside think tags, as the assistant turn's opening; the Continue-Thinking
+detector (``posttrain.rollout.episodes.continue_thinking_ratio``) is a marker list, the paper's is not
+published.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ import torch
 
 from posttrain.hooks.base import GROUP_SHAPERS, GroupRewardShaper
 
-#: The No-Thinking prefix (arXiv:2505.15400, Eq. 1: x̃ = x ⊕ p_term), as the assistant's opening.
-NO_THINKING_PREFIX = "<think>Okay, I have finished thinking.\n</think>\n"
-#: ``task.prompt_template`` that appends the prefix to every prompt. The trainer's prompt formatter
-#: uses the same template for rollout, SFT and evaluation, so training and evaluation see one prompt.
+#: The No-Thinking prefix as the paper's figures render it (arXiv:2505.15400, Fig. 4): it OPENS THE
+#: ASSISTANT TURN, after the chat template's generation prompt. Use it as ``task.assistant_prefix``
+#: (the trainer's prompt formatter puts it after the generation prompt in rollout, SFT and evaluation
+#: alike). In the user text (``task.prompt_template``) a chat model such as R1-Distill would still open
+#: its own ``<think>`` block and think: the method would never run.
+NO_THINKING_PREFIX = "<think>\nOkay, I think I have finished thinking.\n</think>\n\n"
+#: Deprecated: a ``task.prompt_template`` with the prefix at the end of the USER text. Equivalent to
+#: ``task.assistant_prefix`` only without a chat template; kept for old configs.
 NO_THINKING_TEMPLATE = "{prompt}" + NO_THINKING_PREFIX
 
 
@@ -71,7 +77,7 @@ class ASRRShaper(GroupRewardShaper):
 
     The paper's reward is the 0/1 correctness; here the raw reward R_i stands in for it (identical
     for exact-match tasks; a task with partial credit keeps it). Lengths are the policy's tokens.
-    Use it with ``task.prompt_template`` = :data:`NO_THINKING_TEMPLATE` (the paper trains and
+    Use it with ``task.assistant_prefix`` = :data:`NO_THINKING_PREFIX` (the paper trains and
     evaluates in No-Thinking mode); ``window`` should be scaled to the task's completion lengths.
     """
 

@@ -7,10 +7,12 @@ Source: "E3" (Liao et al.), arXiv:2505.18573 (Alg. 1, Eq. 4), and the authors' c
 
 Differences from the authors' code, on purpose:
 
-* :func:`allocate_rollouts` caps the proportional step at ``g_max`` and hands the overflow out with
-  the remainder. The authors' ``get_rollout_n_per_prompt`` caps only the remainder step, so one very
-  hard prompt can exceed ``G_max`` (ranks [0, 0.05, 0.1, 0.95], 4/12, total 32 give [4, 5, 6, 17]
-  there, [6, 6, 8, 12] here).
+* :func:`allocate_rollouts` follows the authors' ``get_rollout_n_per_prompt`` by default
+  (``leftover="hardest-first"``): the proportional step is not capped, and the rounding leftover goes
+  to the hardest prompt first, up to ``G_max``, then the next. So one very hard prompt can exceed
+  ``G_max``: ranks [0, 0.05, 0.1, 0.95], 4/12, total 32 give [4, 4, 7, 17]. ``leftover="capped"``
+  (posttrain's earlier rule, kept as an option) caps the proportional step at ``g_max`` and hands the
+  overflow out one at a time round-robin in descending difficulty: [6, 6, 8, 12] there.
 * The entropy the temperature controller reads is the loop's ``entropy_pre_update`` metric: the
   token-mean entropy of the temperature-scaled policy on the step's action tokens, measured without a
   gradient and independent of any loss term. The authors' code reads ``actor/entropy_loss``, which verl
@@ -34,20 +36,40 @@ from posttrain.hooks.base import (
 )
 
 UNSEEN = -100.0  # rank of a question not seen yet (the authors' marker; allocation weight 0)
+#: How an unranked question counts once ranks exist (:meth:`E3Sampler.rank_of`).
+UNSEEN_RULES = ("hardest", "zero")
 
 
 # ------------------------------------------------------------------------------------ pure functions
-def allocate_rollouts(difficulty: list[float], total: int, g_min: int, g_max: int) -> list[int]:
+#: How :func:`allocate_rollouts` hands out what the proportional step leaves over.
+LEFTOVER_RULES = ("hardest-first", "capped")
+
+
+def allocate_rollouts(
+    difficulty: list[float], total: int, g_min: int, g_max: int, *, leftover: str = "hardest-first"
+) -> list[int]:
     """Completions per prompt for one batch (arXiv:2505.18573, Alg. 1; authors' code
-    ``get_rollout_n_per_prompt``), with the proportional step capped at ``g_max``.
+    ``e3/trainer/ray_trainer.py::get_rollout_n_per_prompt``).
 
     ``difficulty[i]`` is prompt i's rank in [0, 1) (larger = harder); a negative value (``UNSEEN``)
-    counts as weight 0. Every prompt gets ``g_min``, plus ``floor((total − B·g_min) · k_i / Σk)``
-    capped at ``g_max``; what is left is handed out one at a time, visiting prompts in descending
-    difficulty (cycling), skipping prompts at ``g_max``. When Σk = 0 (all unseen or all rank 0) the
-    split is uniform. The counts sum to ``total``, stay in [g_min, g_max], and a harder prompt never
-    gets fewer than an easier one. Raises ValueError when ``B·g_min <= total <= B·g_max`` fails.
+    counts as weight 0. Every prompt gets ``g_min`` plus ``floor((total − B·g_min) · k_i / Σk)``.
+
+    * ``leftover="hardest-first"`` (default; the authors' rule): the proportional step is not capped,
+      ``k`` is normalised as ``k / (Σk + 1e-8)`` as in their code, and the rounding leftover is given to
+      the hardest prompt up to ``g_max``, then to the next hardest, and so on (so one prompt may hold
+      more than ``g_max``: ranks [0, 0.05, 0.1, 0.95], 4/12, total 32 → [4, 4, 7, 17]).
+    * ``leftover="capped"`` (posttrain's earlier rule): the proportional step is capped at ``g_max``
+      and the leftover is handed out one at a time, visiting prompts in descending difficulty
+      (cycling), skipping prompts at ``g_max`` (→ [6, 6, 8, 12]); counts stay in [g_min, g_max].
+
+    Both: the counts sum to ``total``; a harder prompt never gets fewer than an easier one. When
+    Σk = 0 (all unseen or all rank 0) the split is uniform. Raises ValueError when
+    ``B·g_min <= total <= B·g_max`` fails or ``leftover`` is unknown.
     """
+    if leftover not in LEFTOVER_RULES:
+        raise ValueError(
+            f"allocate_rollouts: leftover must be one of {', '.join(LEFTOVER_RULES)}, got {leftover!r}"
+        )
     b = len(difficulty)
     if g_min < 1 or g_min > g_max:
         raise ValueError(f"allocate_rollouts: need 1 <= g_min <= g_max, got g_min={g_min}, g_max={g_max}")
@@ -65,8 +87,18 @@ def allocate_rollouts(difficulty: list[float], total: int, g_min: int, g_max: in
         base, rest = divmod(total, b)
         return [base + (i < rest) for i in range(b)]
     extra = total - b * g_min
-    counts = [min(g_min + math.floor(extra * ki / s), g_max) for ki in k]
     order = sorted(range(b), key=lambda i: (-k[i], i))
+    if leftover == "hardest-first":
+        counts = [g_min + math.floor(extra * (ki / (s + 1e-8))) for ki in k]
+        left = total - sum(counts)
+        for i in order:
+            if left <= 0:
+                break
+            add = min(left, max(g_max - counts[i], 0))
+            counts[i] += add
+            left -= add
+        return counts
+    counts = [min(g_min + math.floor(extra * ki / s), g_max) for ki in k]
     left = total - sum(counts)
     while left > 0:
         for i in order:
@@ -116,15 +148,32 @@ class E3Sampler(UniformSampler):
     (descending: rank = index / |D| in [0, 1), larger = harder; unseen questions weight 0) and widens
     the budget bounds: ``[G − widen·e, G + widen·e]`` clipped to ``[g_min, g_max]`` after e epochs
     (G = ``rollout.group_size``; authors' scripts: G 8, g_min 4, g_max 12, widen 2 → 8/8, 6/10, 4/12).
-    Each batch keeps the total ``prompts · G`` and splits it with :func:`allocate_rollouts`.
+    Each batch keeps the total ``prompts · G`` and splits it with :func:`allocate_rollouts`
+    (``leftover``: ``hardest-first``, the authors' rule, default; or ``capped``).
+
+    ``unseen``: how a question that has no rank once ranks exist counts. ``hardest`` (default, the
+    authors' code, where an unvisited question ranks among the hardest) gives it the largest rank;
+    ``zero`` gives it weight 0 (g_min). Before the first epoch ends no question has a rank and the
+    split is uniform either way.
     """
 
     def __init__(
-        self, examples: list[Any], *, seed: int = 0, g_min: int = 4, g_max: int = 12, widen: int = 2
+        self,
+        examples: list[Any],
+        *,
+        seed: int = 0,
+        g_min: int = 4,
+        g_max: int = 12,
+        widen: int = 2,
+        leftover: str = "hardest-first",
+        unseen: str = "hardest",
     ) -> None:
-        self.validate_params({"g_min": g_min, "g_max": g_max, "widen": widen})
+        self.validate_params(
+            {"g_min": g_min, "g_max": g_max, "widen": widen, "leftover": leftover, "unseen": unseen}
+        )
         super().__init__(examples, seed=seed)
         self.g_min, self.g_max, self.widen = g_min, g_max, widen
+        self.leftover, self.unseen = leftover, unseen
         self.stats: dict[str, list[float]] = {}  # question id -> [reward sum, count]
         self.ranks: dict[str, float] = {}
         self.epochs_done = 0
@@ -139,6 +188,12 @@ class E3Sampler(UniformSampler):
             raise ValueError(f"g_max must be an integer >= g_min ({g_min}), got {g_max!r}")
         if not isinstance(widen, int) or widen < 0:
             raise ValueError(f"widen must be an integer >= 0, got {widen!r}")
+        if params.get("leftover", "hardest-first") not in LEFTOVER_RULES:
+            raise ValueError(
+                f"leftover must be one of {', '.join(LEFTOVER_RULES)}, got {params.get('leftover')!r}"
+            )
+        if params.get("unseen", "hardest") not in UNSEEN_RULES:
+            raise ValueError(f"unseen must be one of {', '.join(UNSEEN_RULES)}, got {params.get('unseen')!r}")
 
     def bounds(self, group_size: int) -> tuple[int, int]:
         """[G_min, G_max] of the current epoch."""
@@ -161,14 +216,23 @@ class E3Sampler(UniformSampler):
         picked = super().plan(step, num_prompts, group_size).examples
         self._end_epochs()
         lo, hi = self.bounds(group_size)
-        ranks = [self.ranks.get(_qid(ex), UNSEEN) for ex in picked]
-        counts = allocate_rollouts(ranks, num_prompts * group_size, lo, hi)
+        ranks = [self.rank_of(_qid(ex)) for ex in picked]
+        counts = allocate_rollouts(ranks, num_prompts * group_size, lo, hi, leftover=self.leftover)
         hard = [n for r, n in zip(ranks, counts, strict=True) if r >= 0.5]
         easy = [n for r, n in zip(ranks, counts, strict=True) if 0 <= r < 0.5]
         self._last = {"g_min": lo, "g_max": hi, "ranked_frac": sum(r >= 0 for r in ranks) / len(ranks)}
         if hard and easy:
             self._last.update(n_hard=sum(hard) / len(hard), n_easy=sum(easy) / len(easy))
         return PromptPlan(picked, counts)
+
+    def rank_of(self, qid: str) -> float:
+        """A question's rank; unranked: ``UNSEEN`` before any ranking or with ``unseen="zero"``, else
+        the hardest rank ``(|D| − 1) / |D|`` (the authors' code)."""
+        if qid in self.ranks:
+            return self.ranks[qid]
+        if self.ranks and self.unseen == "hardest":
+            return (len(self.examples) - 1) / len(self.examples)
+        return UNSEEN
 
     def observe(self, outcomes: list[GroupOutcome], step: int) -> None:
         for o in outcomes:
@@ -209,14 +273,14 @@ class E3Temperature(Controller):
     :class:`~posttrain.hooks.Knobs`, which the trainer uses for sampling AND the training
     log-probs (logits / τ). ``init`` is the first τ (None: ``rollout.temperature``); τ stays in
     ``[min_temperature, max_temperature]`` (a guard, not in the paper). ``anneal=True`` lowers the target to ``eta · H_init`` over the last 40 %
-    of the run (cosine, :func:`e3_annealed_target`).
+    of the run (cosine, :func:`e3_annealed_target`); it is on by default, as in the paper's E3.
     """
 
     def __init__(
         self,
         *,
         init: float | None = None,
-        anneal: bool = False,
+        anneal: bool = True,
         eta: float = 0.9,
         min_temperature: float = 0.05,
         max_temperature: float = 5.0,

@@ -59,7 +59,9 @@ EMBEDDERS.accept(lambda obj: obj if callable(obj) else None, "a function (policy
 
 _GATES = ("quantile", "absolute", "none")
 _SELECT = ("softmax", "topk", "uniform", "confident")
-_IS_MODES = ("clip", "shape", "shape-grad")
+_IS_MODES = ("clip", "shape", "shape-grad", "exgrpo")
+_GATE_SCOPES = ("question", "pool")
+_SIMILARITY = ("zscore", "raw")
 
 
 # ------------------------------------------------------------------------------------ pure functions
@@ -154,11 +156,34 @@ def replay_is_weights(
         w = w.clamp(max=clip)
     elif mode == "shape":
         w = w / (w + beta)
-    elif mode == "shape-grad":
+    elif mode in ("shape-grad", "exgrpo"):  # exgrpo: ExGRPO's f(w) = w/(w+β) as its gradient weight
         w = beta * w / (w + beta) ** 2
     else:
         raise ValueError(f"is_mode must be one of {', '.join(_IS_MODES)}, got {mode!r}")
     return torch.where(mask.bool(), w, torch.ones_like(w))
+
+
+def standardise(scores: list[float]) -> list[float]:
+    """``(s − mean) / std`` over one question's candidates (population std; all equal → zeros), so the
+    softmax temperature acts on the spread WITHIN a question, not on raw cosines that all sit near 1."""
+    if len(scores) < 2:
+        return [0.0] * len(scores)
+    m = sum(scores) / len(scores)
+    sd = math.sqrt(sum((x - m) ** 2 for x in scores) / len(scores))
+    return [0.0] * len(scores) if sd < 1e-12 else [(x - m) / sd for x in scores]
+
+
+def token_edit_distance(a: list[int], b: list[int]) -> float:
+    """Levenshtein distance of two token-id lists divided by the longer length (0 = identical)."""
+    if not a and not b:
+        return 0.0
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i] + [0] * len(b)
+        for j, y in enumerate(b, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y))
+        prev = cur
+    return prev[-1] / max(len(a), len(b))
 
 
 def acc_weight(acc: float, sigma: float) -> float:
@@ -225,7 +250,14 @@ class ExperienceReplay(ReplayBuffer):
         self.records: dict[str, dict[str, Any]] = {}  # qid -> {example, acc, fail: [...], ok: [...]}
         self.started = False
         self.seq = 0  # insertion counter (eviction order)
-        self.totals = {"stored": 0, "evicted": 0, "retired": 0, "replayed": 0}
+        self.totals = {
+            "stored": 0,
+            "evicted": 0,
+            "retired": 0,
+            "replayed": 0,
+            "near_miss": 0,
+            "near_miss_measured": 0,
+        }
         self.policy: Any = None
         self._chosen: set[str] = set()
         self._bounds: tuple[float, float] | None = None
@@ -254,6 +286,12 @@ class ExperienceReplay(ReplayBuffer):
             raise ValueError(
                 f"gate_low / gate_high: need 0 <= low <= high (<= 1 for quantiles), got {p['gate_low']}, {p['gate_high']}"
             )
+        if p["gate_scope"] not in _GATE_SCOPES:
+            raise ValueError(f"gate_scope must be one of {', '.join(_GATE_SCOPES)}, got {p['gate_scope']!r}")
+        if p["similarity"] not in _SIMILARITY:
+            raise ValueError(f"similarity must be one of {', '.join(_SIMILARITY)}, got {p['similarity']!r}")
+        if not (isinstance(p["near_miss_distance"], int | float) and 0 <= p["near_miss_distance"] <= 1):
+            raise ValueError(f"near_miss_distance must lie in [0, 1], got {p['near_miss_distance']!r}")
         if p["select"] not in _SELECT:
             raise ValueError(f"select must be one of {', '.join(_SELECT)}, got {p['select']!r}")
         if p["is_mode"] not in _IS_MODES:
@@ -325,8 +363,8 @@ class ExperienceReplay(ReplayBuffer):
             self.seq += 1
             rec = self.records[_qid(episodes.examples[i])]
             is_ok = bool(ok[i])
-            if is_ok and self.store_kind == "failures" and e["emb"] is None:
-                continue  # correct solutions only serve proximity scoring
+            # failure stores keep the group's correct solutions too (never replayed): boundary scoring
+            # compares embeddings with them, the near-miss metric compares tokens
             if not is_ok and self.store_kind == "successes":
                 continue
             bucket = "ok" if is_ok else "fail"
@@ -369,13 +407,18 @@ class ExperienceReplay(ReplayBuffer):
             del self.records[q]
 
     # -- replay ---------------------------------------------------------------------------------
-    def gate_bounds(self) -> tuple[float, float]:
-        """``[lo, hi]`` of the mid-confidence gate over the current failure pool."""
+    def gate_bounds(self, q: str | None = None) -> tuple[float, float]:
+        """``[lo, hi]`` of the mid-confidence gate: quantiles over question ``q``'s failures
+        (``gate_scope: question``, default) or over the whole failure pool (``pool``; then it keeps a
+        fixed share of the pool whatever the questions)."""
         if self.p["gate"] == "none":
             return -math.inf, math.inf
         if self.p["gate"] == "absolute":
             return self.p["gate_low"], self.p["gate_high"]
-        s = sorted(e["conf"] for r in self.records.values() for e in r["fail"])
+        if self.p["gate_scope"] == "question" and q is not None:
+            s = sorted(e["conf"] for e in self.records.get(q, {}).get("fail", []))
+        else:
+            s = sorted(e["conf"] for r in self.records.values() for e in r["fail"])
         if not s:
             return -math.inf, math.inf
         return _quantile(s, self.p["gate_low"]), _quantile(s, self.p["gate_high"])
@@ -387,7 +430,9 @@ class ExperienceReplay(ReplayBuffer):
             return []
         if self.store_kind == "successes":
             return list(rec["ok"])
-        lo, hi = bounds or self.gate_bounds()
+        if bounds is None or self.p["gate_scope"] == "question":
+            bounds = self.gate_bounds(q)
+        lo, hi = bounds
         return [e for e in rec["fail"] if lo <= e["conf"] <= hi]
 
     def pick(self, q: str, k: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -402,6 +447,8 @@ class ExperienceReplay(ReplayBuffer):
                 scores = [0.0] * len(cands)
             else:
                 scores = boundary_similarity(torch.tensor(fails), torch.tensor(ok)).tolist()
+                if self.p["similarity"] == "zscore":
+                    scores = standardise(scores)
         else:
             scores = [e["conf"] for e in cands]
         idx = select_indices(scores, k, mode=mode, temperature=self.p["temperature"], rng=rng)
@@ -441,7 +488,7 @@ class ExperienceReplay(ReplayBuffer):
     def draw(self, plan: PromptPlan, step: int) -> list[list[Trajectory]]:
         out: list[list[Trajectory]] = []
         rng = random.Random(f"{self.p['seed']}:draw:{step}")
-        n_traj = 0
+        n_traj = n_near = measured = 0
         done: set[str] = set()
         for ex, size in zip(plan.examples, plan.n_per_prompt, strict=True):
             q = _qid(ex)
@@ -449,12 +496,33 @@ class ExperienceReplay(ReplayBuffer):
                 out.append([])
                 continue
             done.add(q)
-            trajs = [_trajectory(e) for e in self.pick(q, min(self.p["per_group"], size - 1), rng)]
+            picked = self.pick(q, min(self.p["per_group"], size - 1), rng)
+            if self.store_kind == "failures":
+                for e in picked:
+                    near = self.near_miss(q, e)
+                    if near is not None:
+                        measured += 1
+                        n_near += int(near)
+            trajs = [_trajectory(e) for e in picked]
             n_traj += len(trajs)
             out.append(trajs)
         self.totals["replayed"] += n_traj
+        self.totals["near_miss"] += n_near
+        self.totals["near_miss_measured"] += measured
         self._last["replayed_trajectories"] = float(n_traj)
+        if measured:
+            self._last["near_miss_rate"] = n_near / measured
         return out
+
+    def near_miss(self, q: str, entry: dict[str, Any]) -> bool | None:
+        """Whether a stored failure is a near miss: its token edit distance to the closest stored
+        correct solution of the same question is at most ``near_miss_distance`` (of the longer
+        length). None when the question has no stored correct solution."""
+        oks = self.records.get(q, {}).get("ok", [])
+        if not oks:
+            return None
+        d = min(token_edit_distance(entry["ids"], o["ids"]) for o in oks)
+        return d <= self.p["near_miss_distance"]
 
     def is_weights(self, logp: torch.Tensor, logp_past: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return replay_is_weights(
@@ -476,6 +544,8 @@ class ExperienceReplay(ReplayBuffer):
         if self.store_kind == "failures" and fails:
             bounds = self.gate_bounds()
             out["gated_frac"] = sum(len(self.candidates(q, bounds)) for q in self.records) / fails
+        if self.totals["near_miss_measured"]:
+            out["near_miss_rate_total"] = self.totals["near_miss"] / self.totals["near_miss_measured"]
         return out
 
     # -- checkpoint -----------------------------------------------------------------------------
@@ -508,10 +578,13 @@ _BASE_DEFAULTS: dict[str, Any] = {
     "gate": "quantile",  # mid-confidence gate: quantile | absolute | none
     "gate_low": 0.2,
     "gate_high": 0.8,
+    "gate_scope": "question",  # quantiles per question (question) or over the whole pool (pool)
     "confidence": "geo",  # geo: exp(mean log π); mean: mean π
     "embedding": "policy-mean",  # boundary sampling embedding (None: none); plug-in module:fn
     "select": "softmax",  # softmax | topk | uniform | confident
     "temperature": 0.1,  # T of the softmax over similarities
+    "similarity": "zscore",  # zscore: standardised within the question; raw: max cosine as is
+    "near_miss_distance": 0.2,  # a failure within this token edit distance of a correct one is a near miss
     "sigma": 1.0,  # question sampling p ∝ N(Acc; 0.5, σ) (ExGRPO)
     "is_mode": "clip",  # clip | shape | shape-grad
     "is_clip": 10.0,
