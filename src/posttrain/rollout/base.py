@@ -392,3 +392,17 @@ class RolloutEngine(ABC):
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027 - optional hook
         """Restore what :meth:`state_dict` returned."""
+
+
+class GeneratorStateMixin:
+    """``state_dict`` / ``load_state_dict`` of an in-process engine whose only sampling state is its
+    ``torch.Generator`` (``self.generator``): the HF and fast engines."""
+
+    generator: torch.Generator
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if "generator" in state:
+            self.generator.set_state(state["generator"].cpu())

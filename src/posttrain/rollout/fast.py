@@ -35,6 +35,7 @@ from posttrain.models.precision import check_precision, precision_autocast
 from posttrain.rollout.base import (
     FINISH_LENGTH,
     FINISH_STOP,
+    GeneratorStateMixin,
     RolloutBatch,
     RolloutEngine,
     SamplingParams,
@@ -135,7 +136,7 @@ def sample_next(
     return tok.squeeze(1), logp_all.gather(1, tok).squeeze(1)
 
 
-class FastEngine(RolloutEngine):
+class FastEngine(GeneratorStateMixin, RolloutEngine):
     """In-process decode loop over a ``transformers`` causal LM (see module docstring).
 
     max_batch_size: at most this many sequences per decode batch (whole prompt groups where they fit);
@@ -307,10 +308,3 @@ class FastEngine(RolloutEngine):
             group_ids=torch.zeros(n, dtype=torch.long),
             pad_token_id=self.pad_token_id,
         )
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if "generator" in state:
-            self.generator.set_state(state["generator"].cpu())

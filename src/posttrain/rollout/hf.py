@@ -18,6 +18,7 @@ import torch
 from posttrain.rollout.base import (
     FINISH_LENGTH,
     FINISH_STOP,
+    GeneratorStateMixin,
     RolloutBatch,
     RolloutEngine,
     SamplingParams,
@@ -88,7 +89,7 @@ class _Sampler:
         return torch.full_like(scores, float("-inf")).scatter_(1, tok, 0.0)
 
 
-class HFEngine(RolloutEngine):
+class HFEngine(GeneratorStateMixin, RolloutEngine):
     """In-process engine over a ``transformers`` causal LM (the policy being trained).
 
     max_batch_size: split a call into chunks of at most this many sequences (None = one batch).
@@ -188,13 +189,6 @@ class HFEngine(RolloutEngine):
             group_ids=torch.zeros(n, dtype=torch.long),
             pad_token_id=self.pad_token_id,
         )
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if "generator" in state:
-            self.generator.set_state(state["generator"].cpu())
 
 
 def _cancel_criteria(cancel: Any) -> Any:

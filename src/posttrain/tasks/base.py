@@ -61,11 +61,11 @@ class ChatPrompt(str):
         return (ChatPrompt, (self.messages,))
 
 
-def chat_prompt(value: Any, where: str, error: type[Exception] = ValueError) -> ChatPrompt:
-    """A list of ``{"role", "content"}`` objects ending in a user turn -> :class:`ChatPrompt`;
-    anything else raises ``error`` naming ``where`` and the message index."""
-    if not value:
-        raise error(f"{where}: an empty conversation (expected a list of {{'role', 'content'}} objects)")
+def message_pairs(value: Any, where: str, error: type[Exception] = ValueError) -> list[tuple[str, str]]:
+    """A non-empty list of ``{"role", "content"}`` objects -> ``[(role, content), ...]``; anything else
+    raises ``error`` naming ``where`` and the message index."""
+    if not isinstance(value, list) or not value:
+        raise error(f"{where}: expected a non-empty list of {{'role', 'content'}} messages")
     out = []
     for j, m in enumerate(value):
         if (
@@ -77,6 +77,15 @@ def chat_prompt(value: Any, where: str, error: type[Exception] = ValueError) -> 
                 f"{where}[{j}]: expected an object with string 'role' and 'content', got {str(m)[:60]!r}"
             )
         out.append((m["role"], m["content"]))
+    return out
+
+
+def chat_prompt(value: Any, where: str, error: type[Exception] = ValueError) -> ChatPrompt:
+    """A list of ``{"role", "content"}`` objects ending in a user turn -> :class:`ChatPrompt`;
+    anything else raises ``error`` naming ``where`` and the message index."""
+    if not value:
+        raise error(f"{where}: an empty conversation (expected a list of {{'role', 'content'}} objects)")
+    out = message_pairs(value, where, error)
     if out[-1][0] != "user":
         raise error(
             f"{where}: the conversation ends with a {out[-1][0]!r} message; a prompt must end with a user "

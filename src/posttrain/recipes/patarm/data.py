@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.recipes.patarm.prompts import TASK_TYPES
+from posttrain.tasks.base import message_pairs
 from posttrain.utils.errors import PosttrainError
 
 #: benchmark subset (prefixes end with '-') -> task type, so RewardBench / RM-Bench pairs get the rubric
@@ -145,20 +146,7 @@ def _str_field(row: dict[str, Any], key: str, where: str, *, required: bool) -> 
 
 
 def _messages(value: Any, where: str) -> list[tuple[str, str]]:
-    if not isinstance(value, list) or not value:
-        raise PreferenceDataError(f"{where}: expected a non-empty list of {{'role', 'content'}} messages")
-    out = []
-    for j, m in enumerate(value):
-        if (
-            not isinstance(m, dict)
-            or not isinstance(m.get("role"), str)
-            or not isinstance(m.get("content"), str)
-        ):
-            raise PreferenceDataError(
-                f"{where}[{j}]: expected an object with string 'role' and 'content', got {str(m)[:60]!r}"
-            )
-        out.append((m["role"], m["content"]))
-    return out
+    return message_pairs(value, where, PreferenceDataError)
 
 
 def _is_conversation(value: Any) -> bool:
