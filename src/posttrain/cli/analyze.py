@@ -18,7 +18,7 @@ analyze_app = typer.Typer(
 app.add_typer(analyze_app, name="analyze")
 
 _OVERRIDES = typer.Argument(None, help="key=value overrides, e.g. synthetic={} ift.steps=100 out_dir=runs/x")
-_CONFIG = typer.Option(None, "--config", "-c", help="YAML config (see configs/analysis-*.yaml)")
+_CONFIG = typer.Option(None, "--config", "-c", help="YAML config (see src/posttrain/studies/analysis/*.yaml)")
 _JSON = typer.Option(False, "--json", help="print the results as JSON instead of a table")
 
 

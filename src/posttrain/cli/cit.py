@@ -30,7 +30,7 @@ def run_cmd(
     overrides: list[str] | None = typer.Argument(
         None, help="key=value overrides, e.g. sft.steps=100 seeds=[0,1]"
     ),
-    config: Path | None = typer.Option(None, "--config", "-c", help="CIT YAML config (configs/cit-*.yaml)"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="CIT config (studies/cit/*.yaml)"),
 ) -> None:
     """Train the stream's tasks in order for every method and seed, evaluate all tasks after each stage
     (a rerun resumes after the last finished stage), then write the report."""

@@ -99,7 +99,7 @@ def train(
     method: str = typer.Option(
         "par", "--method", help="par (RL of a judge with PAR rewards) | bt (Bradley-Terry)"
     ),
-    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (configs/rm-*.yaml)"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (recipes/patarm/rm-*.yaml)"),
     data: Path | None = typer.Option(None, "--data", help="bt: preference JSONL / parquet"),
     task_type: str = _TASK_TYPE,
     overwrite: bool = typer.Option(False, "--overwrite", help="par: delete a previous run in out_dir"),

@@ -18,7 +18,7 @@ scpg_app = typer.Typer(
 app.add_typer(scpg_app, name="scpg")
 
 _OVERRIDES = typer.Argument(None, help="key=value overrides, e.g. stage1.steps=100 model.name=t5-tiny")
-_CONFIG = typer.Option(None, "--config", "-c", help="YAML config (configs/scpg-*.yaml)")
+_CONFIG = typer.Option(None, "--config", "-c", help="YAML config (src/posttrain/studies/scpg/scpg-*.yaml)")
 _PROGRESS = typer.Option(None, "--progress/--no-progress")
 
 

@@ -17,7 +17,7 @@ Pointwise input (``rubric_style="full"``)::
     Instruction: first write instance-specific criteria for this question, then evaluate ...
 
 Expected output: ``<criteria>...</criteria><score>7</score>`` (optionally after a ``<think>`` block).
-The primary (task-level) criteria are data files ``posttrain/rm/rubrics/{task}.txt``; the
+The primary (task-level) criteria are data files ``posttrain/recipes/patarm/rubrics/{task}.txt``; the
 instance-specific criteria are written by the judge itself. ``rubric_style="names"`` lists only the
 criterion names and ``"none"`` drops the block and the instruction (short prompts for tiny
 character-level models). Chat templating is applied by :class:`posttrain.rollout.PromptFormatter`
@@ -76,7 +76,7 @@ def _rubric_text(task_type: str, rubric_dir: str | Path | None) -> tuple[str, st
     if task_type not in TASK_TYPES:
         raise RubricError(f"unknown task type {task_type!r}; accepted: {', '.join(TASK_TYPES)}")
     res = files("posttrain.recipes.patarm") / "rubrics" / f"{task_type}.txt"
-    return res.read_text(encoding="utf-8"), f"posttrain/rm/rubrics/{task_type}.txt"
+    return res.read_text(encoding="utf-8"), f"posttrain/recipes/patarm/rubrics/{task_type}.txt"
 
 
 @cache

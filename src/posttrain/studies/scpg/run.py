@@ -20,7 +20,7 @@ generated trees; overall, on the hardest pairs (largest source–target TED) and
 
 Defaults are the authors' hyper-parameters (``config/training/tree_tasks/*.yaml``,
 ``config/training/stage_2/after_tree_*.yaml``, ``configs/para_train/stage_2/*.yaml``), sized for
-``t5-base`` on GPUs; ``configs/scpg-demo.yaml`` is a CPU-sized run of the tiny preset.
+``t5-base`` on GPUs; ``studies/scpg/scpg-demo-*.yaml`` are CPU-sized run of the tiny preset.
 """
 
 from __future__ import annotations
