@@ -126,11 +126,12 @@ def test_a_stage_is_one_pass_over_the_current_pool(monkeypatch):
     s = SAMPLERS.get("aparl")(_examples(16), seed=0, min_pool=2, accuracy_source="train")
     s.bind(run)
     s.plan(0, 4, 2)
-    assert len(s.ppl) == 8 and s.metrics()["stage_steps"] == 2.0  # 8 items left / 4 per step
+    assert len(s.ppl) == 8  # 8 items left
     s.plan(1, 4, 2)
     assert s.stage == 0
     s.plan(2, 4, 2)
-    assert s.stage == 1  # the next pass starts after 2 steps, not 16 / 4 = 4
+    assert s.stage == 1  # the next pass starts after 8 / 4 = 2 steps, not 16 / 4 = 4
+    assert s.metrics()["stage_steps"] == 2.0
     o = SAMPLERS.get("aparl")(_examples(16), seed=0, min_pool=2, stage_pool="original")
     o.bind(run)
     o.plan(0, 4, 2)

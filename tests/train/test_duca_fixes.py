@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from posttrain.algos import hian_advantages
-from posttrain.algos.advantages import hian_zero_variance_groups
 from posttrain.envs import SalesTask
 from posttrain.envs.sales import SalesEnv, matching_products
 from posttrain.models import load_model_and_tokenizer
@@ -133,6 +132,8 @@ def test_a_fitting_offer_converts_only_sometimes_with_accept_prob():
 def test_zero_variance_counts_what_hian_normalises():
     """Equal session rewards but a varying turn criterion: HIAN still has a signal (not zero-variance);
     a group where nothing varies, or a single session, is."""
+    from posttrain.algos.advantages import hian_zero_variance_groups
+
     gids = torch.tensor([0, 0, 1, 1, 2])
     session = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0])
     turns = torch.zeros(5, 3, 2)
