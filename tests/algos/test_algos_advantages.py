@@ -222,10 +222,17 @@ def test_hian_vector_criteria_are_zscored_separately():
 
 def test_hian_empty_session_next_to_vector_criteria():
     turns = [torch.zeros(0), torch.tensor([[1.0, 2.0], [3.0, 5.0]])]
-    a = hian_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), turns, [[], [(0, 1), (1, 2)]], 2)
+    spans = [[], [(0, 1), (1, 2)]]
+    a = hian_advantages(
+        torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), turns, spans, 2, turn_norm="per_criterion"
+    )
     close(a[0], [0.0, 0.0], 0)
     z = 2**-0.5  # two turns: each criterion z-scores to ±1/√2 (ε negligible); session part −1/√2
     close(a[1], [-2 * z - z, 2 * z - z], 1e-5)
+    # fused (default): the sum ±√2 is z-scored again to ±1/√2
+    a = hian_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), turns, spans, 2)
+    close(a[0], [0.0, 0.0], 0)
+    close(a[1], [-z - z, z - z], 1e-5)
 
 
 def test_hian_empty_sessions_and_spans():

@@ -217,13 +217,25 @@ def test_duca_zscores_each_criterion_and_rejects_missing_inputs(tok):
     ti = torch.tensor([[1, 1, 0, 2], [1, 0, 2, 2]])
     tr = torch.tensor([[[0.0, 10.0], [-1.0, 30.0], [0.0, 0.0]], [[-1.0, 20.0], [0.0, 40.0], [0.0, 0.0]]])
     num = torch.tensor([2, 2])
+    # turn_norm=per_criterion: the plain sum of the per-criterion z-scores (the behaviour before 0.3)
     a = get_advantage("duca")(
-        torch.zeros(2), torch.tensor([0, 0]), turn_index=ti, turn_rewards=tr, num_turns=num
+        torch.zeros(2),
+        torch.tensor([0, 0]),
+        turn_index=ti,
+        turn_rewards=tr,
+        num_turns=num,
+        turn_norm="per_criterion",
     )
     c1, c2 = torch.tensor([0.0, -1.0, -1.0, 0.0]), torch.tensor([10.0, 30.0, 20.0, 40.0])
     z = (c1 - c1.mean()) / (c1.std() + 1e-6) + (c2 - c2.mean()) / (c2.std() + 1e-6)
     torch.testing.assert_close(a[0], torch.stack([z[0], z[0], torch.tensor(0.0), z[1]]), atol=1e-5, rtol=0)
     torch.testing.assert_close(a[1], torch.stack([z[2], torch.tensor(0.0), z[3], z[3]]), atol=1e-5, rtol=0)
+    # default turn_norm=fused: that sum z-scored again over the same pool
+    f = get_advantage("duca")(
+        torch.zeros(2), torch.tensor([0, 0]), turn_index=ti, turn_rewards=tr, num_turns=num
+    )
+    zf = (z - z.mean()) / (z.std() + 1e-6)
+    torch.testing.assert_close(f[0], torch.stack([zf[0], zf[0], torch.tensor(0.0), zf[1]]), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="needs the per-turn inputs"):
         get_advantage("duca")(torch.zeros(2), torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="not contiguous"):

@@ -305,6 +305,7 @@ def hian_advantages(
     w_turn: float = 1.0,
     w_sess: float = 1.0,
     turn_grouping: str = "pool",
+    turn_norm: str = "fused",
     eps: float = 1e-6,
 ) -> Tensor:
     """DuCA/HIAN dual-horizon per-token advantages — PROPOSED DESIGN (DuCA, arXiv 2603.01481).
@@ -320,7 +321,17 @@ def hian_advantages(
             a turn with no peer in its pool gets A^turn = 0
         A_{i,t} = w_turn · A^turn_{i,k(t)} + w_sess · A^sess_i     for t in turn k's span; 0 elsewhere
 
-    Vector turn rewards ((K_i, C) tensors, several criteria) are z-scored per criterion, then summed.
+    Vector turn rewards ((K_i, C) tensors, several criteria) are z-scored per criterion, then summed:
+
+        S_{i,k} = Σ_c z_c(r_{i,k,c})
+        turn_norm="fused" (default): A^turn_{i,k} = (S_{i,k} − μ_S) / (σ_S + ε) over the same pool, so
+            the turn term has unit variance like the session term however many criteria vary;
+        turn_norm="per_criterion" (before 0.3): A^turn_{i,k} = S_{i,k}; its variance grows with the
+            number of criteria that vary in the pool (up to C), so the turn horizon dominates;
+        turn_norm="mean": A^turn_{i,k} = S_{i,k} / C (the criteria's mean z-score; variance ≤ 1, shrinking
+            when few criteria vary).
+
+    Both are proposed designs; the paper states only "normalised separately before fusion".
 
     Args:
         session_rewards: (B,) session-level (sparse) rewards.
@@ -335,6 +346,8 @@ def hian_advantages(
     where = "hian_advantages"
     if turn_grouping not in ("pool", "turn_index"):
         raise ValueError(f"{where}: turn_grouping must be 'pool' or 'turn_index', got {turn_grouping!r}")
+    if turn_norm not in TURN_NORMS:
+        raise ValueError(f"{where}: turn_norm must be one of {TURN_NORMS}, got {turn_norm!r}")
     for key, val in (("w_turn", w_turn), ("w_sess", w_sess), ("eps", eps)):
         if not is_number(val):
             raise ValueError(f"{where}: {key} must be a number, got {val!r}")
@@ -399,6 +412,12 @@ def hian_advantages(
         count, mean, std = group_stats(v, tinv, tgroups)
         z = (v - mean[tinv]) / (std[tinv] + eps)
         a_turn = torch.where(count[tinv].unsqueeze(-1) < 2, torch.zeros_like(z), z).sum(dim=-1)  # (N,)
+        if turn_norm == "fused":  # re-normalise the summed criteria in the same pools
+            _, s_mean, s_std = group_stats(a_turn, tinv, tgroups)
+            fused_z = (a_turn - s_mean[tinv]) / (s_std[tinv] + eps)
+            a_turn = torch.where(count[tinv] < 2, torch.zeros_like(a_turn), fused_z)
+        elif turn_norm == "mean":
+            a_turn = a_turn / v.shape[1]
 
         # token -> turn map via a difference array on integer ids (exact; no float cumsum residue)
         st = torch.tensor(starts, dtype=torch.long, device=device)
@@ -423,6 +442,38 @@ def hian_advantages(
     return out
 
 
+TURN_NORMS = ("fused", "per_criterion", "mean")
+
+
+def hian_zero_variance_groups(
+    session_rewards: Tensor, group_ids: Tensor, turn_rewards: Tensor, num_turns: Tensor
+) -> Tensor:
+    """(G,) bool per group (sorted ``group_ids``): True when NOTHING the HIAN estimator normalises varies in
+    the group — neither the session reward nor any turn criterion across the group's pooled turns (or the
+    group has one session). ``turn_rewards`` (B, K, C) or (B, K), ``num_turns`` (B,)."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1 if inv.numel() else 0
+    r = session_rewards.double()
+    cnt, mean, _ = group_stats(r, inv, n_groups)
+    spread = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, (r - mean[inv]).abs())
+    varies = spread > 1e-12
+    tr = turn_rewards.double()
+    if tr.dim() == 2:
+        tr = tr.unsqueeze(-1)
+    k_max = tr.shape[1]
+    valid = torch.arange(k_max).unsqueeze(0) < num_turns.cpu().unsqueeze(1)  # (B, K)
+    rows, ks = valid.nonzero(as_tuple=True)
+    if rows.numel():
+        v = tr[rows, ks]  # (N, C)
+        g = inv[rows]
+        lo = torch.full((n_groups, v.shape[1]), float("inf"), dtype=torch.float64)
+        hi = torch.full((n_groups, v.shape[1]), float("-inf"), dtype=torch.float64)
+        lo = lo.scatter_reduce(0, g.unsqueeze(1).expand_as(v), v, reduce="amin")
+        hi = hi.scatter_reduce(0, g.unsqueeze(1).expand_as(v), v, reduce="amax")
+        varies = varies | ((hi - lo) > 1e-12).any(dim=1)
+    return ~varies | (cnt < 2)
+
+
 def _validate_duca(name: str, p: dict) -> None:
     require(is_number(p["eps"]) and p["eps"] >= 0, KIND, name, "eps", "a number >= 0", p["eps"])
     for key in ("w_turn", "w_sess"):
@@ -435,6 +486,7 @@ def _validate_duca(name: str, p: dict) -> None:
         "'pool' or 'turn_index'",
         p["turn_grouping"],
     )
+    require(p["turn_norm"] in TURN_NORMS, KIND, name, "turn_norm", f"one of {TURN_NORMS}", p["turn_norm"])
     for key in ("turn_index", "turn_rewards", "num_turns"):
         require(
             p[key] is None or isinstance(p[key], Tensor),
@@ -487,6 +539,7 @@ def duca(
     w_turn: float = 1.0,
     w_sess: float = 1.0,
     turn_grouping: str = "pool",
+    turn_norm: str = "fused",
     eps: float = 1e-6,
 ) -> Tensor:
     """DuCA dual-horizon advantage over a multi-turn runner's inputs — HIAN is a PROPOSED DESIGN
@@ -497,7 +550,8 @@ def duca(
     ``advantage_inputs`` give ``turn_index`` (B, T) 1-based turn of each policy token (0 elsewhere),
     ``turn_rewards`` (B, K_max, C) the C criteria per turn and ``num_turns`` (B,). Each criterion is
     z-scored on its own (``turn_grouping``: "pool" = all turns of the group, "turn_index" = turns with
-    the same index), summed, and fused with the group-normalised session advantage:
+    the same index), summed, re-normalised in the same pools (``turn_norm: fused``, default; ``per_criterion``
+    keeps the plain sum, the behaviour before 0.3) and fused with the group-normalised session advantage:
     A_{i,t} = w_turn · A^turn_{i,k(t)} + w_sess · A^sess_i. Returns (B, T); 0 on non-policy tokens.
     """
     missing = [
@@ -535,5 +589,6 @@ def duca(
         w_turn=w_turn,
         w_sess=w_sess,
         turn_grouping=turn_grouping,
+        turn_norm=turn_norm,
         eps=eps,
     ).to(r.device)

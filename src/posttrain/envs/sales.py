@@ -10,10 +10,16 @@ Scenario (a :class:`SalesTask` example): a customer with a hidden **need** (a pr
 
 Customer rules, per agent turn (deterministic given the reset seed):
 
-1. The agent names a product (``Aero``, ``Titan``, ...): if it is of the needed category and within
-   the budget, the customer buys it — **conversion**, ``done``, session reward 1. Otherwise the
-   customer declines and reveals the cue that rules it out (wrong category -> the need; too expensive
-   -> the budget).
+0. The agent names MORE than one distinct product in a turn (``multi_offer: decline``, default):
+   the customer declines ("Please recommend just one."), reveals nothing and buys nothing. Before 0.3
+   (``multi_offer: allow``) naming the whole catalogue (it is in the prompt) converted every scenario
+   on the first turn.
+1. The agent names one product (``Aero``, ``Titan``, ...): if it is of the needed category and within
+   the budget, the customer buys it with probability ``accept_prob`` — **conversion**, ``done``,
+   session reward 1 — else hesitates ("I'm not sure about the Aero yet.", the offer may be repeated
+   on a later turn). ``accept_prob < 1`` is the noise that lets a competent seller convert only
+   sometimes. Otherwise the customer declines and reveals the cue that rules it out (wrong category
+   -> the need; too expensive -> the budget).
 2. Otherwise, if the agent asks a question (``?``), the customer reveals the next hidden cue (need
    first, then budget); without a question a cue is revealed with probability ``cue_prob``, else a
    non-committal reply.
@@ -60,6 +66,7 @@ CATALOG: tuple[Product, ...] = (
 )
 CATEGORIES: tuple[str, ...] = ("laptop", "phone", "headphones", "camera")
 CRITERIA: tuple[str, ...] = ("repetition", "ai_disclosure", "forbidden_claim", "format")
+MULTI_OFFER: tuple[str, ...] = ("decline", "allow")
 STORE_PROMPT = "Store: " + ", ".join(f"{p.name} {p.category} ${p.price}" for p in CATALOG) + ". Sell one."
 """The scenario prompt every sales example carries (what the agent knows about the store)."""
 
@@ -117,11 +124,38 @@ def matching_products(need: str, budget: int) -> list[str]:
 class SalesEnv(Env):
     """Rule-based simulated customer (see the module docstring). ``max_turns``: turn limit;
     ``cue_prob``: chance a cue is revealed on a turn without a question; ``max_words``: the format
-    check's word limit."""
+    check's word limit; ``multi_offer``: ``decline`` (a turn naming several products is declined)
+    or ``allow`` (before 0.3); ``accept_prob``: chance a fitting offer is bought; ``conversion_reward``: the session reward of a
+    sale (1; e.g. 10 to test an estimator's sensitivity to the session reward's scale)."""
 
     criteria = CRITERIA
 
-    def __init__(self, *, max_turns: int = 6, cue_prob: float = 0.3, max_words: int = 40) -> None:
+    def __init__(
+        self,
+        *,
+        max_turns: int = 6,
+        cue_prob: float = 0.3,
+        max_words: int = 40,
+        multi_offer: str = "decline",
+        accept_prob: float = 1.0,
+        conversion_reward: float = 1.0,
+    ) -> None:
+        if isinstance(conversion_reward, bool) or not isinstance(conversion_reward, int | float):
+            raise ValueError(
+                f"environment 'sales': conversion_reward must be a number, got {conversion_reward!r}"
+            )
+        self.conversion_reward = float(conversion_reward)
+        if multi_offer not in MULTI_OFFER:
+            raise ValueError(
+                f"environment 'sales': multi_offer must be one of {list(MULTI_OFFER)}, got {multi_offer!r}"
+            )
+        if (
+            isinstance(accept_prob, bool)
+            or not isinstance(accept_prob, int | float)
+            or not 0 < accept_prob <= 1
+        ):
+            raise ValueError(f"environment 'sales': accept_prob must be in (0, 1], got {accept_prob!r}")
+        self.multi_offer, self.accept_prob = multi_offer, float(accept_prob)
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"environment 'sales': max_turns must be an int >= 1, got {max_turns!r}")
         if not 0.0 <= float(cue_prob) <= 1.0:
@@ -151,6 +185,7 @@ class SalesEnv(Env):
         self.past: set[str] = set()
         self.counts = dict.fromkeys(CRITERIA, 0)
         self.offers: list[str] = []
+        self.multi_offers = 0
         return self._rng.choice(_OPENINGS)
 
     # ------------------------------------------------------------------------------------- cues
@@ -190,13 +225,19 @@ class SalesEnv(Env):
         self.offers.extend(named)
         good = set(matching_products(self.need, self.budget))
         obs = ""
-        if named:
+        if self.multi_offer == "decline" and len(set(named)) > 1:
+            self.multi_offers += 1
+            obs = "That is a lot of products. Please recommend just one."
+        elif named:
             hit = next((n for n in named if n in good), None)
-            if hit is not None:
+            if hit is not None and (self.accept_prob >= 1.0 or self._rng.random() < self.accept_prob):
                 self.converted, self.sold = True, hit
-                return StepResult(f"Great, I'll take the {hit}.", rewards, True, 1.0, {"sold": hit})
-            offered = next(p for p in CATALOG if p.name == named[0])
-            if offered.category != self.need:
+                return StepResult(
+                    f"Great, I'll take the {hit}.", rewards, True, self.conversion_reward, {"sold": hit}
+                )
+            if hit is not None:
+                obs = f"I'm not sure about the {hit} yet."
+            elif (offered := next(p for p in CATALOG if p.name == named[0])).category != self.need:
                 obs = f"No, not a {offered.category}. " + self._cue("need")
             else:
                 obs = "That is too expensive. " + self._cue("budget")
@@ -220,6 +261,7 @@ class SalesEnv(Env):
             "conversion": self.converted,
             "sold": self.sold,
             "offers": list(self.offers),
+            "multi_offer_turns": self.multi_offers,
             "violations": dict(self.counts),
         }
 

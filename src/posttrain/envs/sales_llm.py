@@ -95,8 +95,8 @@ class SalesLLMEnv(SalesEnv):
     """``sales`` with an LLM customer (see the module docstring). Endpoint params: ``base_url``
     (e.g. ``http://127.0.0.1:8000/v1``), ``model``, ``api_key_env`` (the *name* of an environment
     variable holding the key; unset = no key), ``temperature``, ``timeout_s`` (per request),
-    ``max_retries``, ``max_tokens``, ``backoff_base`` / ``backoff_max`` (seconds). ``max_turns`` and
-    ``max_words`` are the ``sales`` ones (``cue_prob`` only drives the rule-based replies, which
+    ``max_retries``, ``max_tokens``, ``backoff_base`` / ``backoff_max`` (seconds). ``max_turns``,
+    ``max_words``, ``multi_offer`` and ``accept_prob`` are the ``sales`` ones (``cue_prob`` only drives the rule-based replies, which
     the LLM replaces, but it still seeds the same rule state)."""
 
     def __init__(
@@ -114,8 +114,18 @@ class SalesLLMEnv(SalesEnv):
         max_turns: int = 6,
         cue_prob: float = 0.3,
         max_words: int = 40,
+        multi_offer: str = "decline",
+        accept_prob: float = 1.0,
+        conversion_reward: float = 1.0,
     ) -> None:
-        super().__init__(max_turns=max_turns, cue_prob=cue_prob, max_words=max_words)
+        super().__init__(
+            max_turns=max_turns,
+            cue_prob=cue_prob,
+            max_words=max_words,
+            multi_offer=multi_offer,
+            accept_prob=accept_prob,
+            conversion_reward=conversion_reward,
+        )
         try:
             p = SalesLLMParams(
                 base_url=base_url,

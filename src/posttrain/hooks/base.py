@@ -116,13 +116,15 @@ class RunInfo:
     size and the number of steps the run is configured for; for samplers and replay buffers that score
     text with the policy (APARL perplexities, NexGRPO embeddings) also the policy's
     :class:`~posttrain.models.ModelAdapter` (``policy``, None outside the trainer), the prompt encoder
-    (``encode_prompt``: prompt text -> ids, with the run's template) and ``chunk_size`` for log-probs."""
+    (``encode_prompt``: prompt text -> ids, with the run's template), ``chunk_size`` for log-probs and
+    the run's ``task`` (e.g. its ``reference_completion``; None outside the trainer)."""
 
     vocab_size: int
     total_steps: int
     policy: Any = None
     encode_prompt: Any = None
     chunk_size: int = 1024
+    task: Any = None
 
 
 @dataclass

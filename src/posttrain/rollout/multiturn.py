@@ -17,7 +17,10 @@ formatted example prompt followed by ``user_turn`` with the first observation, a
 prompt is ``[system: example prompt, user: first observation]`` with the generation prompt, and each
 reply is exactly the text the chat template puts after the agent's turn (end-of-turn, the user
 message, the next generation prompt). An agent turn cut by ``max_new_tokens`` (no EOS sampled) gets
-an EOS appended as an environment token, so every turn ends the way the template expects.
+an EOS appended as an environment token, so every turn ends the way the template expects. Because
+that EOS is not the policy's, a cut turn would otherwise cost nothing: ``cut_violation`` (default
+``"auto"`` = the environment's ``format`` criterion when it has one; a criterion name; or null for
+the behaviour before 0.3) marks every cut turn as violating that criterion (−1).
 
 Context cap: a conversation whose context (prompt + completion) plus the next turn's
 ``max_new_tokens`` would exceed ``max_context`` is cut before that turn: its row gets finish reason
@@ -110,6 +113,7 @@ class MultiTurnRunner(EpisodeRunner):
         user_turn: str = "\nUser: {observation}\nAgent:",
         seed: int = 0,
         transcripts: int = 3,
+        cut_violation: str | None = "auto",
     ) -> None:
         if reward not in REWARD_MODES:
             raise ValueError(
@@ -128,6 +132,14 @@ class MultiTurnRunner(EpisodeRunner):
         probe = self.make_env()
         self.criteria: tuple[str, ...] = tuple(probe.criteria)
         self.max_turns = int(probe.max_turns)
+        if cut_violation == "auto":
+            cut_violation = "format" if "format" in self.criteria else None
+        if cut_violation is not None and cut_violation not in self.criteria:
+            raise ValueError(
+                f"runner 'multi-turn': cut_violation {cut_violation!r} is not a criterion of environment "
+                f"{env!r} (criteria: {list(self.criteria)}); use one of them, 'auto' or null"
+            )
+        self.cut_violation = cut_violation
         self.max_context = max_context
         self.reward = reward
         self.turn_inputs = turn_inputs
@@ -208,11 +220,12 @@ class MultiTurnRunner(EpisodeRunner):
                 s.logprobs += lps
                 s.turn_index += [turn] * len(ids)
                 res = check_step(s.env, s.env.step(texts[j]), turn)
-                s.turn_rewards.append([float(res.turn_rewards[c]) for c in self.criteria])
-                s.messages.append(
-                    {"role": "assistant", "content": texts[j], "turn_rewards": res.turn_rewards}
-                )
                 cut = b.finish_reasons[j] == FINISH_LENGTH
+                turn_r = dict(res.turn_rewards)
+                if cut and self.cut_violation is not None:  # the EOS closing it is not the policy's
+                    turn_r[self.cut_violation] = min(float(turn_r[self.cut_violation]), -1.0)
+                s.turn_rewards.append([float(turn_r[c]) for c in self.criteria])
+                s.messages.append({"role": "assistant", "content": texts[j], "turn_rewards": turn_r})
                 s.turns_cut += int(cut)
                 if cut and eos is not None:  # close the turn the way the template expects
                     self._append_env(s, [int(eos)])
@@ -313,6 +326,7 @@ def multi_turn_runner(
     user_turn: str = "\nUser: {observation}\nAgent:",
     seed: int | None = None,
     transcripts: int = 3,
+    cut_violation: str | None = "auto",
 ) -> MultiTurnRunner:
     """Registry factory (``rollout.runner: {name: multi-turn, params: {...}}``): a
     :class:`MultiTurnRunner` over the context's engine and formatter; the environments are seeded from
@@ -328,6 +342,7 @@ def multi_turn_runner(
         user_turn=user_turn,
         seed=ctx.seed if seed is None else seed,
         transcripts=transcripts,
+        cut_violation=cut_violation,
     )
 
 

@@ -1,0 +1,248 @@
+"""DuCA experiment (HIAN is a proposed design) on the ``sales`` simulator, tiny preset: a warm start,
+a gate printed before RL, then the arms below from the same warm start, resumable per arm and seed
+(each finished arm is written to ``<out>/s<seed>/<arm>.json`` at once).
+
+Environment: ``multi_offer: decline`` (a turn naming several products is declined) and
+``accept_prob`` < 1 (a fitting offer is bought only sometimes), so the warm start converts sometimes
+and conversion varies inside a group.
+
+**Gate** (warm start, ``--gate-n`` held-out scenarios x ``--gate-g`` sampled conversations at
+temperature 1): conversion in [0.2, 0.8], at least 40 % of the groups mixed (some but not all
+conversations convert), every turn criterion's violation rate in [0.05, 0.5]. Printed and saved to
+``gate.json``; a seed whose gate fails is not trained unless ``--force``.
+
+**Arms** (same seed, steps, batch): ``duca`` (HIAN, fused turn term re-normalised), ``duca-mean``
+(turn term = mean of the per-criterion z-scores), ``duca-x10`` (HIAN with the conversion reward x10:
+HIAN z-scores the session reward, so it should not move), ``grpo-sum`` and ``grpo-sum-x10`` (GRPO on
+session + every turn criterion, conversion worth 1 or 10), ``grpo-session`` (GRPO on conversion only).
+Metrics: sampled conversion and each violation rate on the gate's scenarios after RL.
+
+Run: ``nice -n 10 python -m posttrain.recipes.duca.experiment --out runs/duca-exp --seeds 0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.envs.sales import CRITERIA
+
+CONFIG = Path(__file__).resolve().parent / "duca-sales.yaml"
+GRPO = ["advantage.name=grpo", "advantage.params={}", "rollout.runner.params.turn_inputs=false"]
+ARMS: dict[str, tuple[list[str], float]] = {  # overrides, conversion reward
+    "duca": (["advantage.params.turn_norm=fused"], 1.0),
+    "duca-mean": (["advantage.params.turn_norm=mean"], 1.0),
+    "grpo-sum": ([*GRPO, "rollout.runner.params.reward=sum"], 1.0),
+    "grpo-sum-x10": ([*GRPO, "rollout.runner.params.reward=sum"], 10.0),
+    "grpo-session": (GRPO, 1.0),
+    "duca-x10": (["advantage.params.turn_norm=fused"], 10.0),
+}
+GATE_CONV = (0.2, 0.8)
+GATE_MIXED = 0.4
+GATE_VIOL = (0.05, 0.5)
+
+
+def env_params(a: argparse.Namespace, conversion_reward: float = 1.0) -> str:
+    return (
+        f"rollout.runner.params.env_params={{max_turns: {a.max_turns}, multi_offer: decline, "
+        f"accept_prob: {a.accept_prob}, conversion_reward: {conversion_reward}}}"
+    )
+
+
+def sampled_metrics(trainer: Any, examples: list[Any], g: int, max_new: int) -> dict[str, Any]:
+    """``g`` sampled conversations (temperature 1) per scenario with the trainer's runner: conversion,
+    share of mixed groups, per-criterion violation rate (per turn), average turns, cut-turn rate."""
+    from posttrain.rollout import SamplingParams
+
+    runner = trainer.collector.runner
+    eps = runner.run(examples, [g] * len(examples), SamplingParams(temperature=1.0, max_new_tokens=max_new))
+    ev = runner.eval_metrics(eps)
+    conv = [bool(s.env.converted) for s in runner.last_sessions]
+    groups = [conv[i * g : (i + 1) * g] for i in range(len(examples))]
+    out = {
+        "conversion": sum(conv) / len(conv),
+        "mixed_groups": sum(0 < sum(x) < g for x in groups) / len(groups),
+        "avg_turns": ev["avg_turns"],
+        "turn_cut_rate": ev["turn_cut_rate"],
+        "violations": {c: ev[f"{c}_rate"] for c in CRITERIA},
+        "multi_offer_turns": sum(s.env.multi_offers for s in runner.last_sessions),
+        "scenarios": len(examples),
+        "samples": g,
+    }
+    return out
+
+
+def gate_check(m: dict[str, Any]) -> bool:
+    return (
+        GATE_CONV[0] <= m["conversion"] <= GATE_CONV[1]
+        and m["mixed_groups"] >= GATE_MIXED
+        and all(GATE_VIOL[0] <= v <= GATE_VIOL[1] for v in m["violations"].values())
+    )
+
+
+def _fmt(m: dict[str, Any]) -> str:
+    v = ", ".join(f"{k} {x:.3f}" for k, x in m["violations"].items())
+    return f"conversion {m['conversion']:.3f}, mixed groups {m['mixed_groups']:.2f}, violations: {v}"
+
+
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    m = statistics.fmean(xs)
+    return m, (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
+
+
+def summarise(out: Path, seeds: list[int]) -> str:
+    keys = ["conversion", *CRITERIA]
+    lines = ["| arm | seeds | " + " | ".join(keys) + " |", "|---" * (len(keys) + 2) + "|"]
+    for name in ["warm start", *ARMS]:
+        vals: dict[str, list[float]] = {k: [] for k in keys}
+        for s in seeds:
+            p = out / f"s{s}" / ("gate.json" if name == "warm start" else f"{name}.json")
+            if not p.exists():
+                continue
+            m = json.loads(p.read_text())
+            m = m.get("metrics", m)
+            vals["conversion"].append(m["conversion"])
+            for c in CRITERIA:
+                vals[c].append(m["violations"][c])
+        if not vals["conversion"]:
+            continue
+        cells = []
+        for k in keys:
+            mu, se = _mean_se(vals[k])
+            cells.append(f"{mu:.3f}" + ("" if math.isnan(se) else f" ± {se:.3f}"))
+        lines.append(f"| {name} | {len(vals['conversion'])} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text)
+    return text
+
+
+def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
+    from posttrain.envs.sales import SalesTask
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.recipes.duca.demo import sft_on_episodes, teacher_episodes
+    from posttrain.train.config import load_rl_config
+    from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
+
+    d = a.out / f"s{seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    base = [
+        f"seed={seed}",
+        f"steps={a.steps}",
+        "eval.every=0",
+        "eval.at_end=false",
+        "logging.progress=false",
+        f"rollout.runner.params.env_params={{max_turns: {a.max_turns}}}",
+    ]
+    cfg0 = load_rl_config(str(CONFIG), [*base, env_params(a), f"out_dir={d / 'gate'}"])
+    torch.set_num_threads(1)
+    model, tok = load_model_and_tokenizer(cfg0.model.name, device="cpu", seed=seed)
+    task = SalesTask(**cfg0.task.params)
+    held = task.split("heldout")[: a.gate_n]
+    max_new = cfg0.rollout.max_new_tokens
+    warm, gate_path = d / "warm.pt", d / "gate.json"
+    if warm.exists() and gate_path.exists():
+        model.load_state_dict(torch.load(warm, weights_only=True))
+        gate = json.loads(gate_path.read_text())
+        say(f"seed {seed}: warm start and gate reused from {d}")
+    else:
+        t = time.perf_counter()
+        rp = dict(cfg0.rollout.runner.params)
+        eps = teacher_episodes(tok, task.split("train"), rp, max_new_tokens=max_new, seed=seed)
+        losses = sft_on_episodes(model, eps, steps=a.sft_steps, batch_size=16, lr=1e-3, seed=seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tr = RLTrainer(cfg0, model, tok)
+        m = sampled_metrics(tr, held, a.gate_g, max_new)
+        gate = {
+            "seed": seed,
+            **m,
+            "sft_steps": a.sft_steps,
+            "sft_loss_first_last": [losses[0], losses[-1]],
+            "accept_prob": a.accept_prob,
+            "passes": gate_check(m),
+            "rule": f"conversion in {list(GATE_CONV)}, mixed groups >= {GATE_MIXED}, "
+            f"each violation rate in {list(GATE_VIOL)}",
+            "wall_s": time.perf_counter() - t,
+        }
+        torch.save(model.state_dict(), warm)
+        gate_path.write_text(json.dumps(gate, indent=2))
+    say(
+        f"GATE seed {seed} (warm start, {a.gate_n} scenarios x {a.gate_g}): {_fmt(gate)}: "
+        f"{'PASS' if gate['passes'] else 'FAIL'} ({gate['rule']})"
+    )
+    if not gate["passes"] and not a.force:
+        say(f"seed {seed}: gate failed, no RL (use --force)")
+        return
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for arm in a.arms:
+        path = d / f"{arm}.json"
+        if path.exists():
+            say(f"seed {seed} {arm}: done earlier")
+            continue
+        extra, scale = ARMS[arm]
+        model.load_state_dict(state)
+        cfg = load_rl_config(str(CONFIG), [*base, *extra, env_params(a, scale), f"out_dir={d / arm}"])
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegenerateSettingWarning)
+            with RLTrainer(cfg, model, tok) as trainer:
+                trainer.train(progress=False, overwrite=True)
+                # evaluate with conversion worth 1 whatever the arm trained with (rates only)
+                ecfg = load_rl_config(str(CONFIG), [*base, env_params(a), f"out_dir={d / 'gate'}"])
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    etr = RLTrainer(ecfg, trainer.model, tok)
+                m = sampled_metrics(etr, held, a.gate_g, max_new)
+        rows = [json.loads(x) for x in (d / arm / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in rows if r.get("kind") == "step"]
+        res = {
+            "arm": arm,
+            "seed": seed,
+            "steps": a.steps,
+            "overrides": extra,
+            "conversion_reward": scale,
+            "metrics": m,
+            "train_conversion_first_last": [steps[0]["accuracy"], steps[-1]["accuracy"]] if steps else None,
+            "zero_var_frac_mean": statistics.fmean(r["zero_var_frac"] for r in steps) if steps else None,
+            "wall_s": time.perf_counter() - t,
+        }
+        path.write_text(json.dumps(res, indent=2))
+        say(f"seed {seed} {arm}: {_fmt(m)}, {res['wall_s']:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/duca-exp"))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--max-turns", type=int, default=5)
+    ap.add_argument("--accept-prob", type=float, default=0.4)
+    ap.add_argument("--gate-n", type=int, default=40)
+    ap.add_argument("--gate-g", type=int, default=4)
+    ap.add_argument("--force", action="store_true", help="train a seed whose gate failed")
+    ap.add_argument("--summary-only", action="store_true")
+    a = ap.parse_args(argv)
+
+    def say(msg: str) -> None:
+        print(f"[duca-exp {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    if not a.summary_only:
+        for seed in a.seeds:
+            run_seed(a, seed, say)
+            summarise(a.out, a.seeds)
+    print(summarise(a.out, a.seeds))
+
+
+if __name__ == "__main__":
+    main()
