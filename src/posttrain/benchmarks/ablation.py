@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.recipes.asrr.hooks import NO_THINKING_PREFIX
+from posttrain.utils.stats import mean_se
 
 _E3 = [
     "hooks.sampler={name: e3, params: {g_min: 4, g_max: 12, widen: 2}}",
@@ -539,8 +540,7 @@ def paired_differences(results: dict[str, list[dict[str, Any]]], ref: str = "grp
         if not d_acc:
             continue
         n = len(d_acc)
-        mean = statistics.fmean(d_acc)
-        se = statistics.stdev(d_acc) / math.sqrt(n) if n > 1 else float("nan")
+        mean, se = mean_se(d_acc)
         out[arm] = {
             "seeds": seeds,
             "acc_diff": mean,
@@ -548,7 +548,7 @@ def paired_differences(results: dict[str, list[dict[str, Any]]], ref: str = "grp
             "n_pairs": n,
             "len_diff_per_seed": d_len,
             "len_diff_mean": statistics.fmean(d_len),
-            "len_diff_se": statistics.stdev(d_len) / math.sqrt(len(d_len)) if len(d_len) > 1 else None,
+            "len_diff_se": mean_se(d_len)[1] if len(d_len) > 1 else None,
         }
     return out
 

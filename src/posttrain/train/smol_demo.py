@@ -25,10 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.utils.io import atomic_write_json
-
-
-def _se(p: float, n: int) -> float:
-    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
+from posttrain.utils.stats import se_binomial
 
 
 def paired_gain(before: list[bool], after: list[bool]) -> dict[str, float]:
@@ -84,9 +81,9 @@ def evaluate_instructions(
     return {
         "n": n,
         "prompt_strict": rep["prompt_strict"],
-        "prompt_strict_se": _se(rep["prompt_strict"], n),
+        "prompt_strict_se": se_binomial(rep["prompt_strict"], n),
         "prompt_loose": rep["prompt_loose"],
-        "prompt_loose_se": _se(rep["prompt_loose"], n),
+        "prompt_loose_se": se_binomial(rep["prompt_loose"], n),
         "instruction_strict": rep["instruction_strict"],
         "instruction_loose": rep["instruction_loose"],
         "per_type": rep["per_type"],

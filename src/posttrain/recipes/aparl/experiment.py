@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import statistics
 import time
 import warnings
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from posttrain.utils.stats import mean_se
 
 CONFIG = Path(__file__).resolve().parent / "grpo-aparl-events.yaml"
 ARMS = ("dapo", "aparl", "aparl-frozen", "aparl-reverse")
@@ -101,12 +102,6 @@ def level_gate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _mean_se(xs: list[float]) -> tuple[float, float]:
-    m = statistics.fmean(xs)
-    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
-    return m, se
-
-
 def summarise(out: Path, seeds: list[int]) -> dict[str, Any]:
     """Paired differences (arm − dapo) over the seeds that finished both arms."""
     res: dict[int, dict[str, Any]] = {}
@@ -118,14 +113,14 @@ def summarise(out: Path, seeds: list[int]) -> dict[str, Any]:
         for k in ("ood_f1", "hard_f1", "id_f1"):
             xs = [res[s][a][k] for s in seeds if a in res[s]]
             if xs:
-                m, se = _mean_se(xs)
+                m, se = mean_se(xs)
                 summary["arms"].setdefault(a, {})[k] = {"mean": m, "se": se, "n": len(xs)}
         if a == "dapo":
             continue
         for k in ("ood_f1", "hard_f1", "id_f1"):
             diffs = [res[s][a][k] - res[s]["dapo"][k] for s in seeds if a in res[s] and "dapo" in res[s]]
             if diffs:
-                m, se = _mean_se(diffs)
+                m, se = mean_se(diffs)
                 summary["paired_vs_dapo"].setdefault(a, {})[k] = {"mean": m, "se": se, "n": len(diffs)}
     lines = ["| arm | seeds | OOD macro-F1 | hardest-quartile F1 | in-domain F1 |", "|---|---|---|---|---|"]
     for a, ks in summary["arms"].items():

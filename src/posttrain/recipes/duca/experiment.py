@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from posttrain.envs.sales import CRITERIA
+from posttrain.utils.stats import mean_se
 
 CONFIG = Path(__file__).resolve().parent / "duca-sales.yaml"
 GRPO = ["advantage.name=grpo", "advantage.params={}", "rollout.runner.params.turn_inputs=false"]
@@ -93,11 +94,6 @@ def _fmt(m: dict[str, Any]) -> str:
     return f"conversion {m['conversion']:.3f}, mixed groups {m['mixed_groups']:.2f}, violations: {v}"
 
 
-def _mean_se(xs: list[float]) -> tuple[float, float]:
-    m = statistics.fmean(xs)
-    return m, (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
-
-
 def summarise(out: Path, seeds: list[int]) -> str:
     keys = ["conversion", *CRITERIA]
     lines = ["| arm | seeds | " + " | ".join(keys) + " |", "|---" * (len(keys) + 2) + "|"]
@@ -116,7 +112,7 @@ def summarise(out: Path, seeds: list[int]) -> str:
             continue
         cells = []
         for k in keys:
-            mu, se = _mean_se(vals[k])
+            mu, se = mean_se(vals[k])
             cells.append(f"{mu:.3f}" + ("" if math.isnan(se) else f" ± {se:.3f}"))
         lines.append(f"| {name} | {len(vals['conversion'])} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +39,8 @@ from typing import Any
 
 from posttrain.recipes.patarm.data import PreferencePair, load_preferences, save_preferences
 from posttrain.utils.io import atomic_write_json
+from posttrain.utils.stats import mean_se as _mean_se
+from posttrain.utils.stats import se_binomial
 
 JUDGE_ARMS: tuple[str, ...] = ("base", "sft", "par_indicator", "par_antisymmetric", "bt")
 RLHF_ARMS: tuple[str, ...] = ("judge", "random", "verifiable")
@@ -112,18 +113,10 @@ class RealRMSettings:
         return cls(**base)  # type: ignore[arg-type]
 
 
-def se_binomial(p: float, n: int) -> float:
-    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
-
-
 def mean_se(xs: list[float]) -> dict[str, float]:
     """Mean and standard error over seeds (``sd / sqrt(n)``, sample sd; NaN with one seed)."""
-    n = len(xs)
-    if not n:
-        return {"mean": float("nan"), "se": float("nan"), "n": 0}
-    m = sum(xs) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else float("nan")
-    return {"mean": m, "se": sd / math.sqrt(n) if n > 1 else float("nan"), "n": n}
+    m, se = _mean_se(xs)
+    return {"mean": m, "se": se, "n": len(xs)}
 
 
 def near_miss_index(chosen: str, failing: list[str]) -> int:
