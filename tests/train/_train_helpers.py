@@ -77,3 +77,19 @@ CLI_TINY = [
     "eval.n=4",
     "threads=1",
 ]
+
+
+# RLConfig overrides for in-process trainer tests: tiny preset, 1-digit sums, 4 prompts x 4 completions
+# of 3 tokens, in-process rewards (test_rl_loop, test_audit_mutants).
+RL_BASE = [
+    "model.name=tiny",
+    "model.device=cpu",
+    'task.params={digits: 1, ops: "+", n_train: 60, n_heldout: 20}',
+    "reward.num_workers=0",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=3",
+    "eval.n=8",
+    "eval.at_start=false",
+    "optimizer.lr=1e-3",
+]

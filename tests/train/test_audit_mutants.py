@@ -19,20 +19,8 @@ from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _train_helpers import RL_BASE as BASE
 from _train_helpers import Constant
-
-BASE = [
-    "model.name=tiny",
-    "model.device=cpu",
-    'task.params={digits: 1, ops: "+", n_train: 60, n_heldout: 20}',
-    "reward.num_workers=0",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=3",
-    "eval.n=8",
-    "eval.at_start=false",
-    "optimizer.lr=1e-3",
-]
 
 
 def _trainer(tmp_path, *extra, reward=None, **kw):

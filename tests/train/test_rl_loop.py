@@ -32,20 +32,8 @@ from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 
 # reward-pool workers unpickle rewards by module path: keep them in a plain module on sys.path
 sys.path.insert(0, str(Path(__file__).parent))
+from _train_helpers import RL_BASE as BASE
 from _train_helpers import Constant, FirstCharDigit, SleepyReward
-
-BASE = [
-    "model.name=tiny",
-    "model.device=cpu",
-    'task.params={digits: 1, ops: "+", n_train: 60, n_heldout: 20}',
-    "reward.num_workers=0",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=3",
-    "eval.n=8",
-    "eval.at_start=false",
-    "optimizer.lr=1e-3",
-]
 
 
 def cfg(tmp_path, *extra):
