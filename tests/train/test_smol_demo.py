@@ -56,3 +56,20 @@ def test_smol_demo_runs_end_to_end_on_tiny(tmp_path):
     assert s["rl_steps"] == 1 and s["heldout_before"]["n"] == 6 and s["ifbench_before"] is None
     assert set(s["heldout_gain"]) == {"gain", "se", "gain_over_se"}
     assert (out / "rl" / "model" / "config.json").is_file() and (out / "curves.png").is_file()
+
+
+def test_shipped_demo_smol_config_builds_its_task():
+    """The shipped settings must be satisfiable: n_train 2000 asked for more distinct one-type prompts than
+    the request x topic x kwargs space holds (520), so the real demo stopped before loading the model."""
+    from importlib.resources import files
+
+    from posttrain.tasks import get_task
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import build_config
+
+    cfg = build_config(RLConfig, str(files("posttrain.configs") / "demo_smol.yaml"), [])
+    task = get_task(cfg.task.name, **cfg.task.params)
+    train, held = task.split("train"), task.split("heldout")
+    assert len(train) == cfg.task.params["n_train"] and len(held) >= cfg.eval.n
+    assert not {e.prompt for e in train} & {e.prompt for e in held}
+    assert cfg.model.precision == "bf16" and cfg.rollout.engine.name == "fast"

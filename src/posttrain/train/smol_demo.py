@@ -47,9 +47,20 @@ def _peak_rss_gib() -> float:
 
 
 def evaluate_instructions(
-    model: Any, tok: Any, task: Any, examples: list[Any], *, max_new_tokens: int, batch_size: int
+    model: Any,
+    tok: Any,
+    task: Any,
+    examples: list[Any],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    engine: str = "hf",
+    precision: str = "fp32",
 ) -> dict[str, Any]:
-    """Greedy completions of ``examples`` (chat template) scored by the task's ``eval_report``."""
+    """Greedy completions of ``examples`` (chat template) scored by the task's ``eval_report``, sampled
+    by the rollout ``engine`` under ``precision`` (the settings the RL stage uses, so before and after
+    are measured the same way)."""
+    from posttrain.models import precision_autocast
     from posttrain.rewards import get_reward
     from posttrain.rollout import PromptFormatter
     from posttrain.rollout.reward_source import FunctionRewardSource
@@ -58,16 +69,18 @@ def evaluate_instructions(
     source = FunctionRewardSource(get_reward("instructions_strict"), num_workers=0)
     try:
         t0 = time.perf_counter()
-        res = evaluate(
-            model,
-            tok,
-            examples,
-            source,
-            formatter=PromptFormatter(tok, chat=True),
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            report=task.eval_report,
-        )
+        with precision_autocast(model.device, precision):
+            res = evaluate(
+                model,
+                tok,
+                examples,
+                source,
+                formatter=PromptFormatter(tok, chat=True),
+                engine=engine,
+                max_new_tokens=max_new_tokens,
+                batch_size=batch_size,
+                report=task.eval_report,
+            )
     finally:
         source.close()
     rep = res["report"]
@@ -91,6 +104,8 @@ def evaluate_instructions(
         "length_mean": res["length_mean"],
         "truncated": res["truncated"],
         "max_new_tokens": max_new_tokens,
+        "engine": engine,
+        "precision": precision,
         "wall_s": time.perf_counter() - t0,
         "items": rep["items"],
         "samples": res["samples"][:3],
@@ -136,14 +151,15 @@ def run_smol_demo(
     heldout = task.split("heldout")[: cfg.eval.n]
     bs = cfg.rollout.max_batch_size or 16
     mnt = cfg.rollout.max_new_tokens
+    ev_kw = {"engine": cfg.rollout.engine.name, "precision": cfg.model.precision}
     bench = get_task("ifbench") if ifbench else None
     bench_ex = bench.split("heldout") if bench is not None else []
 
     print(f"[smol] held-out before RL: {len(heldout)} prompts", flush=True)
-    before = evaluate_instructions(model, tok, task, heldout, max_new_tokens=mnt, batch_size=bs)
+    before = evaluate_instructions(model, tok, task, heldout, max_new_tokens=mnt, batch_size=bs, **ev_kw)
     ifb_before = (
         evaluate_instructions(
-            model, tok, bench, bench_ex, max_new_tokens=ifbench_max_new_tokens, batch_size=bs
+            model, tok, bench, bench_ex, max_new_tokens=ifbench_max_new_tokens, batch_size=bs, **ev_kw
         )
         if bench is not None
         else None
@@ -156,10 +172,10 @@ def run_smol_demo(
         policy = save_model_dir(trainer.model, trainer.tokenizer, out / "rl" / "model")
         model = trainer.model
     print("[smol] held-out after RL", flush=True)
-    after = evaluate_instructions(model, tok, task, heldout, max_new_tokens=mnt, batch_size=bs)
+    after = evaluate_instructions(model, tok, task, heldout, max_new_tokens=mnt, batch_size=bs, **ev_kw)
     ifb_after = (
         evaluate_instructions(
-            model, tok, bench, bench_ex, max_new_tokens=ifbench_max_new_tokens, batch_size=bs
+            model, tok, bench, bench_ex, max_new_tokens=ifbench_max_new_tokens, batch_size=bs, **ev_kw
         )
         if bench is not None
         else None
