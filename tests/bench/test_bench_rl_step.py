@@ -499,3 +499,69 @@ def test_bench_micro_bf16_fast_engine_records_precision_figures():
     assert 0 <= result["posttrain_rollout_logp_diff"] < 0.05
     assert result["posttrain_rollout_ratio_mean"] == pytest.approx(1.0, abs=0.05)
     assert result["config"]["precision"] == "bf16" and result["config"]["engine"] == "fast"
+
+
+def test_phase_breakdown_closed_form():
+    """Medians per phase, shares of the median step, FLOP-limited phases only, and `other` = the step
+    time no timer covers. Mutants: FLOPs of the update attributed to generation, or `other` left out,
+    change these numbers."""
+    metrics = [
+        {
+            "time_step": 10.0,
+            "time_generation": 6.0,
+            "time_forward_overlap": 1.0,
+            "time_reward_wait": 0.5,
+            "time_update": 2.0,
+        },
+        {
+            "time_step": 12.0,
+            "time_generation": 7.0,
+            "time_forward_overlap": 1.0,
+            "time_reward_wait": 0.5,
+            "time_update": 3.0,
+        },
+        {
+            "time_step": 11.0,
+            "time_generation": 6.5,
+            "time_forward_overlap": 1.0,
+            "time_reward_wait": 0.5,
+            "time_update": 2.5,
+        },
+    ]
+    flops = {"generation": 65 * 10**9, "train_forward": 10 * 10**9, "train_backward": 20 * 10**9}
+    rows = {r["phase"].split(" ")[0]: r for r in rs.phase_breakdown(metrics, flops, gflops_rate=100.0)}
+    gen, upd, fw, other = rows["generation"], rows["update"], rows["forwards"], rows["other"]
+    assert gen["median_s"] == 6.5 and gen["share"] == pytest.approx(6.5 / 11.0)
+    assert gen["gflop"] == pytest.approx(65.0) and gen["achieved_gflops"] == pytest.approx(10.0)
+    assert gen["x_limit"] == pytest.approx(6.5 / 0.65)
+    assert upd["gflop"] == pytest.approx(30.0) and upd["x_limit"] == pytest.approx(2.5 / 0.30)
+    assert fw["gflop"] is None and fw["x_limit"] is None and fw["median_s"] == 1.0
+    assert other["median_s"] == pytest.approx(0.5)  # 10-9.5, 12-11.5, 11-10.5
+    assert rs.phase_breakdown([], flops, 1.0) == []
+
+
+def test_cli_rl_step_profile_prints_phases_and_top_ops(tmp_path):
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    out = tmp_path / "rl_step.json"
+    args = ["bench", "rl-step", "--preset", "tiny", "--prompts", "2", "--group-size", "2"]
+    args += ["--new-tokens", "2", "--repeats", "1", "--warmup", "0", "--no-trl", "--matmul-size", "64"]
+    args += ["--threads", "1", "--quiet", "--profile", "--json", str(out)]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "where posttrain's step goes" in res.output and "top operators" in res.output
+    result = json.loads(out.read_text())
+    phases = result["posttrain_phases"]
+    assert [p["phase"].split(" ")[0] for p in phases] == [
+        "generation",
+        "forwards",
+        "reward",
+        "update",
+        "other",
+    ]
+    assert sum(p["share"] for p in phases) == pytest.approx(1.0, abs=0.05)
+    ops = result["posttrain_profile"]
+    assert ops and all(o["calls"] >= 1 and o["self_s"] > 0 for o in ops)
+    assert [o["self_s"] for o in ops] == sorted((o["self_s"] for o in ops), reverse=True)

@@ -44,6 +44,9 @@ def rl_step(
         None, "--threads", min=1, help="torch threads for the run (1 = steadiest on a shared machine)."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-round progress lines."),
+    profile: bool = typer.Option(
+        False, "--profile", help="One more posttrain step under torch.profiler: the top operators."
+    ),
 ) -> None:
     """Median time of one RL step: posttrain vs TRL GRPOTrainer vs the floor (HF generate with posttrain's
     sampler + fwd/bwd/AdamW) vs plain HF (the same with HF's multinomial sampler).
@@ -86,6 +89,7 @@ def rl_step(
         seed=seed,
         matmul_size=matmul_size,
         threads=threads,
+        profile=profile,
         log=None if quiet else (lambda msg: err.print(msg, highlight=False)),
     )
     result["overrides"] = overrides

@@ -713,6 +713,80 @@ def summarize(
     }
 
 
+#: posttrain's per-phase timers (``RLTrainer.report``), in step order, and the FLOPs each phase does
+PHASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("generation", "time_generation", ("generation",)),
+    ("forwards w/o grad (old / ref log-probs)", "time_forward_overlap", ()),
+    ("reward wait", "time_reward_wait", ()),
+    ("update (forward + backward + AdamW)", "time_update", ("train_forward", "train_backward")),
+)
+
+
+def phase_breakdown(
+    metrics: Sequence[dict[str, Any]], flops: dict[str, int], gflops_rate: float | None
+) -> list[dict[str, Any]]:
+    """Where posttrain's step spends its time: the median of each phase timer over the measured steps,
+    its share of the median step, and for the phases that do the step's counted FLOPs the achieved
+    GFLOP/s and how many times the matmul-rate limit (``gflops_rate``) the phase takes. ``other`` is the
+    step time no phase timer covers (metrics, hooks, batch building)."""
+    steps = [m for m in metrics if "time_step" in m]
+    if not steps:
+        return []
+    step_med = _median([m["time_step"] for m in steps]) or 0.0
+    rows: list[dict[str, Any]] = []
+    covered = []
+    for label, key, flop_keys in PHASES:
+        secs = [float(m.get(key, 0.0)) for m in steps]
+        med = _median(secs) or 0.0
+        covered.append(secs)
+        f = sum(flops.get(k, 0) for k in flop_keys)
+        limit = f / (gflops_rate * 1e9) if f and gflops_rate else None
+        rows.append(
+            {
+                "phase": label,
+                "median_s": med,
+                "share": med / step_med if step_med > 0 else None,
+                "gflop": f / 1e9 if f else None,
+                "achieved_gflops": f / 1e9 / med if f and med > 0 else None,
+                "x_limit": _ratio(med, limit),
+            }
+        )
+    other = [m["time_step"] - sum(c[i] for c in covered) for i, m in enumerate(steps)]
+    o = _median(other) or 0.0
+    rows.append(
+        {
+            "phase": "other (metrics, hooks, batch building)",
+            "median_s": o,
+            "share": o / step_med if step_med > 0 else None,
+            "gflop": None,
+            "achieved_gflops": None,
+            "x_limit": None,
+        }
+    )
+    return rows
+
+
+def profile_step(side: PosttrainStep, *, top: int = 15) -> list[dict[str, Any]]:
+    """One extra posttrain step under ``torch.profiler`` (CPU): the ``top`` operators by self CPU time,
+    with calls, self seconds and their share of the profiled total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        side.step()
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [
+        {
+            "op": e.key,
+            "calls": int(e.count),
+            "self_s": e.self_cpu_time_total / 1e6,
+            "share": e.self_cpu_time_total / total,
+        }
+        for e in events[:top]
+    ]
+
+
 def run_rl_step_bench(
     preset: RLStepPreset,
     *,
@@ -724,8 +798,12 @@ def run_rl_step_bench(
     matmul_repeats: int = 3,
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """Run the implementations interleaved; return the JSON-able result.
+
+    ``profile``: after the measured rounds, one more posttrain step under ``torch.profiler`` gives the
+    top operators (``posttrain_profile``); the per-phase table (``posttrain_phases``) is always there.
 
     `threads` sets torch's intra-op thread count for the run (restored afterwards); None keeps it.
     On a machine shared with other jobs, `threads=1` gives far steadier ratios than oversubscribed
@@ -780,7 +858,7 @@ def run_rl_step_bench(
             preset,
             task_params,
             seed=seed,
-            steps=total_rounds,
+            steps=total_rounds + int(profile),
             out_dir=f"{work_dir}/posttrain",
         )
         stack.callback(posttrain.close)
@@ -831,6 +909,7 @@ def run_rl_step_bench(
         else:
             for i in range(total_rounds):
                 round_others(i)
+        top_ops = profile_step(posttrain) if profile else None
 
     measured = {side: times[warmup:] for side, times in all_times.items()}
     lengths = {
@@ -863,6 +942,8 @@ def run_rl_step_bench(
             [m["rollout_ratio_mean"] for m in posttrain.metrics[warmup:] if "rollout_ratio_mean" in m]
         ),
         "trl_skipped_reason": trl_skipped,
+        "posttrain_phases": None,  # filled below from the rates in the summary
+        "posttrain_profile": top_ops,
         "step_times_s": measured,
         "warmup_times_s": {side: times[:warmup] for side, times in all_times.items()},
         "matmul_size": matmul_size,
@@ -881,6 +962,8 @@ def run_rl_step_bench(
         },
         "torch_threads": threads,
     }
+    rate = result["matmul_gflops_bf16"] if preset.precision == "bf16" else result["matmul_gflops"]
+    result["posttrain_phases"] = phase_breakdown(posttrain.metrics[warmup : warmup + repeats], flops, rate)
     _check_token_counts(result, preset.new_tokens)
     return result
 
@@ -1025,6 +1108,29 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         console.print(
             f"[yellow]noisy run[/yellow]: ratios of medians and paired ratios differ by up to {gap:.0%}; "
             "the machine load changed during the run. Rerun with more --repeats or --threads 1."
+        )
+    phases = result.get("posttrain_phases") or []
+    if phases:
+        prec = result["config"].get("precision", "fp32")
+        print_table(
+            f"where posttrain's step goes (median over the measured steps; limit = the phase's FLOPs at "
+            f"the measured {prec} matmul rate)",
+            ["phase", "median s", "share", "GFLOP", "GFLOP/s", "x limit"],
+            [
+                [r["phase"], r["median_s"], r["share"], r["gflop"], r["achieved_gflops"], r["x_limit"]]
+                for r in phases
+            ],
+            floatfmt=".3f",
+            console=console,
+        )
+    ops = result.get("posttrain_profile") or []
+    if ops:
+        print_table(
+            "torch.profiler, one posttrain step: top operators by self CPU time",
+            ["operator", "calls", "self s", "share"],
+            [[r["op"], r["calls"], r["self_s"], r["share"]] for r in ops],
+            floatfmt=".3f",
+            console=console,
         )
     if result.get("trl_skipped_reason"):
         # not markup: the reason names `posttrain[bench]`, which rich would read as a style tag
