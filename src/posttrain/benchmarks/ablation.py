@@ -84,13 +84,17 @@ TASKS: dict[str, Callable[[Any], list[str]]] = {
     # real built-in model (``--model smollm2-135m``): chat tasks, its own rewards, no SFT warm start
     "word_problems": lambda s: [
         "task.name=word_problems",
-        f"task.params={{steps: {s.wp_steps}, max_value: 20, n_train: {s.n_train}, n_heldout: {max(s.eval_n, 50)}, seed: 0}}",
+        f"task.params={{steps: {s.wp_steps}, max_value: {s.wp_max_value}, n_train: {s.n_train}, n_heldout: {max(s.eval_n, 50)}, seed: 0}}",
         "task.chat_template=true",
-        "reward.name=numeric",
+        # the model reasons before it answers ("9 - 5 = 4 ... She has 4"): read the last number, not the
+        # first line (with `numeric` the pre-check gave 0.000 at 16 tokens)
+        "reward.name=last_number",
     ],
     "instructions": lambda s: [
         "task.name=instructions",
-        f"task.params={{types: [startend:quotation], max_instructions: 1, n_train: {s.n_train}, n_heldout: {max(s.eval_n, 50)}, seed: 0}}",
+        # postscript: the base model follows it on ~30 % of held-out prompts (inside the 10-40 % band);
+        # startend:quotation gave 0.033 at 32 tokens
+        f"task.params={{types: [detectable_content:postscript], max_instructions: 1, n_train: {s.n_train}, n_heldout: {max(s.eval_n, 50)}, seed: 0}}",
         "task.chat_template=true",
         "reward.name=instructions_strict",
     ],
@@ -146,7 +150,8 @@ class AblationSettings:
     jobs: int = 1  # worker processes, one seed each (2 on a 2-core machine halves the wall time)
     model: str = "tiny"  # "tiny" (SFT warm start first) or a real model such as smollm2-135m (no SFT)
     lr: float | None = None  # None: the base config's (1e-4 tiny; 2e-5 for a real model)
-    wp_steps: int = 2  # word_problems operations per problem
+    wp_steps: int = 1  # word_problems operations per problem
+    wp_max_value: int = 20  # word_problems largest start amount
     extra: list[str] = field(default_factory=list)
 
     @property
@@ -215,7 +220,15 @@ def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> li
         f"out_dir={run_dir}",
     ]
     if s.real:  # the bench evaluates the start (once per seed) and the end itself, per question
-        shared += [f"model.name={s.model}", f"optimizer.lr={s.lr or 2e-5}", "rollout.max_batch_size=32"]
+        shared += [
+            f"model.name={s.model}",
+            f"optimizer.lr={s.lr or 2e-5}",
+            "rollout.max_batch_size=32",
+            # bf16 autocast over fp32 master weights and the fast decode loop (docs/precision.md,
+            # docs/bench-generate.md): the real model's steps cost ~1.6x less than fp32 + HF generate
+            "model.precision=bf16",
+            "rollout.engine={name: fast}",
+        ]
         shared = [o for o in shared if not o.startswith(("eval.at_start", "eval.at_end", "eval.every"))]
         shared += ["eval.at_start=false", "eval.at_end=false", "eval.every=0"]
     elif s.lr is not None:
@@ -310,6 +323,7 @@ def _read_prechecks(runs: Path, seeds: list[int]) -> dict[str, Any]:
 def greedy_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
     """Per-question greedy verdicts of the trainer's current policy (same engine, runner, formatter and
     reward source as its evaluation): accuracy, mean length and the 0/1 list (for paired differences)."""
+    from posttrain.models import precision_autocast
     from posttrain.rollout import EngineContext, RunnerContext, SamplingParams, build_engine, build_runner
     from posttrain.train.evaluate import EVAL_SEED
 
@@ -326,11 +340,12 @@ def greedy_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
         cfg.rollout.runner.params,
         RunnerContext(engine, trainer.formatter, trainer.tokenizer, seed=EVAL_SEED),
     )
-    eps = runner.run(
-        examples,
-        [1] * len(examples),
-        SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, logprobs=False),
-    )
+    with precision_autocast(trainer.device, cfg.model.precision):
+        eps = runner.run(
+            examples,
+            [1] * len(examples),
+            SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, logprobs=False),
+        )
     scored = trainer.reward_source.score(eps.texts, eps.examples)
     correct = [float(r) >= cfg.reward.success_threshold for r in scored.rewards]
     lengths = eps.batch.action_lengths.float()
