@@ -54,7 +54,9 @@ def test_smol_demo_runs_end_to_end_on_tiny(tmp_path):
     assert res.exit_code == 0, res.output
     s = json.loads((out / "summary.json").read_text())
     assert s["rl_steps"] == 1 and s["heldout_before"]["n"] == 6 and s["ifbench_before"] is None
-    assert set(s["heldout_gain"]) == {"gain", "se", "gain_over_se"}
+    assert set(s["heldout_gain"]) == {"gain", "se", "gain_over_se"} and s["ifbench_prompt_gain"] is None
+    items = json.loads((out / "items.json").read_text())
+    assert len(items["heldout"]["before"]) == len(items["heldout"]["after"]) == 6
     assert (out / "rl" / "model" / "config.json").is_file() and (out / "curves.png").is_file()
 
 

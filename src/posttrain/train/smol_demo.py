@@ -181,6 +181,24 @@ def run_smol_demo(
         else None
     )
     gain = paired_gain([i["strict"] for i in before["items"]], [i["strict"] for i in after["items"]])
+    ifb_gain = (
+        {
+            key: paired_gain([i[key] for i in ifb_before["items"]], [i[key] for i in ifb_after["items"]])
+            for key in ("strict", "loose")
+        }
+        if ifb_before is not None and ifb_after is not None
+        else None
+    )
+    # per-prompt verdicts before and after (the paired differences above are computed from these)
+    atomic_write_json(
+        out / "items.json",
+        {
+            "heldout": {"before": before["items"], "after": after["items"]},
+            "ifbench": None
+            if ifb_before is None or ifb_after is None
+            else {"before": ifb_before["items"], "after": ifb_after["items"]},
+        },
+    )
     plot = plot_run(out / "rl", out / "curves.png")
     wall = time.perf_counter() - t0
 
@@ -198,6 +216,7 @@ def run_smol_demo(
         "heldout_gain": gain,
         "ifbench_before": strip(ifb_before),
         "ifbench_after": strip(ifb_after),
+        "ifbench_prompt_gain": ifb_gain,
         "load_s": t_load,
         "rl_wall_s": rl_summary["wall_s"],
         "wall_s": wall,
@@ -227,4 +246,11 @@ def run_smol_demo(
         f"({gain['gain_over_se']:.1f} SE); wall {wall:.0f} s (RL {rl_summary['wall_s']:.0f} s), "
         f"peak RSS {summary['peak_rss_gib']:.1f} GiB; summary: {out / 'summary.json'}; curves: {plot}"
     )
+    if ifb_gain is not None:
+        print(
+            "IFBench prompt-level change (paired over the same prompts): "
+            + ", ".join(
+                f"{k} {100 * g['gain']:+.1f} points (SE {100 * g['se']:.1f})" for k, g in ifb_gain.items()
+            )
+        )
     return summary
