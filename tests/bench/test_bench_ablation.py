@@ -76,6 +76,14 @@ def test_real_model_settings_are_checked():
     o = arm_overrides(s, "asrr", 0, Path("r"))
     assert "model.name=smollm2-135m" in o and "task.chat_template=true" in o and "eval.at_end=false" in o
     assert any(x.startswith("task.assistant_prefix=") for x in o) and any("window: 8" in x for x in o)
+    # the pre-check gave 0.000 with `numeric` (first line) and 0.033 on startend:quotation: the real-model
+    # settings read the last number, train the postscript instruction, and run bf16 on the fast engine
+    assert (
+        "reward.name=last_number" in o and "model.precision=bf16" in o and "rollout.engine={name: fast}" in o
+    )
+    assert any("max_value: 10" in x for x in o)
+    oi = arm_overrides(AblationSettings(model="smollm2-135m", task="instructions"), "grpo", 0, Path("r"))
+    assert any("detectable_content:postscript" in x for x in oi) and "reward.name=instructions_strict" in oi
 
 
 def test_cli_quick_and_bad_arm(tmp_path):
