@@ -320,3 +320,16 @@ def test_rl_pass_at_k_samples_and_trainer_evaluations_share_the_cap(tmp_path, ge
         assert tr.eval_runner().engine.max_batch_size == 5
     with _rl(tmp_path / "r", rollout={"max_batch_size": 6}, eval={"n": 4}) as tr:
         assert tr.eval_runner().engine.max_batch_size == 6  # no eval setting: the rollout's cap
+
+
+def test_posttrain_eval_of_a_run_uses_its_eval_batch_cap():
+    from posttrain.train.evaluate import ModelLocation, evaluate_cli_settings
+
+    def cap(settings: dict) -> int:
+        loc = ModelLocation(given="run", path="tiny", settings={"task": TASK, **settings})
+        cfg = evaluate_cli_settings(loc, None, [], n=4)
+        return cfg.eval.batch_cap(cfg.rollout.max_batch_size)
+
+    assert cap({"eval": {"max_batch_size": 16, "every": 3}, "rollout": {"max_batch_size": 8}}) == 16
+    assert cap({"rollout": {"max_batch_size": 8}}) == 8
+    assert cap({"eval": {"every": 3}}) == 512  # an SFT run's config has no rollout section

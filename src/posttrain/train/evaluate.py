@@ -287,7 +287,9 @@ def _eval_base(saved: dict[str, Any]) -> dict[str, Any]:
     if isinstance(base.get("model"), dict):
         base["model"] = {k: v for k, v in base["model"].items() if k in ("dtype", "device")}
     if isinstance(base.get("eval"), dict):
-        base["eval"] = {k: v for k, v in base["eval"].items() if k in ("k", "samples", "temperature")}
+        base["eval"] = {
+            k: v for k, v in base["eval"].items() if k in ("k", "samples", "temperature", "max_batch_size")
+        }
     return base
 
 
