@@ -123,6 +123,7 @@ def test_both_trainers_train_save_and_resume_through_the_run_loop(tmp_path, loop
             tr.train()
         with MAKE[kind](tmp_path / kind, steps=4, resume=True) as tr:
             tr.train()
+            assert tr.resume_info.step == 3 and tr.resume_info.checkpoint.name == "step_000003"
         assert loop_spy["run"].count(cls) == 2
         # every step ran inside the shared loop (a trainer with its own loop would step outside it)
         assert loop_spy["steps_inside"].count(cls) == 4

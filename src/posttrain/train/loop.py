@@ -37,9 +37,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from posttrain.train import dist
+
+_T = TypeVar("_T", bound="RunLoopTrainer")
 
 
 class LoopTrainer(Protocol):
@@ -222,3 +224,24 @@ class RunLoop:
             logger.log_eval(self.trainer.step_idx, ev)
         if summary is not None:
             summary[key] = {k: v for k, v in ev.items() if k != "samples"}
+
+
+class RunLoopTrainer:
+    """Base of the trainers that run through a :class:`RunLoop` (``RLTrainer``, ``SFTTrainer``):
+    ``resume_info`` and the ``with`` statement, which calls the trainer's ``close()`` on the way out."""
+
+    loop: RunLoop
+
+    @property
+    def resume_info(self) -> Any:
+        """What the run folder's resume check found (:attr:`RunLoop.resume_info`; None: not resumed)."""
+        return self.loop.resume_info
+
+    def close(self) -> None:
+        """Release what the trainer holds (reward workers, the torchrun process group)."""
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -100,7 +100,7 @@ from posttrain.train.collector import (
 )
 from posttrain.train.config import RLConfig
 from posttrain.train.lengths import bound_prompts, check_splits, model_context
-from posttrain.train.loop import LoopSpec, RunLoop
+from posttrain.train.loop import LoopSpec, RunLoop, RunLoopTrainer
 from posttrain.train.optim import build_adamw, clip_and_step, scheduled_lr, set_lr
 
 WARN_TRUNCATED = 0.9
@@ -247,7 +247,7 @@ def _collector_attr(name: str) -> property:
     )
 
 
-class RLTrainer:
+class RLTrainer(RunLoopTrainer):
     """GRPO-family RL trainer. ``RLTrainer(config).train()`` runs a full experiment;
     ``RLTrainer(config, model, tokenizer).step()`` does exactly one step (used by ``posttrain bench``).
 
@@ -1006,21 +1006,10 @@ class RLTrainer:
         )
         return self.loop.run(spec, overwrite=overwrite, allow_config_change=allow_config_change)
 
-    @property
-    def resume_info(self) -> Any:
-        """What the run folder's resume check found (:attr:`RunLoop.resume_info`; None: not resumed)."""
-        return self.loop.resume_info
-
     def close(self) -> None:
         if self._own_reward_source:
             self.reward_source.close()
         dist.teardown()  # leaves the process group only if setup() joined it
-
-    def __enter__(self) -> RLTrainer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _picklable(obj: Any) -> bool:

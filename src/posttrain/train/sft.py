@@ -50,7 +50,7 @@ from posttrain.train.config import (
     OptimizerConfig,
     TaskConfig,
 )
-from posttrain.train.loop import LoopSpec, RunLoop
+from posttrain.train.loop import LoopSpec, RunLoop, RunLoopTrainer
 from posttrain.train.sft_data import (
     DataFields,
     SFTDataError,
@@ -189,7 +189,7 @@ def _fingerprint(examples: list[SFTExample]) -> str:
     return h.hexdigest()
 
 
-class SFTTrainer:
+class SFTTrainer(RunLoopTrainer):
     """``SFTTrainer(cfg).train()``; with a model in hand ``SFTTrainer(cfg, model, tokenizer,
     pairs=[(prompt, completion), ...]).train()`` or ``rows=[{"messages": [...]}, {"text": ...}]``;
     ``SFTTrainer(cfg, resume=True)`` continues from ``<out_dir>/checkpoints/latest``; ``adapter=`` takes
@@ -522,18 +522,7 @@ class SFTTrainer:
         )
         return self.loop.run(spec, overwrite=overwrite, allow_config_change=allow_config_change)
 
-    @property
-    def resume_info(self) -> Any:
-        """What the run folder's resume check found (:attr:`RunLoop.resume_info`; None: not resumed)."""
-        return self.loop.resume_info
-
     def close(self) -> None:
         """Leave the torchrun process group if this process joined it (no-op in one process); every
         rank must call it, or gloo aborts the process at exit."""
         dist.teardown()
-
-    def __enter__(self) -> SFTTrainer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
