@@ -20,6 +20,9 @@ from posttrain.train.rl import RLTrainer
 from posttrain.train.sft import SFTConfig, SFTTrainer
 from posttrain.utils.config import StrictModel
 
+# the random tiny model truncates its completions: expected here, not a finding
+pytestmark = pytest.mark.filterwarnings("ignore::posttrain.train.rl.DegenerateSettingWarning")
+
 TASK = {"name": "arithmetic", "params": {"digits": 1, "ops": "+", "n_train": 40, "n_heldout": 10}}
 
 
@@ -334,3 +337,41 @@ def test_posttrain_eval_of_a_run_uses_its_eval_batch_cap():
     assert cap({"eval": {"max_batch_size": 16, "every": 3}, "rollout": {"max_batch_size": 8}}) == 16
     assert cap({"rollout": {"max_batch_size": 8}}) == 8
     assert cap({"eval": {"every": 3}}) == 512  # an SFT run's config has no rollout section
+
+
+# ----------------------------------------------------- a third trainer on the loop (docs/extending.md)
+def _memorize_module(tmp_path: Path):
+    import importlib.util
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text(encoding="utf-8")
+    (block,) = [
+        b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "class MemorizeTrainer" in b
+    ]
+    path = tmp_path / "memorize_example.py"
+    path.write_text(block, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("memorize_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_extending_doc_trainer_runs_and_resumes_on_the_run_loop(tmp_path):
+    m = _memorize_module(tmp_path)
+    cfg = lambda out, steps: m.MemorizeConfig(  # noqa: E731
+        out_dir=str(tmp_path / out), steps=steps, eval={"every": 2}, checkpoint={"every": 2}
+    )
+    full = m.MemorizeTrainer(cfg("full", 6))
+    summary = full.train()
+    assert summary["eval_end"]["loss"] < summary["eval_start"]["loss"]
+    assert sorted(p.name for p in (tmp_path / "full" / "checkpoints").glob("step_*")) == [
+        "step_000004",
+        "step_000006",
+    ]
+    m.MemorizeTrainer(cfg("split", 4)).train()
+    resumed = m.MemorizeTrainer(cfg("split", 6), resume=True)
+    assert resumed.step_idx == 4
+    resumed.train()
+    assert _rows(tmp_path / "split") == _rows(tmp_path / "full")
+    for a, b in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -17,7 +17,8 @@ the next ``batch_size`` examples of an epoch-wise shuffled pass (:class:`~posttr
 Checkpoints (``checkpoint.every``, ``checkpoint.final``) hold the model, the AdamW state, the RNG
 states, the step and the position in the data order (:mod:`posttrain.train.checkpoint`: safetensors
 and JSON, written atomically); ``SFTTrainer(cfg, resume=True)`` / ``posttrain sft --resume`` continues
-bitwise-identically to an uninterrupted run. Held-out evaluation (``eval.every``, ``eval.at_start``,
+bitwise-identically to an uninterrupted run. The run loop, its evaluation and checkpoint schedules,
+checkpoint writing and resume are RL's, one component (:mod:`posttrain.train.loop`). Held-out evaluation (``eval.every``, ``eval.at_start``,
 ``eval.at_end``): greedy accuracy on the task's held-out split when training from a task, and the
 loss on ``eval_data`` when given. The model is reached only through a
 :class:`~posttrain.models.ModelAdapter` (load, log-probs, generate, save).
