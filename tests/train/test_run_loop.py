@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _train_helpers import kill_at_step
 
 from posttrain.rollout.hf import HFEngine
 from posttrain.train import run_dir as run_dir_mod
@@ -151,22 +152,14 @@ def test_a_run_killed_mid_way_resumes_from_its_last_checkpoint_as_if_uninterrupt
     with MAKE[kind](tmp_path / "full", steps=5) as tr:
         full_summary = tr.train()
         full_weights = [p.detach().clone() for p in tr.model.parameters()]
-    cls = RLTrainer if kind == "rl" else SFTTrainer
-    step = cls.step
-
-    def dies_in_step_4(self):
-        if self.step_idx == 3:
-            raise Killed
-        return step(self)
-
-    monkeypatch.setattr(cls, "step", dies_in_step_4)
+    kill_at_step(monkeypatch, RLTrainer if kind == "rl" else SFTTrainer, 3, Killed)  # in step 4
     out = tmp_path / "killed"
     with MAKE[kind](out, steps=5) as tr, pytest.raises(Killed):
         tr.train()
     # the loop released the run folder's lock on the way out; the last checkpoint is step 2
     assert os.path.realpath(out) not in run_dir_mod._HELD
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
-    monkeypatch.setattr(cls, "step", step)
+    monkeypatch.undo()
     with MAKE[kind](out, steps=5, resume=True) as tr:
         assert tr.step_idx == 2
         summary = tr.train()
