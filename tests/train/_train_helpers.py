@@ -93,3 +93,18 @@ RL_BASE = [
     "eval.at_start=false",
     "optimizer.lr=1e-3",
 ]
+
+
+def kill_at_step(
+    monkeypatch, trainer_cls, step_idx: int, exc: type[BaseException] = KeyboardInterrupt
+) -> None:
+    """``trainer_cls.step`` raises ``exc`` when called with ``step_idx`` steps done: the run is killed
+    there (``monkeypatch.undo()`` restores the real step)."""
+    real_step = trainer_cls.step
+
+    def step(self):
+        if self.step_idx == step_idx:
+            raise exc
+        return real_step(self)
+
+    monkeypatch.setattr(trainer_cls, "step", step)

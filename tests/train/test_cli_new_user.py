@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_helpers import CLI_TINY
+from _train_helpers import CLI_TINY, kill_at_step
 from typer.testing import CliRunner
 
 from posttrain.cli import app
@@ -175,14 +175,7 @@ def test_resume_refuses_a_changed_kl_reference_even_when_forced(tmp_path):
 
 def test_ctrl_c_says_where_it_stopped_and_how_to_resume(tmp_path, monkeypatch):
     run = tmp_path / "run"
-    real_step = RLTrainer.step
-
-    def step(self):
-        if self.step_idx == 2:
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(RLTrainer, "step", step)
+    kill_at_step(monkeypatch, RLTrainer, 2)
     res = _rl(run, "steps=5", "checkpoint.every=1")
     assert res.exit_code == 130
     assert "interrupted at step 2 of 5" in res.output

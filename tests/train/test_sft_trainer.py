@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from _train_helpers import kill_at_step
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -74,14 +75,7 @@ def test_n_steps_equal_half_then_resume_then_half_bitwise(tmp_path, monkeypatch)
     full.train()
 
     crashed = SFTTrainer(_cfg(tmp_path, "split", checkpoint={"every": 3}))
-    real_step = SFTTrainer.step
-
-    def crash_after_3(self):
-        if self.step_idx == 3:
-            raise KeyboardInterrupt  # killed right after the step-3 checkpoint
-        return real_step(self)
-
-    monkeypatch.setattr(SFTTrainer, "step", crash_after_3)
+    kill_at_step(monkeypatch, SFTTrainer, 3)  # killed right after the step-3 checkpoint
     with pytest.raises(KeyboardInterrupt):
         crashed.train()
     monkeypatch.undo()

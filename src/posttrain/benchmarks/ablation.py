@@ -324,22 +324,11 @@ def greedy_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
     """Per-question greedy verdicts of the trainer's current policy (same engine, runner, formatter and
     reward source as its evaluation): accuracy, mean length and the 0/1 list (for paired differences)."""
     from posttrain.models import precision_autocast
-    from posttrain.rollout import EngineContext, RunnerContext, SamplingParams, build_engine, build_runner
-    from posttrain.train.evaluate import EVAL_SEED
+    from posttrain.rollout import SamplingParams
 
     cfg = trainer.cfg
-    engine = build_engine(
-        cfg.rollout.engine.name,
-        cfg.rollout.engine.params,
-        EngineContext(
-            trainer.model, trainer.tokenizer, seed=EVAL_SEED, max_batch_size=cfg.rollout.max_batch_size or 512
-        ),
-    )
-    runner = build_runner(
-        cfg.rollout.runner.name,
-        cfg.rollout.runner.params,
-        RunnerContext(engine, trainer.formatter, trainer.tokenizer, seed=EVAL_SEED),
-    )
+    runner = trainer.eval_runner()
+    # the HF engine runs bf16 only inside the caller's autocast (the fast engine sets its own)
     with precision_autocast(trainer.device, cfg.model.precision):
         eps = runner.run(
             examples,

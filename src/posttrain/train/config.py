@@ -413,6 +413,10 @@ class KLConfig(StrictModel):
         return check_choice("kl.kind", v, list_kl_estimators(include_aliases=True))
 
 
+EVAL_MAX_BATCH_SIZE = 512
+"""Default cap on the sequences one evaluation generate call holds (``EvalConfig.max_batch_size``)."""
+
+
 class EvalConfig(StrictModel):
     every: int = Field(0, ge=0)
     """Evaluate on the held-out split every this many steps (0 = only at the end)."""
@@ -424,12 +428,22 @@ class EvalConfig(StrictModel):
     temperature: float = Field(1.0, gt=0)
     at_start: bool = True
     at_end: bool = True
+    max_batch_size: int | None = Field(None, ge=1)
+    """The evaluation batch cap: at most this many sequences per generate call (greedy pass@1 and the
+    pass@k samples alike), in RL, SFT and ``posttrain eval``. None = the run's
+    ``rollout.max_batch_size`` when it sets one (RL: the memory limit chosen for training generation
+    holds for evaluation too), else ``EVAL_MAX_BATCH_SIZE`` (512). See :meth:`batch_cap`."""
 
     @model_validator(mode="after")
     def _k_le_samples(self) -> EvalConfig:
         if self.k > 1 and self.samples < self.k:
             raise ValueError(f"eval.samples ({self.samples}) must be >= eval.k ({self.k})")
         return self
+
+    def batch_cap(self, rollout_cap: int | None = None) -> int:
+        """Sequences per evaluation generate call: ``max_batch_size``, else ``rollout_cap`` (the run's
+        ``rollout.max_batch_size``; SFT has none), else ``EVAL_MAX_BATCH_SIZE``."""
+        return self.max_batch_size or rollout_cap or EVAL_MAX_BATCH_SIZE
 
 
 class LoggingConfig(StrictModel):

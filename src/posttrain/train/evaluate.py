@@ -27,6 +27,7 @@ from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, PromptFormatter
 from posttrain.rollout.registry import EngineContext, RunnerContext, build_engine, build_runner
 from posttrain.rollout.reward_source import RewardSource
+from posttrain.train.config import EVAL_MAX_BATCH_SIZE
 
 EVAL_SEED = 1234
 """Seed of the evaluation engine's sampling generator (pass@k samples)."""
@@ -142,6 +143,28 @@ def truncation_warning(result: dict[str, Any], *, option: str = "max_new_tokens"
     )
 
 
+def eval_runner(
+    model: Any,
+    tokenizer: Any,
+    formatter: PromptFormatter,
+    *,
+    max_batch_size: int | None,
+    engine: str = "hf",
+    engine_params: dict[str, Any] | None = None,
+    runner: str = "single-turn",
+    runner_params: dict[str, Any] | None = None,
+    precision: str = "fp32",
+    seed: int = EVAL_SEED,
+) -> EpisodeRunner:
+    """The engine and episode runner an evaluation generates with, built from their registries like
+    training's (``rollout.engine``, ``rollout.runner``) but with their own sampling generator seeded
+    with ``seed``, so evaluating never perturbs a training run's RNG streams. ``max_batch_size`` is the
+    evaluation batch cap (``EvalConfig.batch_cap``; None = no limit)."""
+    ctx = EngineContext(model, tokenizer, seed=seed, max_batch_size=max_batch_size, precision=precision)
+    eng = build_engine(engine, engine_params or {}, ctx)
+    return build_runner(runner, runner_params or {}, RunnerContext(eng, formatter, tokenizer, seed=seed))
+
+
 def evaluate(
     model: Any,
     tokenizer: Any,
@@ -156,16 +179,17 @@ def evaluate(
     k: int = 1,
     samples: int = 1,
     temperature: float = 1.0,
-    batch_size: int | None = 256,
+    batch_size: int | None = EVAL_MAX_BATCH_SIZE,
     seed: int = EVAL_SEED,
     report: Any = None,
 ) -> dict[str, Any]:
-    """:func:`run_eval` with an ``engine`` and episode ``runner`` built from their registries (default:
-    Hugging Face ``generate`` and single-turn episodes) over ``model``. The engine has its own sampling
-    generator (seeded with ``seed``), so evaluating never perturbs a training run's RNG streams."""
+    """:func:`run_eval` with an ``engine`` and episode ``runner`` built by :func:`eval_runner` (default:
+    Hugging Face ``generate`` and single-turn episodes, at most ``batch_size`` sequences per generate
+    call) over ``model``."""
     formatter = formatter or PromptFormatter(tokenizer)
-    eng = build_engine(engine, {}, EngineContext(model, tokenizer, seed=seed, max_batch_size=batch_size))
-    run = build_runner(runner, {}, RunnerContext(eng, formatter, tokenizer, seed=seed))
+    run = eval_runner(
+        model, tokenizer, formatter, max_batch_size=batch_size, engine=engine, runner=runner, seed=seed
+    )
     return run_eval(
         run,
         examples,
@@ -263,7 +287,9 @@ def _eval_base(saved: dict[str, Any]) -> dict[str, Any]:
     if isinstance(base.get("model"), dict):
         base["model"] = {k: v for k, v in base["model"].items() if k in ("dtype", "device")}
     if isinstance(base.get("eval"), dict):
-        base["eval"] = {k: v for k, v in base["eval"].items() if k in ("k", "samples", "temperature")}
+        base["eval"] = {
+            k: v for k, v in base["eval"].items() if k in ("k", "samples", "temperature", "max_batch_size")
+        }
     return base
 
 
@@ -348,15 +374,15 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
         chat=cfg.task.chat_template,
         assistant_prefix=cfg.task.assistant_prefix,
     )
-    engine = build_engine(
-        cfg.rollout.engine.name,
-        cfg.rollout.engine.params,
-        EngineContext(model, tok, seed=EVAL_SEED, max_batch_size=cfg.rollout.max_batch_size or 256),
-    )
-    runner = build_runner(
-        cfg.rollout.runner.name,
-        cfg.rollout.runner.params,
-        RunnerContext(engine, formatter, tok, seed=EVAL_SEED),
+    runner = eval_runner(  # the trainer's evaluation batch cap (RLTrainer.eval_runner)
+        model,
+        tok,
+        formatter,
+        max_batch_size=cfg.eval.batch_cap(cfg.rollout.max_batch_size),
+        engine=cfg.rollout.engine.name,
+        engine_params=cfg.rollout.engine.params,
+        runner=cfg.rollout.runner.name,
+        runner_params=cfg.rollout.runner.params,
     )
     source = build_reward_source(
         cfg.reward.source.name,

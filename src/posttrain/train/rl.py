@@ -37,8 +37,9 @@
    scored groups.
    Per-micro-batch metric sums live in one helper, :class:`MetricSums`.
 
-:meth:`RLTrainer.train` wraps steps with logging (JSONL always, TensorBoard / W&B optional),
-evaluation, checkpoints and resume. Distributed concerns live in :mod:`posttrain.train.dist`.
+:meth:`RLTrainer.train` runs the steps through :class:`~posttrain.train.loop.RunLoop`, the run loop
+SFT shares: logging (JSONL always, TensorBoard / W&B optional), evaluation and checkpoint schedules,
+resume. Distributed concerns live in :mod:`posttrain.train.dist`.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ from posttrain.rollout import (
 from posttrain.rollout.episodes import continue_thinking_ratio
 from posttrain.rollout.reward_source import RewardHandle
 from posttrain.train import dist
-from posttrain.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from posttrain.train.checkpoint import resolve_checkpoint
 from posttrain.train.collector import (
     EngineMismatchWeights,
     ImportanceWeights,
@@ -99,7 +100,7 @@ from posttrain.train.collector import (
 )
 from posttrain.train.config import RLConfig
 from posttrain.train.lengths import bound_prompts, check_splits, model_context
-from posttrain.train.logger import MetricsLogger
+from posttrain.train.loop import LoopSpec, RunLoop, RunLoopTrainer
 from posttrain.train.optim import build_adamw, clip_and_step, scheduled_lr, set_lr
 
 WARN_TRUNCATED = 0.9
@@ -246,7 +247,7 @@ def _collector_attr(name: str) -> property:
     )
 
 
-class RLTrainer:
+class RLTrainer(RunLoopTrainer):
     """GRPO-family RL trainer. ``RLTrainer(config).train()`` runs a full experiment;
     ``RLTrainer(config, model, tokenizer).step()`` does exactly one step (used by ``posttrain bench``).
 
@@ -466,7 +467,7 @@ class RLTrainer:
             self._shaper_names = [s.name for s in h.shaper_specs()]
         self.knobs = Knobs(temperature=cfg.rollout.temperature)
         self.step_idx = 0
-        self._checkpointed_step = -1  # step of the checkpoint on disk that matches the weights
+        self.loop = RunLoop(self)  # run loop, checkpoints and resume, shared with SFT (train/loop.py)
         self._last_warned: dict[str, int] = {}
         self._check_settings()
         dist.check_rl_hooks(
@@ -896,8 +897,9 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------ checkpointing
     def save(self) -> Path:
+        """Checkpoint of the current step (:meth:`RunLoop.save_checkpoint`) with the hooks' states,
+        the knobs and the rollout engine's sampling generator."""
         state = {
-            "config": self.cfg.model_dump(mode="json"),
             "sampler": self.sampler.state_dict(),
             "controllers": [c.state_dict() for c in self.controllers],
             "replay": self.replay.state_dict(),
@@ -906,29 +908,13 @@ class RLTrainer:
         }
         extra = {f"engine.{k}": v for k, v in self.engine.state_dict().items()}
         dist.add_rank_states(state, extra)  # distributed: every rank's sampling RNG (nothing in one process)
-        msd, osd = dist.full_state_dicts(self.model, self.optimizer)  # FSDP2: gathered on rank 0
-        path = dist.on_main(  # rank 0 writes (DDP: its replica is the full state)
-            lambda: save_checkpoint(
-                self.run_dir / "checkpoints",
-                self.step_idx,
-                model=self.model,
-                tokenizer=self.tokenizer,
-                optimizer=self.optimizer,
-                trainer_state=state,
-                extra_tensors=extra,
-                keep=self.cfg.checkpoint.keep,
-                model_state=msd,
-                optimizer_state=osd,
-            )
-        )
-        self._checkpointed_step = self.step_idx
-        return path
+        return self.loop.save_checkpoint(state, extra)
 
     def _restore(self, ckpt: Path) -> None:
-        load = dist.optimizer_loader(self.model, self.optimizer)  # FSDP2: shards the full state
-        state = load_checkpoint(ckpt, optimizer=self.optimizer, load_optimizer=load)
-        self.step_idx = int(state["step"])
-        self._checkpointed_step = self.step_idx
+        self.loop.restore(ckpt, self._restore_state)
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        """The hooks' states, the knobs and the engine's generator from a checkpoint's trainer state."""
         self.sampler.load_state_dict(state["sampler"])
         for c, s in zip(self.controllers, state["controllers"], strict=True):
             c.load_state_dict(s)
@@ -942,28 +928,33 @@ class RLTrainer:
         )
 
     # ------------------------------------------------------------------------------- evaluation
+    def eval_runner(self) -> EpisodeRunner:
+        """The episode runner every evaluation of this trainer's policy generates with (held-out
+        accuracy, ``evaluate_event_detection``, the ablation bench's verdicts): the configured engine and
+        runner, the evaluation seed and batch cap (``eval.max_batch_size``, :meth:`EvalConfig.batch_cap`)
+        and the run's compute precision."""
+        from posttrain.train.evaluate import eval_runner
+
+        cfg = self.cfg
+        return eval_runner(
+            self.model,
+            self.tokenizer,
+            self.formatter,
+            max_batch_size=cfg.eval.batch_cap(cfg.rollout.max_batch_size),
+            engine=cfg.rollout.engine.name,
+            engine_params=cfg.rollout.engine.params,
+            runner=cfg.rollout.runner.name,
+            runner_params=cfg.rollout.runner.params,
+            precision=cfg.model.precision,
+        )
+
     def evaluate(self) -> dict[str, Any]:
         """Held-out accuracy (and pass@k) of the current policy, with an engine and runner built from
         the same config entries as training but their own seed, so the training RNG is untouched."""
-        from posttrain.train.evaluate import EVAL_SEED, run_eval
+        from posttrain.train.evaluate import run_eval
 
         cfg, e = self.cfg, self.cfg.eval
-        engine = build_engine(
-            cfg.rollout.engine.name,
-            cfg.rollout.engine.params,
-            EngineContext(
-                self.model,
-                self.tokenizer,
-                seed=EVAL_SEED,
-                max_batch_size=cfg.rollout.max_batch_size or 512,
-                precision=cfg.model.precision,
-            ),
-        )
-        runner = build_runner(
-            cfg.rollout.runner.name,
-            cfg.rollout.runner.params,
-            RunnerContext(engine, self.formatter, self.tokenizer, seed=EVAL_SEED),
-        )
+        runner = self.eval_runner()
         with dist.full_params(self.model), precision_autocast(self.device, cfg.model.precision):
             # FSDP2: rank 0 alone generates with gathered weights
             result = dist.on_main(  # rank 0 evaluates; every rank gets the result
@@ -991,88 +982,34 @@ class RLTrainer:
     def train(
         self, *, progress: bool | None = None, overwrite: bool = False, allow_config_change: bool = False
     ) -> dict[str, Any]:
-        """Run ``config.steps`` steps (from the resumed step), with logging, eval and checkpoints.
-        Returns a summary (first/last eval, last metrics, wall time).
+        """Run ``config.steps`` steps (from the resumed step) through the shared run loop
+        (:class:`~posttrain.train.loop.RunLoop`: logging, eval, checkpoints). Returns a summary
+        (``eval_start`` / ``eval_end``, ``last`` metrics, ``wall_s``).
 
         A fresh run refuses an ``out_dir`` that holds a previous run unless ``overwrite`` (which deletes
         its run files); a resumed run refuses config changes that break it unless
         ``allow_config_change`` (see :mod:`posttrain.train.run_dir`)."""
-        from posttrain.train.run_dir import end_run, start_run
-        from posttrain.utils.progress import progress_bar
-
         cfg = self.cfg
-        # distributed: rank 0 checks and writes the run folder and logs; the others get its answer
-        self.resume_info = dist.on_main(
-            lambda: start_run(
-                self.run_dir,
-                cfg.model_dump(mode="json"),
-                step=self.step_idx,
-                overwrite=overwrite,
-                allow_config_change=allow_config_change,
-                defaults=type(cfg)().model_dump(mode="json"),
-            )
+        log = cfg.logging
+        spec = LoopSpec(
+            name="rl",
+            step=self.step,
+            evaluate=self.evaluate,
+            save=self.save,
+            live={"reward": "reward_mean", "acc": "accuracy", "len": "length_mean"},
+            progress=log.progress if progress is None else progress,
+            log_every=log.every,
+            logging={"tensorboard": log.tensorboard, "wandb": log.wandb, "wandb_project": log.wandb_project},
+            samples=lambda logger: logger.log_samples(
+                self.step_idx, getattr(self, "last_scored", None), every=log.samples_every
+            ),
         )
-        logger = dist.main_only(
-            lambda: MetricsLogger(
-                self.run_dir,
-                tensorboard=cfg.logging.tensorboard,
-                wandb=cfg.logging.wandb,
-                wandb_project=cfg.logging.wandb_project,
-                config=cfg.model_dump(mode="json"),
-                truncate_after=self.step_idx,
-            )
-        )
-        t0 = time.perf_counter()
-        summary: dict[str, Any] = {"start_step": self.step_idx}
-        show = cfg.logging.progress if progress is None else progress
-        main = dist.is_main()  # other ranks print nothing
-        try:
-            if self.step_idx == 0 and cfg.eval.at_start:
-                ev = self.evaluate()
-                logger.log_eval(0, ev)
-                summary["eval_start"] = _strip(ev)
-            last: dict[str, float] = {}
-            with progress_bar(
-                "rl",
-                total=cfg.steps,
-                enabled=show if main else False,
-                completed=self.step_idx,
-                log_every=cfg.logging.every if main else 0,
-            ) as bar:
-                while self.step_idx < cfg.steps:
-                    last = self.step()
-                    logger.log_step(last)
-                    logger.log_samples(
-                        self.step_idx, getattr(self, "last_scored", None), every=cfg.logging.samples_every
-                    )
-                    bar.advance(reward=last["reward_mean"], acc=last["accuracy"], len=last["length_mean"])
-                    s = self.step_idx
-                    if cfg.eval.every and s % cfg.eval.every == 0 and s < cfg.steps:
-                        logger.log_eval(s, self.evaluate())
-                    if cfg.checkpoint.every and s % cfg.checkpoint.every == 0:
-                        self.save()
-            if cfg.eval.at_end and cfg.steps > summary["start_step"]:
-                ev = self.evaluate()
-                logger.log_eval(self.step_idx, ev)
-                summary["eval_end"] = _strip(ev)
-            if cfg.checkpoint.final and self._checkpointed_step != self.step_idx:
-                self.save()
-        finally:
-            logger.close()
-            end_run(self.run_dir)  # the run folder's lock (taken by start_run)
-        summary.update(steps=self.step_idx, wall_s=time.perf_counter() - t0, last=last)
-        return summary
+        return self.loop.run(spec, overwrite=overwrite, allow_config_change=allow_config_change)
 
     def close(self) -> None:
         if self._own_reward_source:
             self.reward_source.close()
         dist.teardown()  # leaves the process group only if setup() joined it
-
-    def __enter__(self) -> RLTrainer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _picklable(obj: Any) -> bool:
@@ -1084,7 +1021,3 @@ def _picklable(obj: Any) -> bool:
     except Exception:
         return False
     return True
-
-
-def _strip(ev: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in ev.items() if k != "samples"}

@@ -17,7 +17,8 @@ the next ``batch_size`` examples of an epoch-wise shuffled pass (:class:`~posttr
 Checkpoints (``checkpoint.every``, ``checkpoint.final``) hold the model, the AdamW state, the RNG
 states, the step and the position in the data order (:mod:`posttrain.train.checkpoint`: safetensors
 and JSON, written atomically); ``SFTTrainer(cfg, resume=True)`` / ``posttrain sft --resume`` continues
-bitwise-identically to an uninterrupted run. Held-out evaluation (``eval.every``, ``eval.at_start``,
+bitwise-identically to an uninterrupted run. The run loop, its evaluation and checkpoint schedules,
+checkpoint writing and resume are RL's, one component (:mod:`posttrain.train.loop`). Held-out evaluation (``eval.every``, ``eval.at_start``,
 ``eval.at_end``): greedy accuracy on the task's held-out split when training from a task, and the
 loss on ``eval_data`` when given. The model is reached only through a
 :class:`~posttrain.models.ModelAdapter` (load, log-probs, generate, save).
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import time
 from array import array
 from functools import cached_property
 from pathlib import Path
@@ -51,6 +51,7 @@ from posttrain.train.config import (
     OptimizerConfig,
     TaskConfig,
 )
+from posttrain.train.loop import LoopSpec, RunLoop, RunLoopTrainer
 from posttrain.train.sft_data import (
     DataFields,
     SFTDataError,
@@ -189,7 +190,7 @@ def _fingerprint(examples: list[SFTExample]) -> str:
     return h.hexdigest()
 
 
-class SFTTrainer:
+class SFTTrainer(RunLoopTrainer):
     """``SFTTrainer(cfg).train()``; with a model in hand ``SFTTrainer(cfg, model, tokenizer,
     pairs=[(prompt, completion), ...]).train()`` or ``rows=[{"messages": [...]}, {"text": ...}]``;
     ``SFTTrainer(cfg, resume=True)`` continues from ``<out_dir>/checkpoints/latest``; ``adapter=`` takes
@@ -274,7 +275,7 @@ class SFTTrainer:
         self.optimizer = build_adamw(self.model, cfg.optimizer)
         self.shuffler = EpochShuffler(len(self.examples), seed=cfg.seed, order="stream")
         self.step_idx = 0
-        self._checkpointed_step = -1
+        self.loop = RunLoop(self)  # run loop, checkpoints and resume, shared with RL (train/loop.py)
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -417,6 +418,7 @@ class SFTTrainer:
                 src,
                 formatter=self.formatter,
                 max_new_tokens=self.cfg.max_new_tokens,
+                batch_size=self.cfg.eval.batch_cap(),  # eval.max_batch_size, as in RL
             )
         finally:
             src.close()
@@ -463,31 +465,14 @@ class SFTTrainer:
         return _fingerprint(self.examples)
 
     def save(self) -> Path:
-        """Checkpoint of the current step under ``<out_dir>/checkpoints`` (atomic; see module doc)."""
-        from posttrain.train.checkpoint import save_checkpoint
-
+        """Checkpoint of the current step under ``<out_dir>/checkpoints`` (atomic; see module doc):
+        :meth:`RunLoop.save_checkpoint` with the data fingerprint and the position in the data order."""
         state = {
             "trainer": "sft",
-            "config": self.cfg.model_dump(mode="json"),
             "data": {"n": len(self.examples), "sha256": self.data_fingerprint},
             "shuffler": self.shuffler.state_dict(),
         }
-        msd, osd = dist.full_state_dicts(self.model, self.optimizer)  # FSDP2: gathered on rank 0
-        path = dist.on_main(  # distributed: rank 0 writes (DDP: its replica is the full state)
-            lambda: save_checkpoint(
-                self.run_dir / "checkpoints",
-                self.step_idx,
-                model=self.model,
-                tokenizer=self.tokenizer,
-                optimizer=self.optimizer,
-                trainer_state=state,
-                keep=self.cfg.checkpoint.keep,
-                model_state=msd,
-                optimizer_state=osd,
-            )
-        )
-        self._checkpointed_step = self.step_idx
-        return path
+        return self.loop.save_checkpoint(state)
 
     def _save_model(self, path: Path) -> Path:
         """The adapter's ``save`` on rank 0; FSDP2: the full state dict gathered on rank 0 instead."""
@@ -499,103 +484,46 @@ class SFTTrainer:
         return dist.on_main(lambda: save_model_dir(self.model, self.tokenizer, path, state_dict=msd))
 
     def _restore(self, ckpt: Path) -> None:
-        from posttrain.train.checkpoint import load_checkpoint
+        def restore_state(state: dict[str, Any]) -> None:
+            if "shuffler" not in state or "data" not in state:
+                raise ValueError(f"{ckpt}: not an SFT checkpoint (it has no data position to resume from)")
+            data = state["data"]
+            if data.get("sha256") != self.data_fingerprint:
+                raise SFTDataError(
+                    f"{ckpt}: the checkpoint was trained on different data ({data.get('n')} sequences then, "
+                    f"{len(self.examples)} now, or the same count with other tokens); resuming would not "
+                    "continue the same run. Use the same data, prompt template and tokenizer, or start a "
+                    "new out_dir"
+                )
+            self.shuffler.load_state_dict(state["shuffler"])
 
-        load = dist.optimizer_loader(self.model, self.optimizer)  # FSDP2: shards the full state
-        state = load_checkpoint(ckpt, optimizer=self.optimizer, load_optimizer=load)
-        if "shuffler" not in state or "data" not in state:
-            raise ValueError(f"{ckpt}: not an SFT checkpoint (it has no data position to resume from)")
-        data = state["data"]
-        if data.get("sha256") != self.data_fingerprint:
-            raise SFTDataError(
-                f"{ckpt}: the checkpoint was trained on different data ({data.get('n')} sequences then, "
-                f"{len(self.examples)} now, or the same count with other tokens); resuming would not "
-                "continue the same run. Use the same data, prompt template and tokenizer, or start a "
-                "new out_dir"
-            )
-        self.shuffler.load_state_dict(state["shuffler"])
-        self.step_idx = int(state["step"])
-        self._checkpointed_step = self.step_idx
+        self.loop.restore(ckpt, restore_state)
 
     # ------------------------------------------------------------------------------------ full run
     def train(self, *, overwrite: bool = False, allow_config_change: bool = False) -> dict[str, Any]:
-        """Run until ``cfg.steps`` (from the resumed step) with logging, evaluation and checkpoints.
-        Returns ``steps``, ``wall_s``, ``last`` (metrics of the last step), ``eval`` / ``eval_start``
-        when evaluated and ``model_dir`` when saved.
+        """Run until ``cfg.steps`` (from the resumed step) through the shared run loop
+        (:class:`~posttrain.train.loop.RunLoop`: logging, evaluation, checkpoints). Returns ``steps``,
+        ``wall_s``, ``last`` (metrics of the last step), ``eval`` / ``eval_start`` when evaluated and
+        ``model_dir`` when saved.
 
         The run folder follows the RL trainer's rules (:func:`posttrain.train.run_dir.start_run`): a
         fresh run refuses an ``out_dir`` holding a previous run unless ``overwrite``; a resumed run
         refuses config changes that break it unless ``allow_config_change``."""
-        from posttrain.train.logger import MetricsLogger
-        from posttrain.train.run_dir import end_run, start_run
-        from posttrain.utils.progress import progress_bar
-
-        cfg = self.cfg
-        logger = None
-        if cfg.save:
-            self.resume_info = dist.on_main(  # distributed: rank 0 checks and writes the run folder
-                lambda: start_run(
-                    self.run_dir,
-                    cfg.model_dump(mode="json"),
-                    step=self.step_idx,
-                    overwrite=overwrite,
-                    allow_config_change=allow_config_change,
-                    defaults=type(cfg)().model_dump(mode="json"),
-                )
-            )
-            logger = dist.main_only(lambda: MetricsLogger(self.run_dir, truncate_after=self.step_idx))
-        t0 = time.perf_counter()
-        start = self.step_idx
-        summary: dict[str, Any] = {"start_step": start}
-        last: dict[str, float] = {}
-        try:
-            if start == 0 and cfg.eval.at_start and self.has_heldout:
-                ev = self._evaluate_all()
-                summary["eval_start"] = _strip(ev)
-                if logger:
-                    logger.log_eval(0, ev)
-            with progress_bar(
-                "sft", total=cfg.steps, enabled=cfg.progress if dist.is_main() else False, completed=start
-            ) as bar:
-                while self.step_idx < cfg.steps:
-                    last = self.step()
-                    if logger:
-                        logger.log_step(last)
-                    bar.advance(loss=last["loss"])
-                    s = self.step_idx
-                    if cfg.eval.every and s % cfg.eval.every == 0 and s < cfg.steps and self.has_heldout:
-                        ev = self._evaluate_all()
-                        if logger:
-                            logger.log_eval(s, ev)
-                    if cfg.save and cfg.checkpoint.every and s % cfg.checkpoint.every == 0:
-                        self.save()
-            summary.update(steps=self.step_idx, wall_s=time.perf_counter() - t0, last=last)
-            if cfg.eval.at_end and self.has_heldout and (self.step_idx > start or start == 0):
-                ev = self._evaluate_all()
-                summary["eval"] = _strip(ev)
-                if logger:
-                    logger.log_eval(self.step_idx, ev)
-            if cfg.save:
-                if cfg.checkpoint.final and self._checkpointed_step != self.step_idx:
-                    self.save()
-                summary["model_dir"] = str(self._save_model(self.run_dir / "model"))
-        finally:
-            if logger:
-                logger.close()
-            end_run(self.run_dir)  # the run folder's lock (taken by start_run)
-        return summary
+        spec = LoopSpec(
+            name="sft",
+            step=self.step,
+            evaluate=self._evaluate_all if self.has_heldout else None,
+            save=self.save,
+            live={"loss": "loss"},
+            write=self.cfg.save,
+            progress=self.cfg.progress,
+            finish=lambda: {"model_dir": str(self._save_model(self.run_dir / "model"))},
+            end_eval_key="eval",
+            eval_fresh_zero_steps=True,
+        )
+        return self.loop.run(spec, overwrite=overwrite, allow_config_change=allow_config_change)
 
     def close(self) -> None:
         """Leave the torchrun process group if this process joined it (no-op in one process); every
         rank must call it, or gloo aborts the process at exit."""
         dist.teardown()
-
-    def __enter__(self) -> SFTTrainer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def _strip(ev: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in ev.items() if k != "samples"}
