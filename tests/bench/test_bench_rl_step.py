@@ -502,9 +502,10 @@ def test_bench_micro_bf16_fast_engine_records_precision_figures():
 
 
 def test_phase_breakdown_closed_form():
-    """Medians per phase, shares of the median step, FLOP-limited phases only, and `other` = the step
-    time no timer covers. Mutants: FLOPs of the update attributed to generation, or `other` left out,
-    change these numbers."""
+    """Medians per phase, shares of the median step, `other` = the step time no timer covers, and the
+    training row = forwards before rewards + update judged on the train FLOPs. Mutants: the train FLOPs
+    put on the update row alone (its first micro-batch forward runs before the rewards), or `other`
+    left out, change these numbers."""
     metrics = [
         {
             "time_step": 10.0,
@@ -530,12 +531,19 @@ def test_phase_breakdown_closed_form():
     ]
     flops = {"generation": 65 * 10**9, "train_forward": 10 * 10**9, "train_backward": 20 * 10**9}
     rows = {r["phase"].split(" ")[0]: r for r in rs.phase_breakdown(metrics, flops, gflops_rate=100.0)}
-    gen, upd, fw, other = rows["generation"], rows["update"], rows["forwards"], rows["other"]
+    gen, upd, fw, other, train = (
+        rows["generation"],
+        rows["update"],
+        rows["forwards"],
+        rows["other"],
+        rows["training"],
+    )
     assert gen["median_s"] == 6.5 and gen["share"] == pytest.approx(6.5 / 11.0)
     assert gen["gflop"] == pytest.approx(65.0) and gen["achieved_gflops"] == pytest.approx(10.0)
     assert gen["x_limit"] == pytest.approx(6.5 / 0.65)
-    assert upd["gflop"] == pytest.approx(30.0) and upd["x_limit"] == pytest.approx(2.5 / 0.30)
-    assert fw["gflop"] is None and fw["x_limit"] is None and fw["median_s"] == 1.0
+    assert upd["gflop"] is None and fw["gflop"] is None and fw["median_s"] == 1.0
+    assert train["median_s"] == pytest.approx(3.5) and train["gflop"] == pytest.approx(30.0)
+    assert train["x_limit"] == pytest.approx(3.5 / 0.30)
     assert other["median_s"] == pytest.approx(0.5)  # 10-9.5, 12-11.5, 11-10.5
     assert rs.phase_breakdown([], flops, 1.0) == []
 
@@ -560,8 +568,9 @@ def test_cli_rl_step_profile_prints_phases_and_top_ops(tmp_path):
         "reward",
         "update",
         "other",
+        "training",
     ]
-    assert sum(p["share"] for p in phases) == pytest.approx(1.0, abs=0.05)
+    assert sum(p["share"] for p in phases[:5]) == pytest.approx(1.0, abs=0.05)
     ops = result["posttrain_profile"]
     assert ops and all(o["calls"] >= 1 and o["self_s"] > 0 for o in ops)
     assert [o["self_s"] for o in ops] == sorted((o["self_s"] for o in ops), reverse=True)

@@ -713,55 +713,62 @@ def summarize(
     }
 
 
-#: posttrain's per-phase timers (``RLTrainer.report``), in step order, and the FLOPs each phase does
-PHASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("generation", "time_generation", ("generation",)),
-    ("forwards w/o grad (old / ref log-probs)", "time_forward_overlap", ()),
-    ("reward wait", "time_reward_wait", ()),
-    ("update (forward + backward + AdamW)", "time_update", ("train_forward", "train_backward")),
+#: posttrain's per-phase timers (``RLTrainer.report``), in step order. ``time_forward_overlap`` holds
+#: the forwards that run while rewards are scored: old / reference log-probs when needed, and the first
+#: micro-batch's policy forward (with grad) of the update; so the step's training FLOPs are split between
+#: it and ``time_update`` and are judged on their sum (the ``training`` row).
+PHASES: tuple[tuple[str, str], ...] = (
+    ("generation", "time_generation"),
+    ("forwards before rewards (old/ref log-probs, 1st micro-batch)", "time_forward_overlap"),
+    ("reward wait", "time_reward_wait"),
+    ("update (rest of forward + backward + AdamW)", "time_update"),
 )
 
 
 def phase_breakdown(
     metrics: Sequence[dict[str, Any]], flops: dict[str, int], gflops_rate: float | None
 ) -> list[dict[str, Any]]:
-    """Where posttrain's step spends its time: the median of each phase timer over the measured steps,
-    its share of the median step, and for the phases that do the step's counted FLOPs the achieved
-    GFLOP/s and how many times the matmul-rate limit (``gflops_rate``) the phase takes. ``other`` is the
-    step time no phase timer covers (metrics, hooks, batch building)."""
+    """Where posttrain's step spends its time: the median of each phase timer over the measured steps and
+    its share of the median step; ``other`` is the step time no timer covers (metrics, hooks, batch
+    building). Two rows judge compute: ``generation`` (the generation FLOPs) and ``training`` (forwards
+    before rewards + update, the train forward and backward FLOPs): achieved GFLOP/s and how many times
+    the FLOP limit at the matmul rate ``gflops_rate`` each takes."""
     steps = [m for m in metrics if "time_step" in m]
     if not steps:
         return []
     step_med = _median([m["time_step"] for m in steps]) or 0.0
-    rows: list[dict[str, Any]] = []
-    covered = []
-    for label, key, flop_keys in PHASES:
-        secs = [float(m.get(key, 0.0)) for m in steps]
+
+    def row(label: str, secs: list[float], flop: int = 0) -> dict[str, Any]:
         med = _median(secs) or 0.0
-        covered.append(secs)
-        f = sum(flops.get(k, 0) for k in flop_keys)
-        limit = f / (gflops_rate * 1e9) if f and gflops_rate else None
-        rows.append(
-            {
-                "phase": label,
-                "median_s": med,
-                "share": med / step_med if step_med > 0 else None,
-                "gflop": f / 1e9 if f else None,
-                "achieved_gflops": f / 1e9 / med if f and med > 0 else None,
-                "x_limit": _ratio(med, limit),
-            }
-        )
-    other = [m["time_step"] - sum(c[i] for c in covered) for i, m in enumerate(steps)]
-    o = _median(other) or 0.0
-    rows.append(
-        {
-            "phase": "other (metrics, hooks, batch building)",
-            "median_s": o,
-            "share": o / step_med if step_med > 0 else None,
-            "gflop": None,
-            "achieved_gflops": None,
-            "x_limit": None,
+        limit = flop / (gflops_rate * 1e9) if flop and gflops_rate else None
+        return {
+            "phase": label,
+            "median_s": med,
+            "share": med / step_med if step_med > 0 else None,
+            "gflop": flop / 1e9 if flop else None,
+            "achieved_gflops": flop / 1e9 / med if flop and med > 0 else None,
+            "x_limit": _ratio(med, limit),
         }
+
+    timers = {key: [float(m.get(key, 0.0)) for m in steps] for _, key in PHASES}
+    rows = [
+        row(label, timers[key], flops.get("generation", 0) if key == "time_generation" else 0)
+        for label, key in PHASES
+    ]
+    covered = [sum(timers[key][i] for _, key in PHASES) for i in range(len(steps))]
+    rows.append(
+        row(
+            "other (metrics, hooks, batch building)",
+            [m["time_step"] - c for m, c in zip(steps, covered, strict=True)],
+        )
+    )
+    training = [f + u for f, u in zip(timers["time_forward_overlap"], timers["time_update"], strict=True)]
+    rows.append(
+        row(
+            "training = forwards before rewards + update",
+            training,
+            flops.get("train_forward", 0) + flops.get("train_backward", 0),
+        )
     )
     return rows
 
