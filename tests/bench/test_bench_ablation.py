@@ -174,3 +174,23 @@ def test_summary_measures_entropy_drift_after_warmup_and_claims_use_it():
     assert claims["e3_hard_prompts_get_more_rollouts"]["holds"] is True
     assert claims["dapo_no_zero_variance_group"]["holds"] is True
     assert "asrr_length_cut_25pct_acc_drop_2pts" not in claims  # ASRR not run
+
+
+def test_prefix_arms_start_from_their_own_precheck():
+    """ASRR and its control open the assistant turn with the No-Thinking prefix, which changes the
+    starting model's accuracy and length: their pre-check (step-0 verdicts) is measured with the prefix,
+    not shared with the plain arms. Mutant (the old code): one pre-check per seed for every arm."""
+    from posttrain.benchmarks.ablation import ARMS, _precheck_key, arm_overrides
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import build_config
+
+    s = AblationSettings(model="smollm2-135m", task="word_problems")
+    keys = {}
+    for arm in ("grpo", "asrr", "nothink", "dgpo"):
+        cfg = build_config(RLConfig, None, arm_overrides(s, arm, 3, Path("r")))
+        keys[arm] = _precheck_key(3, cfg)
+    assert keys == {"grpo": "3", "dgpo": "3", "asrr": "3-prefix", "nothink": "3-prefix"}
+    # the control differs from ASRR only by the length penalty
+    assert set(ARMS["asrr"]) - set(ARMS["nothink"]) == {
+        o for o in ARMS["asrr"] if o.startswith("hooks.shaper")
+    }

@@ -68,6 +68,9 @@ ARMS: dict[str, list[str]] = {
         "hooks.shaper={name: dapo-overlong, params: {max_length: 72, buffer: 16}}",
     ],
     "e3-asrr-dgpo": ["objective.name=dgpo", *_E3, *_ASRR],
+    # ASRR's control: the No-Thinking prefix alone, without the length penalty (on a model that was not
+    # trained with the prefix, the prefix itself changes accuracy and length)
+    "nothink": ["objective.name=ppo", _ASRR[0]],
     # replay and curriculum (docs/replay-and-curriculum.md; NexGRPO and APARL are proposed designs)
     "nexgrpo": ["objective.name=ppo", "hooks.replay={name: nexgrpo}"],
     "random-failure": ["objective.name=ppo", "hooks.replay={name: random-failure}"],
@@ -311,12 +314,19 @@ def run_ablation(
     return result
 
 
+def _precheck_key(seed: int, cfg: Any) -> str:
+    """The starting point an arm is compared with: the model before RL, prompted as the arm prompts it
+    (arms that open the assistant turn with a prefix, ASRR and its control, start from their own)."""
+    return f"{seed}-prefix" if cfg.task.assistant_prefix else str(seed)
+
+
 def _read_prechecks(runs: Path, seeds: list[int]) -> dict[str, Any]:
     out = {}
     for seed in seeds:
-        p = runs / f"precheck-s{seed}.json"
-        if p.exists():
-            out[str(seed)] = json.loads(p.read_text())
+        for key in (str(seed), f"{seed}-prefix"):
+            p = runs / f"precheck-s{key}.json"
+            if p.exists():
+                out[key] = json.loads(p.read_text())
     return out
 
 
@@ -429,28 +439,30 @@ def run_seed(
         )
         say(f"seed {seed}: SFT done in {time.perf_counter() - t:.0f} s")
     state = copy.deepcopy(model.state_dict())
-    pre_path = runs / f"precheck-s{seed}.json"
-    pre: dict[str, Any] | None = json.loads(pre_path.read_text()) if pre_path.exists() else None
     for arm in todo:
         run_dir = runs / f"{arm}-s{seed}"
         shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished earlier attempt
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SingleUpdateWarning etc.: the bench sets minibatches itself
             cfg = build_config(RLConfig, base, arm_overrides(s, arm, seed, run_dir))
+        pre_key = _precheck_key(seed, cfg)
+        pre_path = runs / f"precheck-s{pre_key}.json"
+        pre: dict[str, Any] | None = json.loads(pre_path.read_text()) if pre_path.exists() else None
         model.load_state_dict(state)
         t = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateSettingWarning)
             with RLTrainer(cfg, model, tok) as tr:
                 heldout = tr.task.split("heldout")[: s.eval_n]
-                if pre is None:  # the starting model, greedy, before any RL (same for every arm)
+                if pre is None:  # the starting model, greedy, before any RL (per seed and prompt form)
                     pre = greedy_verdicts(tr, heldout)
                     pre.update(
                         model=s.model, task=s.task, n=len(heldout), in_band=0.10 <= pre["accuracy"] <= 0.40
                     )
                     atomic_write_json(pre_path, pre)
                     say(
-                        f"seed {seed} PRE-CHECK {s.model} on {s.task}: greedy held-out accuracy "
+                        f"seed {seed} PRE-CHECK{' (assistant prefix)' if pre_key.endswith('prefix') else ''} "
+                        f"{s.model} on {s.task}: greedy held-out accuracy "
                         f"{pre['accuracy']:.3f} over {len(heldout)} (10-40 % band: {pre['in_band']}), "
                         f"mean length {pre['length_mean']:.1f} tokens; sample: {pre['samples'][0]!r}"
                     )
@@ -505,6 +517,9 @@ def arm_gate(arm: str, res: dict[str, Any]) -> dict[str, Any]:
         share = m.get("shaped_groups_frac")
         fired = bool(share)
         detail = f"share of groups where the length penalty fired {share}; continue-thinking {m.get('continue_thinking_frac')}"
+    elif arm == "nothink":  # a control: no mechanism of its own
+        fired = None
+        detail = f"control (prefix only, no penalty); continue-thinking {m.get('continue_thinking_frac')}"
     elif arm == "dapo":
         zv = m.get("zero_var_frac")
         extra = res.get("rollouts_total")
