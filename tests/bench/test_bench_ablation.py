@@ -194,3 +194,40 @@ def test_prefix_arms_start_from_their_own_precheck():
     assert set(ARMS["asrr"]) - set(ARMS["nothink"]) == {
         o for o in ARMS["asrr"] if o.startswith("hooks.shaper")
     }
+
+
+def test_maspo_gate_reads_its_soft_gate_not_clipfrac():
+    """MASPO has no hard clip (its clipfrac is always 0): its gate is the share of tokens its soft gate
+    acted on. Mutants: MASPO judged by clipfrac (NOT FIRED on the real model although 11 % of tokens were
+    gated), or `gated_frac` left out of the mechanism metrics that summarise_run collects."""
+    from posttrain.benchmarks.ablation import arm_gate, summarise_run
+
+    g = arm_gate(
+        "maspo", {"mech": {"clipfrac": 0.0, "gated_frac": 0.11, "gate_mean": 0.99, "sigma_mean": 2.4}}
+    )
+    assert g["verdict"] == "FIRED" and "0.11" in g["detail"]
+    assert arm_gate("maspo", {"mech": {"clipfrac": 0.0, "gated_frac": 0.0}})["verdict"] == "NOT FIRED"
+    rows = [
+        {
+            "kind": "step",
+            "step": i,
+            "entropy": 1.0,
+            "entropy_pre_update": 1.0,
+            "num_sequences": 8,
+            "temperature": 1.0,
+            "length_mean": 5.0,
+            "zero_var_frac": 0.5,
+            "accuracy": 0.2,
+            "gated_frac": 0.1 * i,
+            "gate_mean": 0.9,
+            "sigma_mean": 2.0,
+            "clipfrac": 0.0,
+        }
+        for i in (1, 2)
+    ]
+    evals = [
+        {"step": 0, "accuracy": 0.2, "length_mean": 5.0},
+        {"step": 2, "accuracy": 0.3, "length_mean": 4.0},
+    ]
+    mech = summarise_run(rows, warmup_frac=0.25, evals=evals)["mech"]
+    assert mech["gated_frac"] == pytest.approx(0.15) and "sigma_mean" in mech and "gate_mean" in mech

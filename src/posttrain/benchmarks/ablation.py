@@ -501,7 +501,14 @@ def arm_gate(arm: str, res: dict[str, Any]) -> dict[str, Any]:
     """Did the arm's mechanism fire? From its step metrics (``res['mech']``); verdict FIRED / NOT FIRED
     and the numbers behind it."""
     m = res.get("mech", {})
-    if arm in ("grpo", "dgpo", "maspo", "e3-asrr-dgpo"):
+    if arm == "maspo":  # no hard clip: a soft Gaussian gate w < 1 on off-policy tokens (gated_frac)
+        share = m.get("gated_frac")
+        fired = share is not None and share > 0
+        detail = (
+            f"share of tokens the soft gate acted on {share}; mean gate {m.get('gate_mean')}; "
+            f"mean sigma {m.get('sigma_mean')}; clipfrac {m.get('clipfrac')}"
+        )
+    elif arm in ("grpo", "dgpo", "e3-asrr-dgpo"):
         clip = m.get("clipfrac")
         fired = clip is not None and clip > 0
         extra = {k: m[k] for k in m if "clip" in k or "boundary" in k or "gate" in k or k == "ratio_dev"}
@@ -591,7 +598,12 @@ def summarise_run(
     hard = [r["sampler/n_hard"] for r in steps if "sampler/n_hard" in r]
     easy = [r["sampler/n_easy"] for r in steps if "sampler/n_easy" in r]
     mech_keys = sorted(
-        {k for r in steps for k in r if "clip" in k or "boundary" in k or k.startswith("replay/")}
+        {
+            k
+            for r in steps
+            for k in r
+            if "clip" in k or "boundary" in k or "gate" in k or "sigma" in k or k.startswith("replay/")
+        }
         | {"shaped_groups_frac", "continue_thinking_frac", "zero_var_frac", "sampling_rounds", "ratio_mean"}
     )
     mech = {k: _mean_key(steps, k) for k in mech_keys}
