@@ -135,7 +135,7 @@ def test_mixed_warm_start_teaches_both_modes_after_the_no_thinking_prefix():
 
 
 def test_arms_cover_the_issue_list():
-    assert set(ARMS) == {"grpo", "dgpo", "maspo", "e3", "asrr", "dapo", "e3-asrr-dgpo"} | {
+    assert set(ARMS) == {"grpo", "dgpo", "maspo", "e3", "asrr", "nothink", "dapo", "e3-asrr-dgpo"} | {
         "nexgrpo",
         "random-failure",
         "success",
