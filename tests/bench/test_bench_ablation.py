@@ -231,3 +231,54 @@ def test_maspo_gate_reads_its_soft_gate_not_clipfrac():
     ]
     mech = summarise_run(rows, warmup_frac=0.25, evals=evals)["mech"]
     assert mech["gated_frac"] == pytest.approx(0.15) and "sigma_mean" in mech and "gate_mean" in mech
+
+
+def test_precheck_reports_what_rl_samples_mixed_groups_counted_per_prompt():
+    """The pre-check measures the sampled accuracy and the share of mixed groups over G samples per
+    training prompt (greedy accuracy alone passed the real model at 0.31 while sampling at T = 1 got
+    3-9 %): all-right and all-wrong groups are not mixed."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from posttrain.benchmarks.ablation import MIXED_MIN, _precheck_text, sampled_verdicts
+
+    verdicts = {0: [1, 1, 1], 1: [0, 0, 0], 2: [1, 0, 0], 3: [0, 1, 1]}
+    seen = {}
+
+    class Runner:
+        def run(self, examples, ns, params):
+            seen.update(ns=ns, temperature=params.temperature, max_new=params.max_new_tokens)
+            gids = [i for i, n in enumerate(ns) for _ in range(n)]
+            texts = [str(verdicts[g][k]) for g in range(len(ns)) for k in range(ns[g])]
+            return NS(
+                texts=texts, examples=[examples[g] for g in gids], batch=NS(group_ids=torch.tensor(gids))
+            )
+
+    cfg = NS(
+        rollout=NS(group_size=3, temperature=0.7, top_p=1.0, max_new_tokens=5),
+        reward=NS(success_threshold=1.0),
+    )
+    tr = NS(
+        cfg=cfg,
+        eval_runner=lambda: Runner(),
+        reward_source=NS(score=lambda texts, exs: NS(rewards=[float(t) for t in texts])),
+    )
+    r = sampled_verdicts(tr, ["a", "b", "c", "d"])
+    assert seen == {"ns": [3, 3, 3, 3], "temperature": 0.7, "max_new": 5}
+    assert r["sampled_accuracy"] == pytest.approx(6 / 12)
+    assert (r["mixed_frac"], r["all_right_frac"], r["all_wrong_frac"]) == (0.5, 0.25, 0.25)
+    pre = {"accuracy": 0.3, "n": 4, "length_mean": 9.0, "greedy_in_band": True, "sampled": r}
+    pre["mixed_ok"] = r["mixed_frac"] >= MIXED_MIN
+    pre["in_band"] = pre["greedy_in_band"] and pre["mixed_ok"]
+    assert "mixed groups 0.50" in _precheck_text(pre) and "PRE-CHECK PASSED" in _precheck_text(pre)
+
+
+def test_quick_ablation_precheck_file_has_the_sampled_check(tmp_path):
+    run_ablation(AblationSettings.quick(arms=["grpo"], sft_steps=2), tmp_path)
+    pre = json.loads((tmp_path / "runs" / "precheck-s0.json").read_text())
+    sm = pre["sampled"]
+    assert sm["group_size"] == 4 and sm["n_prompts"] >= 1
+    assert sm["mixed_frac"] + sm["all_right_frac"] + sm["all_wrong_frac"] == pytest.approx(1.0)
+    assert pre["in_band"] == (pre["greedy_in_band"] and pre["mixed_ok"])
+    assert "mixed groups" in (tmp_path / "ablation.md").read_text()

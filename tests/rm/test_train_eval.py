@@ -201,3 +201,38 @@ def test_cli_rm_bad_preference_file(tmp_path):
     data.write_text('{"prompt": "q", "chosen": "a"}\n')
     r = CliRunner().invoke(app, ["rm", "eval", "--data", str(data), "-m", "bt:tiny"])
     assert r.exit_code == 2 and "bad.jsonl:1: missing field 'rejected'" in r.output
+
+
+def test_bt_and_judge_take_the_precision_setting():
+    """The PaTaRM judges run in ``precision`` (the real-model demo's bf16): the BT scores are fp32 but
+    computed under bf16 autocast (they differ from fp32's), the HF judge's engine and the ``judge`` reward
+    source carry the setting, and a wrong value is rejected with the key's name."""
+    from pydantic import ValidationError
+
+    from posttrain.recipes.patarm.bt import BTConfig, BTRewardModel, load_bt_model
+    from posttrain.recipes.patarm.judge import HFJudge
+    from posttrain.recipes.patarm.sources import judge_reward_source
+    from posttrain.rollout.registry import RewardSourceContext
+
+    model, tok = load_bt_model("tiny", device="cpu", seed=0)
+    prompts, responses = ["1+1=", "2+3=", "9+9="], ["2", "6", "18"]
+    with torch.no_grad():
+        s32 = BTRewardModel(model, tok).forward(prompts, responses)
+        s16 = BTRewardModel(model, tok, precision="bf16").forward(prompts, responses)
+    assert s32.dtype == s16.dtype == torch.float32
+    assert 1e-5 < float((s16 - s32).abs().max()) < 0.1
+    with pytest.raises(ValidationError, match="precision"):
+        BTConfig(precision="fp8")
+    from posttrain.models import load_model_and_tokenizer
+
+    lm, ltok = load_model_and_tokenizer("tiny", seed=0)
+    assert HFJudge(model_obj=lm, tokenizer=ltok, precision="bf16").engine.precision == "bf16"
+    import inspect
+
+    ctx_params = inspect.signature(RewardSourceContext).parameters
+    ctx = RewardSourceContext(**{k: None for k in ctx_params if k not in {"seed"}}, seed=0)
+    src = judge_reward_source(ctx, judge="hf", model="tiny", device="cpu", precision="bf16")
+    try:
+        assert src.judge.engine.precision == "bf16"
+    finally:
+        src.close()

@@ -120,3 +120,86 @@ def test_trainer_step_in_bf16(tmp_path, engine):
     assert metrics["bf16"]["rollout_logp_diff"] < 0.01
     # the training forward ran in bf16: the same seed gives a visibly different entropy
     assert abs(metrics["bf16"]["entropy"] - metrics["fp32"]["entropy"]) > 1e-5
+
+
+# ------------------------------------------------------- the precision outside the RL trainer
+def test_hf_engine_honours_the_context_precision_outside_any_autocast(batch):
+    """``build_engine("hf", ctx(precision=bf16))`` samples in bf16 by itself (before 2026-12-02 only the
+    fast engine did; evaluations that forgot the caller-side autocast ran fp32): its log-probs equal
+    those of the same engine under an explicit autocast, and differ from fp32."""
+    from posttrain.rollout.registry import EngineContext, build_engine
+
+    model, ids, _, _ = batch
+    prompts = [ids[i, :4].tolist() for i in range(0, ids.shape[0], 4)]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+
+    def run(precision, outer):
+        eng = build_engine("hf", {}, EngineContext(model, _tok_of(model), seed=3, precision=precision))
+        assert eng.precision == precision
+        with precision_autocast("cpu", outer):
+            return eng.generate(prompts, [2] * len(prompts), params)
+
+    own, outer, fp32 = run("bf16", "fp32"), run("fp32", "bf16"), run("fp32", "fp32")
+    assert torch.equal(own.completion_ids, outer.completion_ids)
+    assert torch.allclose(own.logprobs, outer.logprobs, atol=0, rtol=0)
+    assert float((own.logprobs - fp32.logprobs).abs().max()) > 1e-5  # bf16 really on
+    with pytest.raises(ValueError, match="precision"):
+        HFEngine(model, _tok_of(model), precision="fp8")
+
+
+def _tok_of(model):
+    name = "tiny-qwen2" if "qwen" in type(model).__name__.lower() else "tiny"
+    return load_model_and_tokenizer(name, seed=0, padding_side="left")[1]
+
+
+def test_evaluate_generates_in_the_given_precision():
+    """``evaluate(..., precision=)`` reaches the engine (the smol demo's and the PaTaRM demo's
+    evaluations pass their run's precision instead of wrapping autocast themselves)."""
+    from posttrain.rewards import get_reward
+    from posttrain.rollout import FunctionRewardSource
+    from posttrain.tasks import get_task
+    from posttrain.train import evaluate as ev_mod
+
+    model, tok = load_model_and_tokenizer("tiny", seed=0, padding_side="left")
+    task = get_task("arithmetic", digits=1, ops="+", n_train=4, n_heldout=4)
+    seen = []
+    real = HFEngine._generate_rows
+
+    def spy(self, rows, params):
+        seen.append(self.precision)
+        return real(self, rows, params)
+
+    src = FunctionRewardSource(get_reward(task.default_reward), num_workers=0)
+    try:
+        HFEngine._generate_rows = spy
+        for prec in ("fp32", "bf16"):
+            ev_mod.evaluate(model, tok, task.split("heldout"), src, max_new_tokens=2, precision=prec)
+    finally:
+        HFEngine._generate_rows = real
+        src.close()
+    assert seen == ["fp32", "bf16"]
+
+
+def _sft_grad(tmp_path, precision):
+    from posttrain.train.sft import SFTConfig, SFTTrainer
+
+    cfg = SFTConfig(steps=1, batch_size=8, seed=0, threads=1, out_dir=str(tmp_path / precision), save=False)
+    cfg.model.name = "tiny"
+    cfg.model.device = "cpu"
+    cfg.model.precision = precision
+    cfg.task.params = {"digits": 1, "ops": "+", "n_train": 16, "n_heldout": 4}
+    tr = SFTTrainer(cfg)
+    tr.model.zero_grad(set_to_none=True)
+    tr.accumulate_gradients(list(range(8)))
+    g = torch.cat([p.grad.flatten() for p in tr.model.parameters() if p.grad is not None])
+    assert g.dtype == torch.float32 and all(p.dtype == torch.float32 for p in tr.model.parameters())
+    tr.close()
+    return g
+
+
+def test_sft_trains_in_model_precision(tmp_path):
+    """SFT honours ``model.precision`` (before 2026-12-02 it accepted the key and trained in fp32): the
+    bf16 gradient on a fixed batch differs from fp32's, within the same bound as RL's."""
+    g32, g16 = _sft_grad(tmp_path, "fp32"), _sft_grad(tmp_path, "bf16")
+    rel = float((g16 - g32).norm() / g32.norm())
+    assert 1e-4 < rel <= GRAD_REL_MAX

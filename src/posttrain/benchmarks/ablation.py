@@ -320,6 +320,23 @@ def _precheck_key(seed: int, cfg: Any) -> str:
     return f"{seed}-prefix" if cfg.task.assistant_prefix else str(seed)
 
 
+def _precheck_text(pre: dict[str, Any]) -> str:
+    """One line: greedy held-out accuracy (10-40 % band) and, when measured, what RL will sample."""
+    text = (
+        f"greedy held-out accuracy {pre['accuracy']:.3f} over {pre['n']} questions (10-40 % band: "
+        f"{pre.get('greedy_in_band', pre['in_band'])}), mean length {pre['length_mean']:.1f} tokens"
+    )
+    sm = pre.get("sampled")
+    if sm:
+        text += (
+            f"; sampled at T={sm['temperature']:g}, {sm['group_size']} per training prompt: accuracy "
+            f"{sm['sampled_accuracy']:.3f}, mixed groups {sm['mixed_frac']:.2f} (>= {MIXED_MIN:.2f}: "
+            f"{pre['mixed_ok']}), all right {sm['all_right_frac']:.2f}, all wrong {sm['all_wrong_frac']:.2f} "
+            f"over {sm['n_prompts']} prompts; PRE-CHECK {'PASSED' if pre['in_band'] else 'FAILED'}"
+        )
+    return text
+
+
 def _read_prechecks(runs: Path, seeds: list[int]) -> dict[str, Any]:
     out = {}
     for seed in seeds:
@@ -333,18 +350,15 @@ def _read_prechecks(runs: Path, seeds: list[int]) -> dict[str, Any]:
 def greedy_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
     """Per-question greedy verdicts of the trainer's current policy (same engine, runner, formatter and
     reward source as its evaluation): accuracy, mean length and the 0/1 list (for paired differences)."""
-    from posttrain.models import precision_autocast
     from posttrain.rollout import SamplingParams
 
     cfg = trainer.cfg
-    runner = trainer.eval_runner()
-    # the HF engine runs bf16 only inside the caller's autocast (the fast engine sets its own)
-    with precision_autocast(trainer.device, cfg.model.precision):
-        eps = runner.run(
-            examples,
-            [1] * len(examples),
-            SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, logprobs=False),
-        )
+    runner = trainer.eval_runner()  # its engine generates in model.precision (hf and fast alike)
+    eps = runner.run(
+        examples,
+        [1] * len(examples),
+        SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, logprobs=False),
+    )
     scored = trainer.reward_source.score(eps.texts, eps.examples)
     correct = [float(r) >= cfg.reward.success_threshold for r in scored.rewards]
     lengths = eps.batch.action_lengths.float()
@@ -353,6 +367,47 @@ def greedy_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
         "length_mean": float(lengths.mean()),
         "correct": correct,
         "samples": [t for t in eps.texts[:3]],
+    }
+
+
+MIXED_MIN = 0.10
+"""Pre-check (proposed): at least this share of training prompts must give a MIXED group (some of its
+G samples right, some wrong) — the only groups a group-relative advantage learns from."""
+
+
+def sampled_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
+    """What RL will see on ``examples`` (training prompts): ``rollout.group_size`` samples per prompt
+    at the rollout temperature, through the same engine, runner and reward source as the trainer's
+    evaluation. Returns the sampled accuracy, the share of prompts whose group is mixed (neither all
+    right nor all wrong), all right, and all wrong."""
+    from posttrain.rollout import SamplingParams
+
+    cfg = trainer.cfg
+    g = cfg.rollout.group_size
+    eps = trainer.eval_runner().run(
+        examples,
+        [g] * len(examples),
+        SamplingParams(
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            logprobs=False,
+        ),
+    )
+    scored = trainer.reward_source.score(eps.texts, eps.examples)
+    ok = [float(r) >= cfg.reward.success_threshold for r in scored.rewards]
+    per: dict[int, list[bool]] = {}
+    for gid, o in zip(eps.batch.group_ids.tolist(), ok, strict=True):
+        per.setdefault(int(gid), []).append(o)
+    n = max(1, len(per))
+    return {
+        "sampled_accuracy": sum(ok) / max(1, len(ok)),
+        "mixed_frac": sum(0 < sum(v) < len(v) for v in per.values()) / n,
+        "all_right_frac": sum(all(v) for v in per.values()) / n,
+        "all_wrong_frac": sum(not any(v) for v in per.values()) / n,
+        "group_size": g,
+        "n_prompts": len(per),
+        "temperature": cfg.rollout.temperature,
     }
 
 
@@ -454,17 +509,22 @@ def run_seed(
             warnings.simplefilter("ignore", DegenerateSettingWarning)
             with RLTrainer(cfg, model, tok) as tr:
                 heldout = tr.task.split("heldout")[: s.eval_n]
-                if pre is None:  # the starting model, greedy, before any RL (per seed and prompt form)
+                if pre is None:  # the starting model before any RL (per seed and prompt form)
                     pre = greedy_verdicts(tr, heldout)
+                    # what RL learns from: G samples per TRAINING prompt at the rollout temperature
+                    pre["sampled"] = sampled_verdicts(tr, tr.task.split("train")[: s.eval_n])
                     pre.update(
-                        model=s.model, task=s.task, n=len(heldout), in_band=0.10 <= pre["accuracy"] <= 0.40
+                        model=s.model,
+                        task=s.task,
+                        n=len(heldout),
+                        greedy_in_band=0.10 <= pre["accuracy"] <= 0.40,
+                        mixed_ok=pre["sampled"]["mixed_frac"] >= MIXED_MIN,
                     )
+                    pre["in_band"] = pre["greedy_in_band"] and pre["mixed_ok"]
                     atomic_write_json(pre_path, pre)
                     say(
                         f"seed {seed} PRE-CHECK{' (assistant prefix)' if pre_key.endswith('prefix') else ''} "
-                        f"{s.model} on {s.task}: greedy held-out accuracy "
-                        f"{pre['accuracy']:.3f} over {len(heldout)} (10-40 % band: {pre['in_band']}), "
-                        f"mean length {pre['length_mean']:.1f} tokens; sample: {pre['samples'][0]!r}"
+                        f"{s.model} on {s.task}: {_precheck_text(pre)}; sample: {pre['samples'][0]!r}"
                     )
                 tr.train(progress=False)
                 rows = list(read_jsonl(run_dir / "metrics.jsonl"))
@@ -765,11 +825,7 @@ def markdown_table(result: dict[str, Any]) -> str:
         "",
     ]
     for seed, pre in (result.get("prechecks") or {}).items():
-        lines.append(
-            f"Pre-check (seed {seed}): {pre['model']} on {pre['task']}, greedy held-out accuracy "
-            f"{pre['accuracy']:.3f} over {pre['n']} questions (10-40 % band: {pre['in_band']}), mean length "
-            f"{pre['length_mean']:.1f} tokens."
-        )
+        lines.append(f"Pre-check (seed {seed}): {pre['model']} on {pre['task']}, {_precheck_text(pre)}.")
     if result.get("gates"):
         lines += ["", "| arm | seed | gate | detail |", "|---|---|---|---|"]
         for arm, gates in result["gates"].items():

@@ -301,6 +301,7 @@ def demo(
         "judge,random,verifiable", "--rlhf-arms", help="real model: RLHF arms ('' none)"
     ),
     seeds: str = typer.Option("0,1", "--seeds", help="real model: RLHF seeds"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="real model: torch threads (default 2)"),  # noqa: UP045
     seed: int = typer.Option(0, "--seed"),
     judge_sft_steps: Optional[int] = typer.Option(None, "--judge-sft-steps", help="default 250"),  # noqa: UP045
     par_steps: Optional[int] = typer.Option(None, "--par-steps", help="default 30"),  # noqa: UP045
@@ -330,6 +331,8 @@ def demo(
         try:
             base = RealRMSettings.quick() if quick else RealRMSettings()
             base.seeds = tuple(int(x) for x in names(seeds))
+            if threads is not None:
+                base.threads = threads
             run_real_rm_demo(
                 out or Path("runs/rm-real"),
                 settings=base,

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from posttrain.models.precision import check_precision, precision_autocast
 from posttrain.rollout.base import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -93,6 +94,8 @@ class HFEngine(GeneratorStateMixin, RolloutEngine):
     """In-process engine over a ``transformers`` causal LM (the policy being trained).
 
     max_batch_size: split a call into chunks of at most this many sequences (None = one batch).
+    precision: "fp32", or "bf16" = ``generate`` under ``torch.autocast(bfloat16)``, as the trainer runs
+    its forwards (``model.precision``); a caller's own autocast context also applies.
     """
 
     def __init__(
@@ -103,10 +106,12 @@ class HFEngine(GeneratorStateMixin, RolloutEngine):
         seed: int = 0,
         max_batch_size: int | None = None,
         eos_token_ids: list[int] | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.precision = check_precision(precision)
         self.eos_token_ids, self._pad_token_id = eos_and_pad(tokenizer, eos_token_ids, "HFEngine")
         device = next(model.parameters()).device
         self.generator = torch.Generator(device=device)
@@ -145,19 +150,20 @@ class HFEngine(GeneratorStateMixin, RolloutEngine):
         was_training = model.training
         model.eval()
         try:
-            out = model.generate(
-                input_ids=prompt_ids,
-                attention_mask=prompt_mask,
-                do_sample=False,
-                max_new_tokens=params.max_new_tokens,
-                min_new_tokens=0,
-                pad_token_id=self.pad_token_id,
-                eos_token_id=self.eos_token_ids or None,
-                logits_processor=[sampler],
-                stopping_criteria=_cancel_criteria(params.cancel),
-                use_cache=True,
-                num_beams=1,
-            )
+            with precision_autocast(device, self.precision):
+                out = model.generate(
+                    input_ids=prompt_ids,
+                    attention_mask=prompt_mask,
+                    do_sample=False,
+                    max_new_tokens=params.max_new_tokens,
+                    min_new_tokens=0,
+                    pad_token_id=self.pad_token_id,
+                    eos_token_id=self.eos_token_ids or None,
+                    logits_processor=[sampler],
+                    stopping_criteria=_cancel_criteria(params.cancel),
+                    use_cache=True,
+                    num_beams=1,
+                )
         finally:
             model.train(was_training)
         completion = out[:, prompt_ids.shape[1] :]

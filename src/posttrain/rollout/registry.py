@@ -117,6 +117,7 @@ def hf_engine(ctx: EngineContext, *, eos_token_ids: list[int] | None = None) -> 
         seed=ctx.seed,
         max_batch_size=ctx.max_batch_size,
         eos_token_ids=eos_token_ids,
+        precision=ctx.precision,
     )
 
 

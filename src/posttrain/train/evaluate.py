@@ -182,13 +182,21 @@ def evaluate(
     batch_size: int | None = EVAL_MAX_BATCH_SIZE,
     seed: int = EVAL_SEED,
     report: Any = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """:func:`run_eval` with an ``engine`` and episode ``runner`` built by :func:`eval_runner` (default:
     Hugging Face ``generate`` and single-turn episodes, at most ``batch_size`` sequences per generate
-    call) over ``model``."""
+    call) over ``model``, generating in ``precision`` ("fp32" or "bf16" autocast, ``model.precision``)."""
     formatter = formatter or PromptFormatter(tokenizer)
     run = eval_runner(
-        model, tokenizer, formatter, max_batch_size=batch_size, engine=engine, runner=runner, seed=seed
+        model,
+        tokenizer,
+        formatter,
+        max_batch_size=batch_size,
+        engine=engine,
+        runner=runner,
+        seed=seed,
+        precision=precision,
     )
     return run_eval(
         run,

@@ -228,7 +228,11 @@ class RunLoop:
 
 class RunLoopTrainer:
     """Base of the trainers that run through a :class:`RunLoop` (``RLTrainer``, ``SFTTrainer``):
-    ``resume_info`` and the ``with`` statement, which calls the trainer's ``close()`` on the way out."""
+    ``resume_info`` and the ``with`` statement, which calls the trainer's ``close()`` on the way out and
+    then releases the optimizer state: a trainer is a graph of reference cycles (its run loop, bound
+    methods in hooks), freed only by Python's cyclic collector, so a process that trains several runs
+    one after another (a benchmark's arms) kept every finished run's AdamW state, ~1 GB for a 135 M
+    model, until a full collection happened to run (measured: +2 GB per arm)."""
 
     loop: RunLoop
 
@@ -244,4 +248,10 @@ class RunLoopTrainer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        import gc
+
         self.close()
+        opt = getattr(self, "optimizer", None)
+        if opt is not None and hasattr(opt, "state"):
+            opt.state.clear()  # the run is over: its moments are not needed (checkpoints hold them)
+        gc.collect()  # free earlier trainers' cycles now, not at the next full collection

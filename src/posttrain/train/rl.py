@@ -955,7 +955,7 @@ class RLTrainer(RunLoopTrainer):
 
         cfg, e = self.cfg, self.cfg.eval
         runner = self.eval_runner()
-        with dist.full_params(self.model), precision_autocast(self.device, cfg.model.precision):
+        with dist.full_params(self.model):  # the eval engine generates in model.precision itself
             # FSDP2: rank 0 alone generates with gathered weights
             result = dist.on_main(  # rank 0 evaluates; every rank gets the result
                 lambda: run_eval(

@@ -42,6 +42,7 @@ import torch
 from pydantic import Field, model_validator
 
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
+from posttrain.models.precision import precision_autocast
 from posttrain.train import dist
 from posttrain.train.config import (
     CheckpointConfig,
@@ -351,9 +352,11 @@ class SFTTrainer(RunLoopTrainer):
     def _token_logprobs(
         self, idx: list[int], examples: list[SFTExample] | None = None, adapter: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log π, target mask), each (B, T), of the rows ``idx``: one forward through ``adapter``."""
+        """(log π, target mask), each (B, T), of the rows ``idx``: one forward through ``adapter``, in
+        ``model.precision`` (bf16: autocast over the fp32 weights; log-softmax in fp32, as in RL)."""
         ids, am, lm = self.collate(idx, examples)
-        logp, _ = (adapter or self.lm).logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
+        with precision_autocast(self.device, self.cfg.model.precision):
+            logp, _ = (adapter or self.lm).logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
         return logp, lm
 
     def accumulate_gradients(self, idx: list[int]) -> tuple[float, int]:
@@ -419,6 +422,7 @@ class SFTTrainer(RunLoopTrainer):
                 formatter=self.formatter,
                 max_new_tokens=self.cfg.max_new_tokens,
                 batch_size=self.cfg.eval.batch_cap(),  # eval.max_batch_size, as in RL
+                precision=self.cfg.model.precision,
             )
         finally:
             src.close()

@@ -60,7 +60,6 @@ def evaluate_instructions(
     """Greedy completions of ``examples`` (chat template) scored by the task's ``eval_report``, sampled
     by the rollout ``engine`` under ``precision`` (the settings the RL stage uses, so before and after
     are measured the same way)."""
-    from posttrain.models import precision_autocast
     from posttrain.rewards import get_reward
     from posttrain.rollout import PromptFormatter
     from posttrain.rollout.reward_source import FunctionRewardSource
@@ -69,18 +68,18 @@ def evaluate_instructions(
     source = FunctionRewardSource(get_reward("instructions_strict"), num_workers=0)
     try:
         t0 = time.perf_counter()
-        with precision_autocast(model.device, precision):
-            res = evaluate(
-                model,
-                tok,
-                examples,
-                source,
-                formatter=PromptFormatter(tok, chat=True),
-                engine=engine,
-                max_new_tokens=max_new_tokens,
-                batch_size=batch_size,
-                report=task.eval_report,
-            )
+        res = evaluate(
+            model,
+            tok,
+            examples,
+            source,
+            formatter=PromptFormatter(tok, chat=True),
+            engine=engine,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            report=task.eval_report,
+            precision=precision,
+        )
     finally:
         source.close()
     rep = res["report"]

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from posttrain.recipes.patarm.data import PreferencePair
 from posttrain.utils.config import StrictModel
@@ -40,7 +40,17 @@ class BTConfig(StrictModel):
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
+    precision: str = "fp32"
+    """"fp32", or "bf16" = forwards under bf16 autocast over the fp32 weights (as ``model.precision``);
+    the scores and the loss are fp32."""
     out_dir: str = "runs/rm-bt"
+
+    @field_validator("precision")
+    @classmethod
+    def _precision(cls, v: str) -> str:
+        from posttrain.models.precision import check_precision
+
+        return check_precision(v)
 
 
 def load_bt_model(
@@ -96,11 +106,20 @@ class BTRewardModel:
     """Scores (prompt, response) pairs with a BT model; ``score(prompts, responses) -> list[float]``."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, chat_template: bool = False, max_length: int = 512
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        chat_template: bool = False,
+        max_length: int = 512,
+        precision: str = "fp32",
     ) -> None:
+        from posttrain.models.precision import check_precision
+
         self.model, self.tokenizer = model, tokenizer
         self.chat_template = chat_template
         self.max_length = max_length
+        self.precision = check_precision(precision)
 
     def text(self, prompt: str, response: str) -> str:
         if self.chat_template:
@@ -128,8 +147,12 @@ class BTRewardModel:
         return inp.to(dev), att.to(dev)
 
     def forward(self, prompts: list[str], responses: list[str]) -> Any:
+        """Scalar rewards (fp32), the forward in ``precision``."""
+        from posttrain.models.precision import precision_autocast
+
         inp, att = self._batch(prompts, responses)
-        return self.model(input_ids=inp, attention_mask=att).logits[:, 0]
+        with precision_autocast(inp.device, self.precision):
+            return self.model(input_ids=inp, attention_mask=att).logits[:, 0].float()
 
     def score(self, prompts: list[str], responses: list[str], *, batch_size: int = 64) -> list[float]:
         import torch
@@ -160,7 +183,9 @@ def train_bt(cfg: BTConfig, pairs: list[PreferencePair], *, progress: bool = Fal
         raise ValueError("train_bt: no preference pairs")
     dev = pick_device() if cfg.device == "auto" else cfg.device
     model, tok = load_bt_model(cfg.model, device=dev, dtype=cfg.dtype, seed=cfg.seed)
-    rm = BTRewardModel(model, tok, chat_template=cfg.chat_template, max_length=cfg.max_length)
+    rm = BTRewardModel(
+        model, tok, chat_template=cfg.chat_template, max_length=cfg.max_length, precision=cfg.precision
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
     order: list[int] = []

@@ -110,6 +110,7 @@ def judge_scorer(
     seed: int = 0,
     judge: Any = None,
     batch_size: int = 256,
+    precision: str = "fp32",
 ) -> Any:
     """A ``score_fn(pairs, side)`` for :func:`posttrain.recipes.patarm.evaluate.evaluate_pointwise`:
     the mean score of ``samples`` judgments per response — greedy when ``samples == 1`` (k = 1), at
@@ -128,6 +129,7 @@ def judge_scorer(
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             max_batch_size=batch_size,
+            precision=precision,
             seed=seed,
         )
     src = JudgeRewardSource(

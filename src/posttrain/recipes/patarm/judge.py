@@ -115,6 +115,7 @@ class HFJudge(Judge):
         max_batch_size: int | None = 64,
         device: str = "auto",
         dtype: str = "float32",
+        precision: str = "fp32",
         seed: int = 0,
     ) -> None:
         from posttrain.rollout import HFEngine
@@ -132,7 +133,11 @@ class HFJudge(Judge):
         self.model, self.tokenizer = model_obj, tokenizer
         self.formatter = JudgeFormatter(tokenizer, chat=chat_template, enable_thinking=enable_thinking)
         self.truncated = 0
-        self.engine = HFEngine(model_obj, tokenizer, seed=seed, max_batch_size=max_batch_size)
+        # precision "bf16": judgments generated under bf16 autocast (the engine enters it itself, so it
+        # holds in the reward source's worker thread too)
+        self.engine = HFEngine(
+            model_obj, tokenizer, seed=seed, max_batch_size=max_batch_size, precision=precision
+        )
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self._lock = threading.Lock()

@@ -64,18 +64,18 @@ class RealRMSettings:
     )
     heldout_task: str | None = "word_problems"
     heldout_task_params: dict[str, Any] = field(default_factory=lambda: {"n_heldout": 200, "seed": 0})
-    n_train_prompts: int = 96
-    n_eval_prompts: int = 48
+    n_train_prompts: int = 192
+    n_eval_prompts: int = 64
     samples_per_prompt: int = 4
     sample_max_new_tokens: int = 64
     rubric_style: str = "full"
     judge_max_new_tokens: int = 12
     base_judge_max_new_tokens: int = 48
-    judge_sft_steps: int = 60
-    par_steps: int = 20
+    judge_sft_steps: int = 30
+    par_steps: int = 16
     par_group: int = 4
-    par_pairs_per_step: int = 4
-    bt_steps: int = 60
+    par_pairs_per_step: int = 2
+    bt_steps: int = 30
     judge_lr: float = 1e-5
     batch_size: int = 8
     eval_k: int = 4
@@ -88,6 +88,11 @@ class RealRMSettings:
     ifbench_n: int | None = 100
     seeds: tuple[int, ...] = (0, 1)
     threads: int = 2
+    precision: str = "bf16"
+    """Every stage's compute precision (``model.precision``: bf16 autocast over fp32 weights, the
+    setting the real model runs fast in; docs/precision.md)."""
+    engine: str = "fast"
+    """Rollout engine for the policy's samples, PAR's judge rollouts, RLHF and its evaluations."""
 
     @classmethod
     def quick(cls, **kw: Any) -> RealRMSettings:
@@ -108,6 +113,7 @@ class RealRMSettings:
             rl_eval_n=4,
             ifbench_n=4,
             base_judge_max_new_tokens=16,
+            precision="fp32",
         )
         base.update(kw)
         return cls(**base)  # type: ignore[arg-type]
@@ -206,15 +212,16 @@ def _load(spec: str, seed: int = 0) -> tuple[Any, Any]:
     return load_model_and_tokenizer(spec, device="cpu", seed=seed)
 
 
-def _sample(
-    model: Any, tok: Any, examples: list[Any], n: int, max_new_tokens: int, chat: bool, seed: int
-) -> list[list[str]]:
+def _sample(s: RealRMSettings, model: Any, tok: Any, examples: list[Any], seed: int) -> list[list[str]]:
     import torch
 
-    from posttrain.rollout import HFEngine, PromptFormatter, SamplingParams
+    from posttrain.rollout import PromptFormatter, SamplingParams
+    from posttrain.rollout.registry import EngineContext, build_engine
 
-    fmt = PromptFormatter(tok, chat=chat)
-    eng = HFEngine(model, tok, seed=seed, max_batch_size=32)
+    n, max_new_tokens = s.samples_per_prompt, s.sample_max_new_tokens
+    fmt = PromptFormatter(tok, chat=s.chat_template)
+    ctx = EngineContext(model, tok, seed=seed, max_batch_size=32, precision=s.precision)
+    eng = build_engine(s.engine, {}, ctx)
     out: list[list[str]] = [[] for _ in examples]
     for b in range(0, len(examples), 8):
         chunk = examples[b : b + 8]
@@ -251,7 +258,7 @@ def build_pairs(s: RealRMSettings, out: Path, *, seed: int = 0) -> dict[str, Any
         task = get_task(name, **params)
         reward = get_reward(task.default_reward)
         exs = task.split(split)[:n]
-        texts = _sample(model, tok, exs, s.samples_per_prompt, s.sample_max_new_tokens, s.chat_template, seed)
+        texts = _sample(s, model, tok, exs, seed)
         passed = [[reward(t, ex) >= 1.0 for t in ts] for ex, ts in zip(exs, texts, strict=True)]
         pairs, st = pairs_from_samples(
             exs, texts, passed, task_name=name, task=task, task_type=TASK_TYPE_OF.get(name, "chat")
@@ -290,6 +297,7 @@ def _judge_evals(
                 chat_template=s.chat_template,
                 seed=seed,
                 batch_size=16,
+                precision=s.precision,
             )
             r = evaluate_pointwise(pairs, fn, n_boot=1000, seed=seed)
             r.pop("per_pair", None)
@@ -297,12 +305,14 @@ def _judge_evals(
     return res
 
 
-def _bt_eval(model_dir: str, pairs: list[PreferencePair], chat: bool, seed: int) -> dict[str, Any]:
+def _bt_eval(
+    model_dir: str, pairs: list[PreferencePair], chat: bool, seed: int, precision: str = "fp32"
+) -> dict[str, Any]:
     from posttrain.recipes.patarm.bt import BTRewardModel, load_bt_model
     from posttrain.recipes.patarm.evaluate import evaluate_pointwise
 
     m, t = load_bt_model(model_dir, device="cpu")
-    rm = BTRewardModel(m, t, chat_template=chat)
+    rm = BTRewardModel(m, t, chat_template=chat, precision=precision)
 
     def score(ps: list[PreferencePair], side: str) -> list[float | None]:
         return rm.score([p.prompt for p in ps], [p.chosen if side == "chosen" else p.rejected for p in ps])  # type: ignore[return-value]
@@ -359,6 +369,7 @@ def run_judge_arm(
             progress=progress,
         )
         cfg.task.chat_template = s.chat_template
+        cfg.model.precision = s.precision
         cfg.eval.at_end = False
         tr = SFTTrainer(cfg, model, tok, pairs=_traces(s, train))
         sm = tr.train()
@@ -378,16 +389,19 @@ def run_judge_arm(
                 model=s.model,
                 chat_template=s.chat_template,
                 steps=s.bt_steps,
-                batch_size=s.batch_size,
+                # pairs per step: half the SFT judge's rows per step, so both see the same number of
+                # sequences (each pair is two sequences, chosen and rejected)
+                batch_size=max(1, s.batch_size // 2),
                 lr=s.judge_lr,
                 seed=seed,
                 device="cpu",
+                precision=s.precision,
                 out_dir=str(out / "judges" / "bt"),
             ),
             train,
         )
         res["train_last"] = bt.get("last", {})
-        res["evals"] = _bt_eval(bt["model"], held, s.chat_template, seed)
+        res["evals"] = _bt_eval(bt["model"], held, s.chat_template, seed, s.precision)
     res["wall_s"] = time.perf_counter() - t0
     res["n_train_pairs"], res["n_eval_pairs"] = len(train), len(held)
     atomic_write_json(path, res)
@@ -416,6 +430,8 @@ def _par_arm(
         f"out_dir={out / 'judges' / ('par_' + rule)}",
         f"model.name={sft_dir}",
         "model.device=cpu",
+        f"model.precision={s.precision}",
+        f"rollout.engine.name={s.engine}",
         "task.name=preferences",
         f"task.chat_template={str(s.chat_template).lower()}",
         f"steps={s.par_steps}",
@@ -480,6 +496,8 @@ def _policy_eval(s: RealRMSettings, model: Any, tok: Any, seed: int) -> dict[str
                 max_new_tokens=s.sample_max_new_tokens,
                 batch_size=16,
                 report=getattr(task, "eval_report", None),
+                engine=s.engine,
+                precision=s.precision,
             )
         finally:
             src.close()
@@ -515,6 +533,8 @@ def run_rlhf_arm(
         f"out_dir={out / 'rlhf' / f'{arm}-s{seed}'}",
         f"model.name={s.model}",
         "model.device=cpu",
+        f"model.precision={s.precision}",
+        f"rollout.engine.name={s.engine}",
         f"task.name={s.pair_task}",
         f"task.chat_template={str(s.chat_template).lower()}",
         f"steps={s.rl_steps}",
@@ -546,6 +566,7 @@ def run_rlhf_arm(
             "max_new_tokens": s.judge_max_new_tokens,
             "default_task_type": TASK_TYPE_OF.get(s.pair_task, "chat"),
             "device": "cpu",
+            "precision": s.precision,
             "fallback": False,
         }
     elif arm == "random":
@@ -643,15 +664,20 @@ def run_real_rm_demo(
     out.mkdir(parents=True, exist_ok=True)
     cur = json.loads(json.dumps(asdict(s)))
     prev = _done(out / "settings.json")
-    if prev is not None and prev != cur:
-        diff = sorted(k for k in cur if prev.get(k) != cur[k])
+    same = {k: v for k, v in cur.items() if k != "threads"}  # threads change speed, not results
+    if prev is not None and {k: v for k, v in prev.items() if k != "threads"} != same:
+        diff = sorted(k for k in cur if k != "threads" and prev.get(k) != cur[k])
         raise ValueError(
             f"demo rm: {out} holds a run with other settings ({', '.join(diff)} differ); use another --out "
             "or delete it"
         )
     atomic_write_json(out / "settings.json", cur)
     t0 = time.perf_counter()
-    build_pairs(s, out, seed=s.seeds[0])
+    import torch
+
+    torch.set_num_threads(s.threads)
+    if judge_arms:  # the pairs feed the judges only (RLHF's judge arm reads the trained judge)
+        build_pairs(s, out, seed=s.seeds[0])
     for arm in judge_arms:
         r = run_judge_arm(s, out, arm, seed=s.seeds[0], progress=progress)
         print(f"[rm-real] judge {arm} done ({r['wall_s']:.0f} s)", flush=True)

@@ -28,6 +28,7 @@ def judge_reward_source(
     temperature: float = 0.0,
     max_new_tokens: int = 256,
     device: str = "auto",
+    precision: str = "fp32",
     concurrency: int = 8,
     samples: int = 1,
     scale: tuple[float, float] = DEFAULT_SCALE,
@@ -45,7 +46,8 @@ def judge_reward_source(
     ``endpoint`` (OpenAI-compatible ``base_url`` + ``model``; key from env var ``api_key_env``) or
     ``random`` (control). ``timeout_s`` / ``max_retries`` apply to each batched judge call.
     ``enable_thinking`` (hf judges with ``chat_template``) is passed to the chat template; a judgment
-    cut off at ``max_new_tokens`` is never scored as a verdict."""
+    cut off at ``max_new_tokens`` is never scored as a verdict. ``precision`` (hf): "fp32" or "bf16"
+    (autocast, as ``model.precision``)."""
     from posttrain.recipes.patarm.judge import EndpointJudge, HFJudge, JudgeRewardSource, RandomJudge
 
     if judge == "hf":
@@ -60,6 +62,7 @@ def judge_reward_source(
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             device=device,
+            precision=precision,
             seed=ctx.seed,
         )
     elif judge == "endpoint":
