@@ -106,3 +106,31 @@ def test_a_folder_created_only_for_the_lock_is_removed_again(tmp_path):
     with lock_run_dir(run):
         assert run.is_dir()
     assert not run.exists()
+
+
+def test_demo_smol_takes_the_run_folder_lock(tmp_path):
+    """`posttrain demo smol` holds its folder's lock like `posttrain demo` (it did not before
+    2026-12-02): a second demo into a folder another live process holds is refused before any work."""
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    run = tmp_path / "smol"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from posttrain.train.run_dir import lock_run_dir; "
+            f"lock_run_dir({str(run)!r}); print('held', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = CliRunner().invoke(app, ["demo", "smol", "--out", str(run), "--no-ifbench"])
+        assert r.exit_code == 2, r.output
+        assert f"PID {holder.pid}" in r.output and "Traceback" not in r.output
+    finally:
+        holder.kill()
+        holder.wait()

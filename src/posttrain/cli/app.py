@@ -6,7 +6,8 @@ sub-commands); ``posttrain --version`` prints the version.
 
 from __future__ import annotations
 
-from typing import NoReturn, Optional
+from pathlib import Path
+from typing import Any, NoReturn, Optional
 
 import typer
 
@@ -17,6 +18,17 @@ def fail(msg: str) -> NoReturn:
     """Print ``error: msg`` in red on stderr and exit with code 2 (bad input: file, key, option)."""
     typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
+
+
+def run_folder_lock(target: Any) -> Any:
+    """The run folder's exclusive lock for a whole command (``target``: a path or a config with
+    ``out_dir``); a clear error when another live run holds it."""
+    from posttrain.train.run_dir import RunDirError, lock_run_dir
+
+    try:
+        return lock_run_dir(target if isinstance(target, str | Path) else target.out_dir)
+    except RunDirError as e:
+        fail(str(e))
 
 
 app = typer.Typer(

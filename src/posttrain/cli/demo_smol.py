@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posttrain.cli.app import fail
+from posttrain.cli.app import fail, run_folder_lock
 from posttrain.cli.demo import demo_app
 
 
@@ -30,15 +30,16 @@ def smol_demo(
     from posttrain.utils.config import ConfigError
 
     try:
-        run_smol_demo(
-            out,
-            rl_steps=rl_steps,
-            ifbench=ifbench,
-            ifbench_max_new_tokens=ifbench_max_new_tokens,
-            seed=seed,
-            progress=progress,
-            overrides=overrides or [],
-            overwrite=overwrite,
-        )
+        with run_folder_lock(out):  # one demo per folder, as `posttrain demo`
+            run_smol_demo(
+                out,
+                rl_steps=rl_steps,
+                ifbench=ifbench,
+                ifbench_max_new_tokens=ifbench_max_new_tokens,
+                seed=seed,
+                progress=progress,
+                overrides=overrides or [],
+                overwrite=overwrite,
+            )
     except (ConfigError, ModelSpecError, ValueError, FileNotFoundError) as e:
         fail(str(e))

@@ -9,7 +9,7 @@ from typing import Any, NoReturn, Optional
 
 import typer
 
-from posttrain.cli.app import app, fail
+from posttrain.cli.app import app, fail, run_folder_lock
 from posttrain.cli.demo import demo_app
 
 
@@ -65,16 +65,6 @@ def _check_run_dir(cfg: Any, *, resume: bool, overwrite: bool, allow_config_chan
         fail(str(e))
 
 
-def _lock(cfg: Any) -> Any:
-    """The run folder's exclusive lock for the whole command (refused when another run holds it)."""
-    from posttrain.train.run_dir import RunDirError, lock_run_dir
-
-    try:
-        return lock_run_dir(cfg if isinstance(cfg, str | Path) else cfg.out_dir)
-    except RunDirError as e:
-        fail(str(e))
-
-
 def _interrupted(command: str, cfg: Any, step: int, config: Path | None, overrides: list[str]) -> NoReturn:
     """Ctrl-C: say where training stopped, the last checkpoint and the exact command to resume."""
     from posttrain.train.run_dir import interrupted_message, resume_command
@@ -105,7 +95,7 @@ def rl(
     from posttrain.train.run_dir import RunDirError
 
     cfg = _load(RLConfig, config, overrides or [])
-    with _lock(cfg):
+    with run_folder_lock(cfg):
         _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
         from posttrain.train.rl import RLTrainer
 
@@ -157,7 +147,7 @@ def sft(
     cfg = _load(SFTConfig, config, overrides or [])
     if progress is not None:
         cfg.progress = progress
-    with _lock(cfg) if cfg.save else contextlib.nullcontext():
+    with run_folder_lock(cfg) if cfg.save else contextlib.nullcontext():
         if cfg.save:
             _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
         try:
@@ -311,7 +301,7 @@ def demo(
     from posttrain.utils.config import ConfigError
 
     try:
-        with _lock(out):
+        with run_folder_lock(out):
             run_demo(
                 out,
                 objective=objective,
