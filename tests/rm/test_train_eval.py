@@ -236,3 +236,27 @@ def test_bt_and_judge_take_the_precision_setting():
         assert src.judge.engine.precision == "bf16"
     finally:
         src.close()
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_hf_judge_groups_repeated_prompts_and_keeps_their_order(engine):
+    """k judgments of one response reach the engine as one prompt with n = k (the fast engine then
+    prefills it once); every prompt still gets its own judgment, in order."""
+    from posttrain.models import load_model_and_tokenizer
+    from posttrain.recipes.patarm.judge import HFJudge
+
+    lm, tok = load_model_and_tokenizer("tiny", seed=0, padding_side="left")
+    j = HFJudge(model_obj=lm, tokenizer=tok, temperature=0.0, max_new_tokens=3, engine=engine)
+    calls = []
+    real = j.engine.generate
+
+    def spy(ids, ns, params):
+        calls.append(list(ns))
+        return real(ids, ns, params)
+
+    j.engine.generate = spy
+    prompts = ["12+3=", "7+1=", "12+3=", "12+3=", "5+5=", "7+1="]
+    out = j.generate(prompts)
+    assert calls == [[3, 2, 1]]
+    one = [j.generate([p])[0] for p in ("12+3=", "7+1=", "5+5=")]
+    assert out == [one[0], one[1], one[0], one[0], one[2], one[1]]  # greedy: the same judgment

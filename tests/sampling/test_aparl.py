@@ -188,3 +188,22 @@ def test_ablation_arms_build_valid_configs_on_dialogue_events(tmp_path):
     assert cfg.hooks.sampler.name == "aparl"
     with pytest.raises(ValueError, match="--task must be one of"):
         AblationSettings(task="nope")
+
+
+def test_experiment_arms_build_and_baseline_choice(tmp_path):
+    """The APARL experiment's arms are valid configs; the level-0 threshold base is the arm's own
+    first signal (``shift_baseline: null``) or the warm-start gate's accuracy, as chosen."""
+    from posttrain.recipes.aparl.experiment import ARMS, CONFIG, arm_overrides
+    from posttrain.train.config import load_rl_config
+
+    for arm in ARMS:
+        for base in (None, 0.31):
+            ov = arm_overrides(arm, baseline=base, margin=0.05, stage_steps=4)
+            cfg = load_rl_config(str(CONFIG), [*ov, f"out_dir={tmp_path / arm}"])
+            p = cfg.hooks.sampler.params
+            if arm == "dapo":
+                assert cfg.hooks.sampler.name == "uniform"
+                continue
+            assert p["shift_baseline"] == base and p["shift_margin"] == 0.05 and p["stage_steps"] == 4
+            assert p["gamma"] == (-1.0 if arm == "aparl-reverse" else 1.0)
+            assert p["quantile_step"] == (0.0 if arm == "aparl-frozen" else 0.25)

@@ -41,8 +41,11 @@ GATE_ACC = (0.3, 0.6)
 GATE_SATURATED = 0.2
 
 
-def arm_overrides(arm: str, *, baseline: float, margin: float, stage_steps: int) -> list[str]:
-    """The RL config overrides of an arm (every APARL rule here is a proposed design)."""
+def arm_overrides(arm: str, *, baseline: float | None, margin: float, stage_steps: int) -> list[str]:
+    """The RL config overrides of an arm (every APARL rule here is a proposed design). ``baseline``
+    None: level 0's threshold is the arm's own first-stage signal + ``margin`` (the signal under the
+    arm's own sampling distribution); a number: that value + ``margin`` (the warm start's uniform
+    sampled accuracy — which p ∝ PPL sampling, tilted to harder items, can sit below for good)."""
     if arm == "dapo":
         return [
             "hooks.sampler={name: uniform}",
@@ -50,7 +53,7 @@ def arm_overrides(arm: str, *, baseline: float, margin: float, stage_steps: int)
         ]
     common = (
         f"max_rounds: 10, stage_steps: {stage_steps}, accuracy_source: train, shift_margin: {margin}, "
-        f"shift_baseline: {baseline:.4f}, saturated_ppl: 1.05, drop_solved: true, min_pool: 256, "
+        f"shift_baseline: {'null' if baseline is None else f'{baseline:.4f}'}, saturated_ppl: 1.05, drop_solved: true, min_pool: 256, "
         "max_quantile: 0.75"
     )
     extra = {
@@ -231,7 +234,8 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
             continue
         model.load_state_dict(state)
         run_dir = d / arm
-        ov = arm_overrides(arm, baseline=gate["accuracy"], margin=a.margin, stage_steps=a.stage_steps)
+        base_acc = gate["accuracy"] if a.baseline == "gate" else None
+        ov = arm_overrides(arm, baseline=base_acc, margin=a.margin, stage_steps=a.stage_steps)
         cfg = load_rl_config(str(CONFIG), [*base, *ov, f"out_dir={run_dir}"])
         t = time.perf_counter()
         with warnings.catch_warnings():
@@ -293,6 +297,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--stage-steps", type=int, default=4)
     ap.add_argument("--margin", type=float, default=0.05)
+    ap.add_argument(
+        "--baseline",
+        choices=("first", "gate"),
+        default="first",
+        help="level-0 threshold base: the arm's own first-stage signal (default) or the warm-start gate's "
+        "uniform sampled accuracy (the 2026-12-01 run: never reached)",
+    )
     ap.add_argument("--sft-chunk", type=int, default=10)
     ap.add_argument("--sft-max", type=int, default=200)
     ap.add_argument("--gate-n", type=int, default=200)

@@ -111,6 +111,7 @@ def judge_scorer(
     judge: Any = None,
     batch_size: int = 256,
     precision: str = "fp32",
+    engine: str = "hf",
 ) -> Any:
     """A ``score_fn(pairs, side)`` for :func:`posttrain.recipes.patarm.evaluate.evaluate_pointwise`:
     the mean score of ``samples`` judgments per response — greedy when ``samples == 1`` (k = 1), at
@@ -130,6 +131,7 @@ def judge_scorer(
             max_new_tokens=max_new_tokens,
             max_batch_size=batch_size,
             precision=precision,
+            engine=engine,
             seed=seed,
         )
     src = JudgeRewardSource(

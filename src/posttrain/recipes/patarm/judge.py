@@ -100,7 +100,8 @@ class HFJudge(Judge):
     (or pass ``model_obj`` + ``tokenizer``). Sampling at ``temperature`` (0 = greedy).
     ``enable_thinking`` goes to the chat template (``chat_template=True``). A judgment cut off at
     ``max_new_tokens`` (no end of sequence) is returned as ``""`` — never scored as a verdict — and
-    counted in ``truncated``."""
+    counted in ``truncated``. ``engine`` (a registered rollout engine: ``hf``, ``fast``) and
+    ``precision`` (fp32 | bf16) choose how the judgments are generated."""
 
     def __init__(
         self,
@@ -116,9 +117,10 @@ class HFJudge(Judge):
         device: str = "auto",
         dtype: str = "float32",
         precision: str = "fp32",
+        engine: str = "hf",
         seed: int = 0,
     ) -> None:
-        from posttrain.rollout import HFEngine
+        from posttrain.rollout.registry import EngineContext, build_engine
 
         if model_obj is None:
             from posttrain.models import load_model_and_tokenizer, pick_device
@@ -133,11 +135,13 @@ class HFJudge(Judge):
         self.model, self.tokenizer = model_obj, tokenizer
         self.formatter = JudgeFormatter(tokenizer, chat=chat_template, enable_thinking=enable_thinking)
         self.truncated = 0
+        # ``engine``: a rollout engine from the registry ("hf" reference, "fast" pre-allocated cache);
         # precision "bf16": judgments generated under bf16 autocast (the engine enters it itself, so it
         # holds in the reward source's worker thread too)
-        self.engine = HFEngine(
+        ctx = EngineContext(
             model_obj, tokenizer, seed=seed, max_batch_size=max_batch_size, precision=precision
         )
+        self.engine = build_engine(engine, {}, ctx)
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self._lock = threading.Lock()
@@ -152,13 +156,29 @@ class HFJudge(Judge):
         params = SamplingParams(
             temperature=self.temperature, max_new_tokens=self.max_new_tokens, logprobs=False
         )
-        ids = [self.formatter.encode(p) for p in prompts]
+        # identical prompts (k judgments of one response) go to the engine as one prompt with n
+        # samples: an engine that shares a prompt's prefill across its group (fast) encodes it once
+        first: dict[str, int] = {}
+        for p in prompts:
+            first.setdefault(p, len(first))
+        uniq = list(first)
+        counts = [0] * len(uniq)
+        for p in prompts:
+            counts[first[p]] += 1
+        ids = [self.formatter.encode(p) for p in uniq]
         with self._lock, torch.no_grad():
-            batch = self.engine.generate(ids, [1] * len(ids), params)
+            batch = self.engine.generate(ids, counts, params)
         texts = list(self.tokenizer.batch_decode(batch.completion_lists(), skip_special_tokens=True))
         cut = batch.truncated.tolist()
         self.truncated += sum(cut)
-        return ["" if c else t for t, c in zip(texts, cut, strict=True)]
+        rows: list[list[int]] = [[] for _ in uniq]
+        for r, g in enumerate(batch.group_ids.tolist()):
+            rows[g].append(r)
+        out: list[str | None] = []
+        for p in prompts:
+            r = rows[first[p]].pop(0)
+            out.append("" if cut[r] else texts[r])
+        return out
 
 
 class EndpointJudge(EndpointGenerator, Judge):

@@ -79,6 +79,10 @@ class RealRMSettings:
     judge_lr: float = 1e-5
     batch_size: int = 8
     eval_k: int = 4
+    judge_eval_pairs: int | None = 24
+    """Judges are evaluated on at most this many evaluation pairs per source task (the first ones;
+    None = all): a judgment costs a ~250-token prefill, and five judges x 6 judgments per response
+    over every pair did not fit a CPU session."""
     rl_steps: int = 20
     rl_prompts_per_step: int = 4
     rl_group: int = 4
@@ -279,6 +283,32 @@ def build_pairs(s: RealRMSettings, out: Path, *, seed: int = 0) -> dict[str, Any
     return stats
 
 
+def eval_pairs(s: RealRMSettings, pairs: list[PreferencePair]) -> list[PreferencePair]:
+    """The judges' evaluation pairs: the first ``judge_eval_pairs`` of each source task (``id`` is
+    ``<task>/<example id>``), all when None."""
+    if s.judge_eval_pairs is None:
+        return list(pairs)
+    seen: dict[str, int] = {}
+    out = []
+    for p in pairs:
+        src = (p.id or "").split("/", 1)[0]
+        if seen.get(src, 0) < s.judge_eval_pairs:
+            seen[src] = seen.get(src, 0) + 1
+            out.append(p)
+    return out
+
+
+def judge_settings(s: RealRMSettings) -> list[tuple[str, int]]:
+    """(rubric style, k) of the judge evaluations: greedy k = 1 with the rubric and without, and
+    k = ``eval_k`` sampled judgments at T = 1 with the rubric."""
+    grid = [(s.rubric_style, 1)]
+    if s.rubric_style != "none":
+        grid.append(("none", 1))
+    if s.eval_k > 1:
+        grid.append((s.rubric_style, s.eval_k))
+    return grid
+
+
 def _judge_evals(
     s: RealRMSettings, model: Any, tok: Any, pairs: list[PreferencePair], max_new: int, seed: int
 ) -> dict[str, Any]:
@@ -286,22 +316,21 @@ def _judge_evals(
     from posttrain.recipes.patarm.evaluate import evaluate_pointwise
 
     res: dict[str, Any] = {}
-    for rubric in (s.rubric_style, "none") if s.rubric_style != "none" else ("none",):
-        for k in (1, s.eval_k):
-            fn = judge_scorer(
-                model,
-                tok,
-                rubric_style=rubric,
-                max_new_tokens=max_new,
-                samples=k,
-                chat_template=s.chat_template,
-                seed=seed,
-                batch_size=16,
-                precision=s.precision,
-            )
-            r = evaluate_pointwise(pairs, fn, n_boot=1000, seed=seed)
-            r.pop("per_pair", None)
-            res[f"rubric={rubric},k={k}"] = r
+    for rubric, k in judge_settings(s):
+        fn = judge_scorer(
+            model,
+            tok,
+            rubric_style=rubric,
+            max_new_tokens=max_new,
+            samples=k,
+            chat_template=s.chat_template,
+            seed=seed,
+            batch_size=32,
+            precision=s.precision,
+            engine=s.engine,
+        )
+        # per_pair kept: the arms are judged on the same pairs, so differences can be paired
+        res[f"rubric={rubric},k={k}"] = evaluate_pointwise(pairs, fn, n_boot=1000, seed=seed)
     return res
 
 
@@ -351,7 +380,7 @@ def run_judge_arm(
         raise ValueError(f"unknown judge arm {arm!r}; expected one of {', '.join(JUDGE_ARMS)}")
     t0 = time.perf_counter()
     train = load_preferences(out / "pairs" / "train.jsonl")
-    held = load_preferences(out / "pairs" / "eval.jsonl")
+    held = eval_pairs(s, load_preferences(out / "pairs" / "eval.jsonl"))
     res: dict[str, Any] = {"arm": arm}
     if arm == "base":
         model, tok = _load(s.model, seed)
@@ -567,6 +596,7 @@ def run_rlhf_arm(
             "default_task_type": TASK_TYPE_OF.get(s.pair_task, "chat"),
             "device": "cpu",
             "precision": s.precision,
+            "engine": s.engine,
             "fallback": False,
         }
     elif arm == "random":

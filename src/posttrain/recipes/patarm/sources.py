@@ -29,6 +29,7 @@ def judge_reward_source(
     max_new_tokens: int = 256,
     device: str = "auto",
     precision: str = "fp32",
+    engine: str = "hf",
     concurrency: int = 8,
     samples: int = 1,
     scale: tuple[float, float] = DEFAULT_SCALE,
@@ -47,7 +48,7 @@ def judge_reward_source(
     ``random`` (control). ``timeout_s`` / ``max_retries`` apply to each batched judge call.
     ``enable_thinking`` (hf judges with ``chat_template``) is passed to the chat template; a judgment
     cut off at ``max_new_tokens`` is never scored as a verdict. ``precision`` (hf): "fp32" or "bf16"
-    (autocast, as ``model.precision``)."""
+    (autocast, as ``model.precision``); ``engine`` (hf): the rollout engine that generates judgments."""
     from posttrain.recipes.patarm.judge import EndpointJudge, HFJudge, JudgeRewardSource, RandomJudge
 
     if judge == "hf":
@@ -63,6 +64,7 @@ def judge_reward_source(
             max_new_tokens=max_new_tokens,
             device=device,
             precision=precision,
+            engine=engine,
             seed=ctx.seed,
         )
     elif judge == "endpoint":
