@@ -198,12 +198,13 @@ def test_experiment_arms_build_and_baseline_choice(tmp_path):
 
     for arm in ARMS:
         for base in (None, 0.31):
-            ov = arm_overrides(arm, baseline=base, margin=0.05, stage_steps=4)
+            ov = arm_overrides(arm, baseline=base, margin=0.05, stage_steps=4, drop_solved=base is None)
             cfg = load_rl_config(str(CONFIG), [*ov, f"out_dir={tmp_path / arm}"])
             p = cfg.hooks.sampler.params
             if arm == "dapo":
                 assert cfg.hooks.sampler.name == "uniform"
                 continue
             assert p["shift_baseline"] == base and p["shift_margin"] == 0.05 and p["stage_steps"] == 4
+            assert p["drop_solved"] is (base is None)
             assert p["gamma"] == (-1.0 if arm == "aparl-reverse" else 1.0)
             assert p["quantile_step"] == (0.0 if arm == "aparl-frozen" else 0.25)

@@ -41,20 +41,26 @@ GATE_ACC = (0.3, 0.6)
 GATE_SATURATED = 0.2
 
 
-def arm_overrides(arm: str, *, baseline: float | None, margin: float, stage_steps: int) -> list[str]:
+def arm_overrides(
+    arm: str, *, baseline: float | None, margin: float, stage_steps: int, drop_solved: bool = True
+) -> list[str]:
     """The RL config overrides of an arm (every APARL rule here is a proposed design). ``baseline``
     None: level 0's threshold is the arm's own first-stage signal + ``margin`` (the signal under the
     arm's own sampling distribution); a number: that value + ``margin`` (the warm start's uniform
-    sampled accuracy — which p ∝ PPL sampling, tilted to harder items, can sit below for good)."""
+    sampled accuracy — which p ∝ PPL sampling, tilted to harder items, can sit below for good).
+    ``drop_solved`` False keeps items whose latest group was all right in the pool (with it, solved
+    items leave each stage, so the pool's accuracy — the level signal — can stay flat while the policy
+    learns: measured 2026-12-02)."""
     if arm == "dapo":
         return [
             "hooks.sampler={name: uniform}",
             "hooks.filter={name: dynamic-sampling, params: {max_rounds: 10}}",
         ]
+    base = "null" if baseline is None else f"{baseline:.4f}"
     common = (
         f"max_rounds: 10, stage_steps: {stage_steps}, accuracy_source: train, shift_margin: {margin}, "
-        f"shift_baseline: {'null' if baseline is None else f'{baseline:.4f}'}, saturated_ppl: 1.05, drop_solved: true, min_pool: 256, "
-        "max_quantile: 0.75"
+        f"shift_baseline: {base}, saturated_ppl: 1.05, drop_solved: {str(drop_solved).lower()}, "
+        "min_pool: 256, max_quantile: 0.75"
     )
     extra = {
         "aparl": "gamma: 1.0, quantile_step: 0.25",
@@ -235,7 +241,9 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
         model.load_state_dict(state)
         run_dir = d / arm
         base_acc = gate["accuracy"] if a.baseline == "gate" else None
-        ov = arm_overrides(arm, baseline=base_acc, margin=a.margin, stage_steps=a.stage_steps)
+        ov = arm_overrides(
+            arm, baseline=base_acc, margin=a.margin, stage_steps=a.stage_steps, drop_solved=a.drop_solved
+        )
         cfg = load_rl_config(str(CONFIG), [*base, *ov, f"out_dir={run_dir}"])
         t = time.perf_counter()
         with warnings.catch_warnings():
@@ -308,6 +316,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sft-max", type=int, default=200)
     ap.add_argument("--gate-n", type=int, default=200)
     ap.add_argument("--gate-g", type=int, default=4)
+    ap.add_argument(
+        "--keep-solved",
+        dest="drop_solved",
+        action="store_false",
+        help="keep items whose latest group was all right in the pool (default: drop them each stage)",
+    )
     ap.add_argument("--force", action="store_true", help="train a seed whose warm-start gate failed")
     ap.add_argument("--summary-only", action="store_true")
     a = ap.parse_args(argv)
