@@ -81,3 +81,24 @@ def test_real_demo_stages_write_results_and_resume(tmp_path):
     assert (out / "rlhf" / "random-s0.json").is_file()
     with pytest.raises(ValueError, match="other settings"):
         run_real_rm_demo(out, settings=RealRMSettings.quick(model="tiny", seeds=(5,)))
+
+
+def test_paired_judge_differences_score_ties_half_and_match_pairs():
+    from posttrain.recipes.patarm.real_demo import paired_vs
+
+    def ev(points):
+        return {"per_pair": [{"correct": p == 1, "tie": p == 0.5, "unparsable": p is None} for p in points]}
+
+    evals = {
+        "sft": {"rubric=full,k=1": ev([1, 0, 0.5, 0])},
+        "par": {"rubric=full,k=1": ev([1, 1, 1, None])},
+        "bt": {"scalar": ev([0, 0, 1, 1])},
+    }
+    d = paired_vs(evals)
+    par = d["par - sft [rubric=full,k=1]"]
+    assert par["mean"] == pytest.approx((0 + 1 + 0.5 + 0) / 4) and par["n"] == 4
+    diffs = [0, 1, 0.5, 0]
+    sd = (sum((x - 0.375) ** 2 for x in diffs) / 3) ** 0.5
+    assert par["se"] == pytest.approx(sd / 2)
+    assert d["bt - sft [rubric=full,k=1]"]["mean"] == pytest.approx((-1 + 0 + 0.5 + 1) / 4)
+    assert paired_vs({"par": evals["par"]}) == {}

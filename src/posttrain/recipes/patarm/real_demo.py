@@ -630,14 +630,45 @@ def run_before(s: RealRMSettings, out: Path, *, seed: int = 0) -> dict[str, Any]
     return res
 
 
+def _pair_points(outcomes: list[dict[str, Any]]) -> list[float]:
+    """Per pair: 1 right, ½ tie (tie-as-½ scoring), 0 wrong or unparsable."""
+    return [1.0 if o["correct"] else 0.5 if o["tie"] else 0.0 for o in outcomes]
+
+
+def paired_vs(evals: dict[str, dict[str, Any]], ref: str = "sft") -> dict[str, dict[str, Any]]:
+    """Tie-as-½ accuracy difference of every judge arm against ``ref`` on the same evaluation pairs,
+    per setting both were evaluated in (BT's scalar scores are compared with each setting of ``ref``):
+    mean of the per-pair differences and its standard error ``sd(d)/sqrt(n)``."""
+    from posttrain.utils.stats import mean_se as _ms
+
+    if ref not in evals:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for arm, ev in evals.items():
+        if arm == ref:
+            continue
+        for setting, ref_ev in evals[ref].items():
+            mine = ev.get(setting) or ev.get("scalar")
+            if mine is None or "per_pair" not in mine or "per_pair" not in ref_ev:
+                continue
+            a, b = _pair_points(mine["per_pair"]), _pair_points(ref_ev["per_pair"])
+            if len(a) != len(b):
+                continue
+            m, se = _ms([x - y for x, y in zip(a, b, strict=True)])
+            out[f"{arm} - {ref} [{setting}]"] = {"mean": m, "se": se, "n": len(a)}
+    return out
+
+
 def summarise_real(out: Path) -> dict[str, Any]:
     """Everything finished so far: judge accuracies (strict, tie-½, CIs) per arm and setting, and the
     RLHF results per arm, mean ± SE over seeds."""
     judges = {}
+    raw: dict[str, dict[str, Any]] = {}
     for arm in JUDGE_ARMS:
         r = _done(out / "judges" / f"{arm}.json")
         if r is None:
             continue
+        raw[arm] = r["evals"]
         judges[arm] = {
             setting: {
                 "strict": e["overall"]["accuracy"],
@@ -673,7 +704,12 @@ def summarise_real(out: Path) -> dict[str, Any]:
                     agg[f"{bench}/{key}"] = mean_se(vals)
         agg["wall_s"] = sum(r["wall_s"] for r in rows)
         rlhf[arm] = agg
-    summary = {"judges": judges, "rlhf": rlhf, "pairs": _done(out / "pairs" / "stats.json")}
+    summary = {
+        "judges": judges,
+        "judges_paired_vs_sft": paired_vs(raw),
+        "rlhf": rlhf,
+        "pairs": _done(out / "pairs" / "stats.json"),
+    }
     atomic_write_json(out / "summary.json", summary)
     return summary
 
