@@ -219,3 +219,25 @@ def test_concurrent_batches_with_random_failures(pool: RewardPool) -> None:
         assert res.rewards == [float(c) if s == "ok" else 0.0 for c, s in zip(cmds, statuses, strict=True)]
         assert res.timeouts == statuses.count("timeout") and res.errors == statuses.count("error")
     assert sum(s != "ok" for _, _, st in jobs for s in st) >= 3  # the seed does exercise failures
+
+
+def test_a_pool_left_open_at_exit_is_closed_before_its_workers_are_killed() -> None:
+    """A pool its owner never closed is closed by an exit hook that runs before multiprocessing kills
+    the children; before, the dispatcher saw its workers die at exit and spawned replacements
+    ("reward worker 0 replaced: worker exited with code -15", "could not restart reward worker")."""
+    import subprocess
+
+    code = (
+        # registered first, so it runs LAST at exit: the time a dispatcher had to see its workers die
+        # (multiprocessing's own exit hook, registered later, kills them before this sleep)
+        "import atexit, time; atexit.register(time.sleep, 1.5)\n"
+        "from posttrain.rewards import RewardPool, get_reward\n"
+        "from posttrain.tasks import Example\n"
+        "p = RewardPool(get_reward('exact_match'), num_workers=1)\n"
+        "print(p.score(['1'], [Example(id='a', prompt='q', answer='1')]).rewards)\n"
+        "import time; time.sleep(0.5)\n"  # the pool is never closed
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "[1.0]" in r.stdout
+    assert "replaced" not in r.stderr and "could not restart" not in r.stderr, r.stderr

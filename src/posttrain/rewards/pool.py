@@ -26,6 +26,7 @@ Protocol (one design, documented in docs/tasks-and-rewards.md):
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
@@ -54,6 +56,22 @@ _FLUSH_S = 0.02  # a worker on a long chunk sends partial results at least this 
 _MAX_CHUNK = 64
 _MIN_CHUNK = 4  # the tail of guided scheduling would otherwise be many one-item round trips
 _MAX_ATTEMPTS = 3  # an item requeued after this many worker deaths is failed
+
+_LIVE_POOLS: weakref.WeakSet[RewardPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    """Close every pool still open when the interpreter exits. atexit runs handlers in reverse order of
+    registration and this module imports multiprocessing first, so this runs BEFORE multiprocessing
+    terminates its children: without it, a pool its owner never closed saw its workers killed at exit
+    and kept spawning replacements ("reward worker 0 replaced: worker exited with code -15", "could not
+    restart reward worker 0")."""
+    for pool in list(_LIVE_POOLS):
+        with contextlib.suppress(Exception):
+            pool.close()
+
+
 _STALL_GRACE_S = 1.0
 _MAX_MESSAGES = 8  # error messages kept per batch
 
@@ -328,6 +346,7 @@ class RewardPool:
         os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name="posttrain-reward-pool", daemon=True)
         self._thread.start()
+        _LIVE_POOLS.add(self)
 
     # -- public API ---------------------------------------------------------------------------
     def submit(self, completions: Sequence[str], examples: Sequence[Example]) -> RewardHandle:

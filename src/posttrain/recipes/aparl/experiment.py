@@ -196,7 +196,8 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 tr = RLTrainer(cfg0, model, tok)
-            acc = sampled_accuracy(tr, tr.task.split("train")[: a.gate_n], a.gate_g)
+            with tr:  # closed at once: its reward workers do not outlive the check
+                acc = sampled_accuracy(tr, tr.task.split("train")[: a.gate_n], a.gate_g)
             history.append({"sft_steps": done, **acc})
             say(
                 f"seed {seed}: SFT {done} steps: sampled train accuracy {acc['accuracy']:.3f}, saturated {acc['saturated']:.2f}"
@@ -227,10 +228,11 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tr = RLTrainer(cfg0, model, tok)
-    held = tr.task.split("heldout")
-    ppl, _ = gold_perplexities(
-        tr.lm, tr.formatter.encode, held, target=lambda e: tr.task.reference_completion(e)
-    )
+    with tr:
+        held = tr.task.split("heldout")
+        ppl, _ = gold_perplexities(
+            tr.lm, tr.formatter.encode, held, target=lambda e: tr.task.reference_completion(e)
+        )
     order = sorted(range(len(held)), key=lambda i: -ppl[i])
     hard = [held[i] for i in order[: len(held) // 4]]
     for arm in a.arms:

@@ -156,7 +156,8 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tr = RLTrainer(cfg0, model, tok)
-        m = sampled_metrics(tr, held, a.gate_g, max_new)
+        with tr:
+            m = sampled_metrics(tr, held, a.gate_g, max_new)
         gate = {
             "seed": seed,
             **m,
@@ -196,7 +197,8 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     etr = RLTrainer(ecfg, trainer.model, tok)
-                m = sampled_metrics(etr, held, a.gate_g, max_new)
+                with etr:
+                    m = sampled_metrics(etr, held, a.gate_g, max_new)
         rows = [json.loads(x) for x in (d / arm / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in rows if r.get("kind") == "step"]
         res = {
