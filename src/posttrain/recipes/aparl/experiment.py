@@ -42,15 +42,21 @@ GATE_SATURATED = 0.2
 
 
 def arm_overrides(
-    arm: str, *, baseline: float | None, margin: float, stage_steps: int, drop_solved: bool = True
+    arm: str,
+    *,
+    baseline: float | None,
+    margin: float,
+    stage_steps: int,
+    drop_solved: bool = True,
+    saturated_ppl: float = 1.05,
 ) -> list[str]:
     """The RL config overrides of an arm (every APARL rule here is a proposed design). ``baseline``
     None: level 0's threshold is the arm's own first-stage signal + ``margin`` (the signal under the
     arm's own sampling distribution); a number: that value + ``margin`` (the warm start's uniform
     sampled accuracy — which p ∝ PPL sampling, tilted to harder items, can sit below for good).
-    ``drop_solved`` False keeps items whose latest group was all right in the pool (with it, solved
-    items leave each stage, so the pool's accuracy — the level signal — can stay flat while the policy
-    learns: measured 2026-12-02)."""
+    ``drop_solved`` False keeps items whose latest group was all right in the pool (measured
+    2026-12-02 on dialogue-events, seed 0: the same run to the last digit, because the items the policy
+    solved had already left the pool as perplexity-saturated, PPL <= ``saturated_ppl``)."""
     if arm == "dapo":
         return [
             "hooks.sampler={name: uniform}",
@@ -59,7 +65,7 @@ def arm_overrides(
     base = "null" if baseline is None else f"{baseline:.4f}"
     common = (
         f"max_rounds: 10, stage_steps: {stage_steps}, accuracy_source: train, shift_margin: {margin}, "
-        f"shift_baseline: {base}, saturated_ppl: 1.05, drop_solved: {str(drop_solved).lower()}, "
+        f"shift_baseline: {base}, saturated_ppl: {saturated_ppl}, drop_solved: {str(drop_solved).lower()}, "
         "min_pool: 256, max_quantile: 0.75"
     )
     extra = {
@@ -244,7 +250,12 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
         run_dir = d / arm
         base_acc = gate["accuracy"] if a.baseline == "gate" else None
         ov = arm_overrides(
-            arm, baseline=base_acc, margin=a.margin, stage_steps=a.stage_steps, drop_solved=a.drop_solved
+            arm,
+            baseline=base_acc,
+            margin=a.margin,
+            stage_steps=a.stage_steps,
+            drop_solved=a.drop_solved,
+            saturated_ppl=a.saturated_ppl,
         )
         cfg = load_rl_config(str(CONFIG), [*base, *ov, f"out_dir={run_dir}"])
         t = time.perf_counter()
@@ -323,6 +334,12 @@ def main(argv: list[str] | None = None) -> None:
         dest="drop_solved",
         action="store_false",
         help="keep items whose latest group was all right in the pool (default: drop them each stage)",
+    )
+    ap.add_argument(
+        "--saturated-ppl",
+        type=float,
+        default=1.05,
+        help="items with reference perplexity <= this leave the pool at a stage boundary (1.0: none leave)",
     )
     ap.add_argument("--force", action="store_true", help="train a seed whose warm-start gate failed")
     ap.add_argument("--summary-only", action="store_true")
