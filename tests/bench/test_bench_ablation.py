@@ -13,6 +13,7 @@ from posttrain.benchmarks.ablation import (
     ARMS,
     AblationSettings,
     aggregate,
+    arm_overrides,
     check_claims,
     run_ablation,
     summarise_run,
@@ -282,3 +283,19 @@ def test_quick_ablation_precheck_file_has_the_sampled_check(tmp_path):
     assert sm["mixed_frac"] + sm["all_right_frac"] + sm["all_wrong_frac"] == pytest.approx(1.0)
     assert pre["in_band"] == (pre["greedy_in_band"] and pre["mixed_ok"])
     assert "mixed groups" in (tmp_path / "ablation.md").read_text()
+
+
+def test_real_model_replay_arms_start_replaying_at_a_calibrated_step(tmp_path):
+    """ExGRPO's delayed start (batch Pass@1 > 35 %) never fired on the real model (sampled accuracy
+    3-16 %: nothing replayed in 12 steps); on the real model the replay arms start at a fixed step."""
+    from posttrain.benchmarks.ablation import REAL_REPLAY_START_STEP
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import build_config
+
+    real = AblationSettings(model="smollm2-135m", task="word_problems")
+    for arm in ("nexgrpo", "random-failure", "success"):
+        cfg = build_config(RLConfig, None, arm_overrides(real, arm, 0, tmp_path / arm))
+        assert cfg.hooks.replay.name == arm
+        assert cfg.hooks.replay.params == {"start_accuracy": 0.0, "start_step": REAL_REPLAY_START_STEP}
+        tiny = build_config(RLConfig, None, arm_overrides(AblationSettings.quick(), arm, 0, tmp_path / "t"))
+        assert tiny.hooks.replay.params == {}  # the tiny preset keeps ExGRPO's rule

@@ -203,6 +203,10 @@ class AblationSettings:
             raise ValueError(f"--group-size must lie in [4, 12] (E3's budget bounds), got {self.group_size}")
 
 
+REAL_REPLAY_START_STEP = 2
+"""Real model: the replay arms replay from this step on (the store holds the first step's groups)."""
+
+
 def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> list[str]:
     """The overrides of one run: the bench's shared settings, then the arm's own."""
     tokens = s.max_new_tokens
@@ -243,6 +247,12 @@ def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> li
         for o in ARMS[arm]
     ]
     own = [o.replace("window: 24", f"window: {max(1, tokens // 3)}") for o in own] if s.real else own
+    if s.real:
+        # replay's delayed start, calibrated (proposed): ExGRPO's "batch Pass@1 > 35 %" never triggered
+        # on the real model, whose sampled accuracy at T = 1 is 3-16 % (2026-12-02: 0 trajectories
+        # replayed in 12 steps); replay starts at step REAL_REPLAY_START_STEP, whatever the accuracy
+        start = f", params: {{start_accuracy: 0.0, start_step: {REAL_REPLAY_START_STEP}}}}}"
+        own = [o[:-1] + start if o.startswith("hooks.replay={name: ") else o for o in own]
     if tokens < 72:  # scale the DAPO buffer and ASRR window with the length limit
         own = [
             o.replace("buffer: 16", f"buffer: {max(1, tokens // 4)}").replace(
