@@ -136,6 +136,7 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
         "eval.at_end=false",
         "logging.progress=false",
         f"rollout.runner.params.env_params={{max_turns: {a.max_turns}}}",
+        *([f"optimizer.lr={a.lr}"] if a.lr is not None else []),
     ]
     cfg0 = load_rl_config(str(CONFIG), [*base, env_params(a), f"out_dir={d / 'gate'}"])
     torch.set_num_threads(1)
@@ -225,6 +226,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--max-turns", type=int, default=5)
     ap.add_argument("--accept-prob", type=float, default=0.4)
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="RL learning rate (default: the recipe's 3e-4, at which the tiny agent's text collapsed within "
+        "5 steps in every arm, 2026-12-02)",
+    )
     ap.add_argument("--gate-n", type=int, default=40)
     ap.add_argument("--gate-g", type=int, default=4)
     ap.add_argument("--force", action="store_true", help="train a seed whose gate failed")
