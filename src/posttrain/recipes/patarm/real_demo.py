@@ -400,13 +400,13 @@ def run_judge_arm(
         cfg.task.chat_template = s.chat_template
         cfg.model.precision = s.precision
         cfg.eval.at_end = False
-        tr = SFTTrainer(cfg, model, tok, pairs=_traces(s, train))
-        sm = tr.train()
         from posttrain.train.checkpoint import save_model_dir
 
-        save_model_dir(tr.model, tok, out / "judges" / "sft-model")
+        with SFTTrainer(cfg, model, tok, pairs=_traces(s, train)) as tr:  # frees its AdamW state on exit
+            sm = tr.train()
+            save_model_dir(tr.model, tok, out / "judges" / "sft-model")
         res["train_last"] = {k: v for k, v in (sm.get("last") or {}).items() if isinstance(v, int | float)}
-        res["evals"] = _judge_evals(s, tr.model, tok, held, s.judge_max_new_tokens, seed)
+        res["evals"] = _judge_evals(s, model, tok, held, s.judge_max_new_tokens, seed)
     elif arm.startswith("par_"):
         res.update(_par_arm(s, out, arm.removeprefix("par_"), train, held, seed=seed, progress=progress))
     else:  # bt
@@ -744,13 +744,17 @@ def run_real_rm_demo(
     torch.set_num_threads(s.threads)
     if judge_arms:  # the pairs feed the judges only (RLHF's judge arm reads the trained judge)
         build_pairs(s, out, seed=s.seeds[0])
+    import gc
+
     for arm in judge_arms:
+        gc.collect()  # each arm loads its own model copy: free the previous arm's before (OOM at 12 GB)
         r = run_judge_arm(s, out, arm, seed=s.seeds[0], progress=progress)
         print(f"[rm-real] judge {arm} done ({r['wall_s']:.0f} s)", flush=True)
     if rlhf_arms:
         run_before(s, out, seed=s.seeds[0])
     for seed in s.seeds:
         for arm in rlhf_arms:
+            gc.collect()
             r = run_rlhf_arm(s, out, arm, seed, progress=progress)
             print(f"[rm-real] RLHF {arm} seed {seed} done ({r['wall_s']:.0f} s)", flush=True)
     summary = summarise_real(out)
