@@ -346,9 +346,7 @@ def _bt_eval(
     def score(ps: list[PreferencePair], side: str) -> list[float | None]:
         return rm.score([p.prompt for p in ps], [p.chosen if side == "chosen" else p.rejected for p in ps])  # type: ignore[return-value]
 
-    r = evaluate_pointwise(pairs, score, n_boot=1000, seed=seed)
-    r.pop("per_pair", None)
-    return {"scalar": r}
+    return {"scalar": evaluate_pointwise(pairs, score, n_boot=1000, seed=seed)}  # per_pair kept (paired)
 
 
 def _traces(s: RealRMSettings, pairs: list[PreferencePair]) -> list[tuple[str, str]]:
