@@ -402,9 +402,10 @@ def run_judge_arm(
 
         with SFTTrainer(cfg, model, tok, pairs=_traces(s, train)) as tr:  # frees its AdamW state on exit
             sm = tr.train()
-            save_model_dir(tr.model, tok, out / "judges" / "sft-model")
+            trained = tr.model
+            save_model_dir(trained, tok, out / "judges" / "sft-model")
         res["train_last"] = {k: v for k, v in (sm.get("last") or {}).items() if isinstance(v, int | float)}
-        res["evals"] = _judge_evals(s, model, tok, held, s.judge_max_new_tokens, seed)
+        res["evals"] = _judge_evals(s, trained, tok, held, s.judge_max_new_tokens, seed)
     elif arm.startswith("par_"):
         res.update(_par_arm(s, out, arm.removeprefix("par_"), train, held, seed=seed, progress=progress))
     else:  # bt
