@@ -17,9 +17,11 @@ stage whose file exists, so a long run resumes per arm and seed):
    ``base`` (the real model as a judge), ``sft`` (cold start on ``<score>8</score>`` /
    ``<score>3</score>`` traces of the training pairs), ``par_indicator`` and ``par_antisymmetric``
    (the SFT judge trained further with PAR under each rule, same steps), ``bt`` (Bradley-Terry scalar
-   head on the same backbone and pairs). Generative judges are evaluated greedy (k = 1) and with
-   k = ``eval_k`` sampled judgments at T = 1, with the rubric block (``full``) and without (``none``);
-   accuracy strict and tie-as-½ (:mod:`posttrain.recipes.patarm.evaluate`).
+   head on the same backbone and pairs). Generative judges are evaluated on the first
+   ``judge_eval_pairs`` evaluation pairs of each source task, greedy (k = 1) with the rubric block
+   (``full``) and without (``none``), and with k = ``eval_k`` sampled judgments at T = 1 with the rubric
+   (:func:`judge_settings`); accuracy strict and tie-as-½ (:mod:`posttrain.recipes.patarm.evaluate`),
+   per-pair outcomes kept for paired differences.
 3. **RLHF** (``rlhf/<arm>-s<seed>.json``; ``rlhf/before.json``): the policy trained by GRPO on
    ``pair_task``'s train prompts with one reward — ``judge`` (the ``par_antisymmetric`` judge, mean
    of one greedy judgment, normalised), ``random`` (a random judge) or ``verifiable`` (the task's own
