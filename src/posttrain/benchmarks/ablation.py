@@ -357,20 +357,22 @@ def _read_prechecks(runs: Path, seeds: list[int]) -> dict[str, Any]:
     return out
 
 
+def _scored_episodes(trainer: Any, examples: list[Any], n: int, params: Any) -> tuple[Any, list[bool]]:
+    """``n`` completions per example from the trainer's evaluation runner (same engine, formatter and
+    precision as its evaluation), scored by its reward source: (episodes, right per completion)."""
+    eps = trainer.eval_runner().run(examples, [n] * len(examples), params)
+    scored = trainer.reward_source.score(eps.texts, eps.examples)
+    return eps, [float(r) >= trainer.cfg.reward.success_threshold for r in scored.rewards]
+
+
 def greedy_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
     """Per-question greedy verdicts of the trainer's current policy (same engine, runner, formatter and
     reward source as its evaluation): accuracy, mean length and the 0/1 list (for paired differences)."""
     from posttrain.rollout import SamplingParams
 
     cfg = trainer.cfg
-    runner = trainer.eval_runner()  # its engine generates in model.precision (hf and fast alike)
-    eps = runner.run(
-        examples,
-        [1] * len(examples),
-        SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, logprobs=False),
-    )
-    scored = trainer.reward_source.score(eps.texts, eps.examples)
-    correct = [float(r) >= cfg.reward.success_threshold for r in scored.rewards]
+    params = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, logprobs=False)
+    eps, correct = _scored_episodes(trainer, examples, 1, params)
     lengths = eps.batch.action_lengths.float()
     return {
         "accuracy": sum(correct) / len(correct),
@@ -394,18 +396,13 @@ def sampled_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
 
     cfg = trainer.cfg
     g = cfg.rollout.group_size
-    eps = trainer.eval_runner().run(
-        examples,
-        [g] * len(examples),
-        SamplingParams(
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            logprobs=False,
-        ),
+    params = SamplingParams(
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        logprobs=False,
     )
-    scored = trainer.reward_source.score(eps.texts, eps.examples)
-    ok = [float(r) >= cfg.reward.success_threshold for r in scored.rewards]
+    eps, ok = _scored_episodes(trainer, examples, g, params)
     per: dict[int, list[bool]] = {}
     for gid, o in zip(eps.batch.group_ids.tolist(), ok, strict=True):
         per.setdefault(int(gid), []).append(o)

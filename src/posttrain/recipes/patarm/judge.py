@@ -34,7 +34,7 @@ import hashlib
 import random
 import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,27 +158,19 @@ class HFJudge(Judge):
         )
         # identical prompts (k judgments of one response) go to the engine as one prompt with n
         # samples: an engine that shares a prompt's prefill across its group (fast) encodes it once
-        first: dict[str, int] = {}
-        for p in prompts:
-            first.setdefault(p, len(first))
-        uniq = list(first)
-        counts = [0] * len(uniq)
-        for p in prompts:
-            counts[first[p]] += 1
+        counts = Counter(prompts)  # in first-occurrence order
+        uniq = list(counts)
         ids = [self.formatter.encode(p) for p in uniq]
         with self._lock, torch.no_grad():
-            batch = self.engine.generate(ids, counts, params)
+            batch = self.engine.generate(ids, list(counts.values()), params)
         texts = list(self.tokenizer.batch_decode(batch.completion_lists(), skip_special_tokens=True))
         cut = batch.truncated.tolist()
         self.truncated += sum(cut)
-        rows: list[list[int]] = [[] for _ in uniq]
+        rows: dict[str, list[int]] = {p: [] for p in uniq}  # each prompt's rows, in output order
         for r, g in enumerate(batch.group_ids.tolist()):
-            rows[g].append(r)
-        out: list[str | None] = []
-        for p in prompts:
-            r = rows[first[p]].pop(0)
-            out.append("" if cut[r] else texts[r])
-        return out
+            rows[uniq[g]].append(r)
+        order = {p: iter(rs) for p, rs in rows.items()}
+        return ["" if cut[r] else texts[r] for r in (next(order[p]) for p in prompts)]
 
 
 class EndpointJudge(EndpointGenerator, Judge):

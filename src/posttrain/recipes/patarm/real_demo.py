@@ -731,9 +731,12 @@ def run_real_rm_demo(
     out.mkdir(parents=True, exist_ok=True)
     cur = json.loads(json.dumps(asdict(s)))
     prev = _done(out / "settings.json")
-    same = {k: v for k, v in cur.items() if k != "threads"}  # threads change speed, not results
-    if prev is not None and {k: v for k, v in prev.items() if k != "threads"} != same:
-        diff = sorted(k for k in cur if k != "threads" and prev.get(k) != cur[k])
+
+    def identity(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if k != "threads"}  # threads change speed, not results
+
+    if prev is not None and identity(prev) != identity(cur):
+        diff = sorted(k for k in identity(cur) if prev.get(k) != cur[k])
         raise ValueError(
             f"demo rm: {out} holds a run with other settings ({', '.join(diff)} differ); use another --out "
             "or delete it"
