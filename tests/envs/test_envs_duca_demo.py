@@ -28,6 +28,24 @@ def test_noisy_seller_is_seeded_and_noisy():
     )
 
 
+def test_noisy_seller_format_noise_is_a_format_violation_and_off_by_default():
+    """The warm start of the DuCA experiment needs format violations to be learnable: with
+    ``p_format`` the teacher's turn ends with a role marker, which the sales environment's format
+    check rejects; ``p_format=0`` (default) draws nothing, so the demo's teacher is unchanged."""
+    from posttrain.envs.sales import format_ok
+
+    obs = ["Hi, I want to buy something."]
+    bad = NoisySeller(seed=0, p_disclose=0.0, p_repeat=0.0, p_claim=0.0, p_format=1.0).reply(obs)
+    assert bad == "Welcome! What are you looking for? Customer: ok?"
+    assert not format_ok(bad, max_words=60)
+    assert format_ok(bad.removesuffix(NoisySeller.FORMAT_NOISE), max_words=60)
+    default, off = NoisySeller(seed=5), NoisySeller(seed=5, p_format=0.0)
+    assert [default.reply(obs) for _ in range(30)] == [off.reply(obs) for _ in range(30)]
+    some = NoisySeller(seed=5, p_format=0.3)
+    share = sum(r.endswith(NoisySeller.FORMAT_NOISE) for r in (some.reply(obs) for _ in range(400))) / 400
+    assert 0.22 < share < 0.38
+
+
 def test_teacher_conversations_then_sft_on_policy_turns_only():
     model, tok = load_model_and_tokenizer("tiny", device="cpu", seed=0)
     exs = SalesTask(n_train=2, n_heldout=1).split("train")

@@ -57,12 +57,24 @@ METRICS = (
 class NoisySeller(ScriptedSeller):
     """:class:`ScriptedSeller` with the failure modes DuCA's turn rewards target: with probability
     ``p_disclose`` the turn starts "As an AI, ", with ``p_repeat`` it starts with a stock sentence
-    (a repetition from its second use on), with ``p_claim`` it ends with a forbidden guarantee."""
+    (a repetition from its second use on), with ``p_claim`` it ends with a forbidden guarantee, with
+    ``p_format`` it ends by writing the customer's next line itself (" Customer: ok?", a role marker:
+    a ``format`` violation). ``p_format`` is 0 by default and then draws nothing, so the demo's
+    conversations are those of before it existed."""
+
+    FORMAT_NOISE = " Customer: ok?"
 
     def __init__(
-        self, *, p_disclose: float = 0.25, p_repeat: float = 0.35, p_claim: float = 0.2, seed: int = 0
+        self,
+        *,
+        p_disclose: float = 0.25,
+        p_repeat: float = 0.35,
+        p_claim: float = 0.2,
+        p_format: float = 0.0,
+        seed: int = 0,
     ):
         self.p = (p_disclose, p_repeat, p_claim)
+        self.p_format = p_format
         self.rng = random.Random(seed)
 
     def reply(self, observations: list[str]) -> str:
@@ -74,6 +86,8 @@ class NoisySeller(ScriptedSeller):
             text = "As an AI, " + text[0].lower() + text[1:]
         if self.rng.random() < p_claim:
             text += " Guaranteed!"
+        if self.p_format > 0 and self.rng.random() < self.p_format:
+            text += self.FORMAT_NOISE
         return text
 
 
@@ -118,12 +132,21 @@ class TeacherEngine(RolloutEngine):
 
 
 def teacher_episodes(
-    tokenizer: Any, examples: list[Any], runner_params: dict[str, Any], *, max_new_tokens: int, seed: int
+    tokenizer: Any,
+    examples: list[Any],
+    runner_params: dict[str, Any],
+    *,
+    max_new_tokens: int,
+    seed: int,
+    p_format: float = 0.0,
 ) -> Episodes:
-    """The teacher's conversations on ``examples`` (one each), tokenised exactly as RL renders them."""
+    """The teacher's conversations on ``examples`` (one each), tokenised exactly as RL renders them;
+    ``p_format``: :class:`NoisySeller`'s format-noise probability."""
     params = dict(runner_params)
     params.pop("transcripts", None)
-    engine = TeacherEngine(tokenizer, NoisySeller(seed=seed), user_turn=params["user_turn"])
+    engine = TeacherEngine(
+        tokenizer, NoisySeller(seed=seed, p_format=p_format), user_turn=params["user_turn"]
+    )
     runner = MultiTurnRunner(engine, PromptFormatter(tokenizer), seed=seed, **params)
     return runner.run(
         examples, [1] * len(examples), SamplingParams(max_new_tokens=max_new_tokens, logprobs=False)

@@ -146,13 +146,21 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
     max_new = cfg0.rollout.max_new_tokens
     warm, gate_path = d / "warm.pt", d / "gate.json"
     if warm.exists() and gate_path.exists():
-        model.load_state_dict(torch.load(warm, weights_only=True))
         gate = json.loads(gate_path.read_text())
+        made_with = {"sft_steps": gate.get("sft_steps"), "p_format": gate.get("p_format", 0.0)}
+        if made_with != {"sft_steps": a.sft_steps, "p_format": a.p_format}:
+            raise SystemExit(
+                f"{gate_path}: the warm start there was made with {made_with}, this run asks for "
+                f"sft_steps={a.sft_steps}, p_format={a.p_format}; use another --out"
+            )
+        model.load_state_dict(torch.load(warm, weights_only=True))
         say(f"seed {seed}: warm start and gate reused from {d}")
     else:
         t = time.perf_counter()
         rp = dict(cfg0.rollout.runner.params)
-        eps = teacher_episodes(tok, task.split("train"), rp, max_new_tokens=max_new, seed=seed)
+        eps = teacher_episodes(
+            tok, task.split("train"), rp, max_new_tokens=max_new, seed=seed, p_format=a.p_format
+        )
         losses = sft_on_episodes(model, eps, steps=a.sft_steps, batch_size=16, lr=1e-3, seed=seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -163,6 +171,7 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
             "seed": seed,
             **m,
             "sft_steps": a.sft_steps,
+            "p_format": a.p_format,
             "sft_loss_first_last": [losses[0], losses[-1]],
             "accept_prob": a.accept_prob,
             "passes": gate_check(m),
@@ -226,6 +235,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--max-turns", type=int, default=5)
     ap.add_argument("--accept-prob", type=float, default=0.4)
+    ap.add_argument(
+        "--p-format",
+        type=float,
+        default=0.15,
+        help="share of the teacher's turns that end with a role marker (a format violation), so the warm "
+        "start shows every failure the turn rewards target (calibration of this experiment; with 0 the "
+        "warm start's format rate was 0.03-0.05, below the gate's 0.05, 2026-12-02)",
+    )
     ap.add_argument(
         "--lr",
         type=float,
