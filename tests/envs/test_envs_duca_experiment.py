@@ -28,6 +28,15 @@ def test_gate_bands():
     assert not ex.gate_check(m)
 
 
+def _args(out, **kw):
+    base = dict(
+        out=out, steps=1, max_turns=2, lr=None, accept_prob=0.4, gate_n=1, gate_g=2, sft_steps=300,
+        p_format=0.15, force=False, arms=["duca"], model="tiny", customer="rule", customer_model=None,
+        customer_tokens=8, max_new_tokens=16, customer_url=None,
+    )  # fmt: skip
+    return argparse.Namespace(**{**base, **kw})
+
+
 def test_a_warm_start_made_with_other_settings_is_not_reused(tmp_path):
     from posttrain.models import load_model_and_tokenizer
 
@@ -36,10 +45,37 @@ def test_a_warm_start_made_with_other_settings_is_not_reused(tmp_path):
     model, _ = load_model_and_tokenizer("tiny", device="cpu", seed=0)
     torch.save(model.state_dict(), d / "warm.pt")
     (d / "gate.json").write_text(json.dumps({"sft_steps": 300, "passes": True}))  # made before p_format
-    a = argparse.Namespace(
-        out=tmp_path, steps=1, max_turns=2, lr=None, accept_prob=0.4, gate_n=1, gate_g=2,
-        sft_steps=300, p_format=0.15, force=False, arms=["duca"],
-    )  # fmt: skip
-    with pytest.raises(SystemExit, match=r"p_format': 0.0.*p_format=0.15"):
+    a = _args(tmp_path, p_format=0.15)
+    with pytest.raises(SystemExit, match=r"p_format': 0.0}.*p_format': 0.15}"):
         ex.run_seed(a, 0, print)
     assert not (d / "duca.json").exists()
+
+
+def test_llm_customer_end_to_end_through_posttrain_serve(tmp_path, capsys):
+    """The real-model mode's path with the tiny preset on both sides: the seller against ``sales-llm``
+    whose customer is served by ``posttrain serve`` on 127.0.0.1, started and stopped by the run; the
+    gate and one arm are written, no endpoint failure, and the server is gone afterwards."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+    import urllib.request
+
+    n = torch.get_num_threads()
+    try:
+        ex.main(
+            [
+                "--out", str(tmp_path), "--seeds", "0", "--arms", "duca", "--steps", "1", "--sft-steps", "2",
+                "--gate-n", "1", "--gate-g", "2", "--max-turns", "2", "--customer", "llm",
+                "--customer-tokens", "6", "--force",
+            ]
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(n)
+    out = capsys.readouterr().out
+    url = next(w for w in out.split() if w.startswith("http://127.0.0.1:"))
+    gate = json.loads((tmp_path / "s0" / "gate.json").read_text())
+    assert gate["customer"] == "llm" and gate["model"] == "tiny"
+    res = json.loads((tmp_path / "s0" / "duca.json").read_text())
+    assert res["metrics"]["endpoint_failed_rate"] == 0.0
+    assert res["metrics"]["samples"] == 2
+    with pytest.raises(OSError):  # stopped at the end
+        urllib.request.urlopen(url.rstrip("/") + "/models", timeout=2)

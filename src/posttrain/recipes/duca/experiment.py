@@ -17,12 +17,21 @@ HIAN z-scores the session reward, so it should not move), ``grpo-sum`` and ``grp
 session + every turn criterion, conversion worth 1 or 10), ``grpo-session`` (GRPO on conversion only).
 Metrics: sampled conversion and each violation rate on the gate's scenarios after RL.
 
+**With a real model** (``--model smollm2-135m``): the built-in real model is the seller (chat template,
+a one-line system prompt saying it is a salesperson, bf16 autocast, the ``fast`` engine, lr 2e-5, no SFT
+warm start: it is instruction-tuned), and with ``--customer llm`` the customer's replies come from
+``sales-llm``: a model (``--customer-model``, default the seller's) served by ``posttrain serve`` in
+this process on 127.0.0.1 (a free port), started before the first seed and stopped at the end; an
+endpoint failure ends that conversation with a flag (``endpoint_failed_rate`` in the metrics). The gate
+is printed the same way; a real-model warm start is what it is, so such runs usually need ``--force``.
+
 Run: ``nice -n 10 python -m posttrain.recipes.duca.experiment --out runs/duca-exp --seeds 0``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -51,11 +60,83 @@ GATE_MIXED = 0.4
 GATE_VIOL = (0.05, 0.5)
 
 
-def env_params(a: argparse.Namespace, conversion_reward: float = 1.0) -> str:
-    return (
-        f"rollout.runner.params.env_params={{max_turns: {a.max_turns}, multi_offer: decline, "
-        f"accept_prob: {a.accept_prob}, conversion_reward: {conversion_reward}}}"
+#: the seller's system prompt with a real (chat) model: the task's store line after one sentence of role
+REAL_PROMPT = (
+    "You are a salesperson in an electronics store, chatting with a customer. Find out what they need "
+    "and offer one product that fits. Reply in one or two short sentences. {prompt}"
+)
+
+
+def real_model(a: argparse.Namespace) -> bool:
+    return a.model != "tiny"
+
+
+def model_overrides(a: argparse.Namespace) -> list[str]:
+    """The seller: the recipe's tiny preset, or a real chat model (bf16 autocast, fast engine, chat template,
+    :data:`REAL_PROMPT`, lr 2e-5 unless ``--lr``)."""
+    if not real_model(a):
+        return []
+    lr = [] if a.lr is not None else ["optimizer.lr=2e-5"]
+    return [
+        f"model.name={a.model}",
+        "model.precision=bf16",
+        "rollout.engine={name: fast}",
+        "task.chat_template=true",
+        f'task.prompt_template="{REAL_PROMPT}"',
+        f"rollout.max_new_tokens={a.max_new_tokens}",
+        *lr,
+    ]
+
+
+def env_params(a: argparse.Namespace, conversion_reward: float = 1.0) -> list[str]:
+    """The environment overrides: ``sales`` (rule customer) or ``sales-llm`` against ``a.customer_url``."""
+    common = (
+        f"max_turns: {a.max_turns}, multi_offer: decline, accept_prob: {a.accept_prob}, "
+        f"conversion_reward: {conversion_reward}"
     )
+    if a.customer == "rule":
+        return [f"rollout.runner.params.env_params={{{common}}}"]
+    return [
+        "rollout.runner.params.env=sales-llm",
+        f'rollout.runner.params.env_params={{{common}, base_url: "{a.customer_url}", '
+        f'model: "{a.customer_model or a.model}", max_tokens: {a.customer_tokens}, timeout_s: 120, '
+        "max_retries: 1}",
+    ]
+
+
+def made_with(a: argparse.Namespace) -> dict[str, Any]:
+    """What a saved warm start and gate depend on (a rerun reuses them only if this matches)."""
+    real = real_model(a)
+    return {
+        "model": a.model,
+        "customer": a.customer,
+        "sft_steps": 0 if real else a.sft_steps,
+        "p_format": 0.0 if real else a.p_format,
+    }
+
+
+@contextlib.contextmanager
+def customer_server(a: argparse.Namespace):
+    """``posttrain serve`` of the customer model on 127.0.0.1 (a free port), in this process, for the whole
+    run (``--customer llm``); sets ``a.customer_url``. A no-op for the rule-based customer."""
+    if a.customer == "rule":
+        a.customer_url = None
+        yield None
+        return
+    from posttrain.serve import ServeConfig
+    from posttrain.serve.server import BackgroundServer
+
+    cfg = ServeConfig(
+        model=a.customer_model or a.model,
+        port=0,
+        max_tokens=max(64, a.customer_tokens),
+        default_max_tokens=a.customer_tokens,
+        max_concurrent_requests=4,
+        seed=0,
+    )
+    with BackgroundServer(cfg) as srv:
+        a.customer_url = srv.base_url
+        yield srv
 
 
 def sampled_metrics(trainer: Any, examples: list[Any], g: int, max_new: int) -> dict[str, Any]:
@@ -69,6 +150,7 @@ def sampled_metrics(trainer: Any, examples: list[Any], g: int, max_new: int) -> 
     conv = [bool(s.env.converted) for s in runner.last_sessions]
     groups = [conv[i * g : (i + 1) * g] for i in range(len(examples))]
     out = {
+        **({"endpoint_failed_rate": ev["endpoint_failed_rate"]} if "endpoint_failed_rate" in ev else {}),
         "conversion": sum(conv) / len(conv),
         "mixed_groups": sum(0 < sum(x) < g for x in groups) / len(groups),
         "avg_turns": ev["avg_turns"],
@@ -135,33 +217,43 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
         "eval.every=0",
         "eval.at_end=false",
         "logging.progress=false",
-        f"rollout.runner.params.env_params={{max_turns: {a.max_turns}}}",
+        *model_overrides(a),
         *([f"optimizer.lr={a.lr}"] if a.lr is not None else []),
     ]
-    cfg0 = load_rl_config(str(CONFIG), [*base, env_params(a), f"out_dir={d / 'gate'}"])
+    cfg0 = load_rl_config(str(CONFIG), [*base, *env_params(a), f"out_dir={d / 'gate'}"])
     torch.set_num_threads(1)
     model, tok = load_model_and_tokenizer(cfg0.model.name, device="cpu", seed=seed)
     task = SalesTask(**cfg0.task.params)
     held = task.split("heldout")[: a.gate_n]
     max_new = cfg0.rollout.max_new_tokens
     warm, gate_path = d / "warm.pt", d / "gate.json"
-    if warm.exists() and gate_path.exists():
+    real = real_model(a)
+    want = made_with(a)
+    if gate_path.exists() and (real or warm.exists()):
         gate = json.loads(gate_path.read_text())
-        made_with = {"sft_steps": gate.get("sft_steps"), "p_format": gate.get("p_format", 0.0)}
-        if made_with != {"sft_steps": a.sft_steps, "p_format": a.p_format}:
+        made = {  # gate files written before these keys existed: the tiny seller and the rule customer
+            "model": gate.get("model", "tiny"),
+            "customer": gate.get("customer", "rule"),
+            "sft_steps": gate.get("sft_steps"),
+            "p_format": gate.get("p_format", 0.0),
+        }
+        if made != want:
             raise SystemExit(
-                f"{gate_path}: the warm start there was made with {made_with}, this run asks for "
-                f"sft_steps={a.sft_steps}, p_format={a.p_format}; use another --out"
+                f"{gate_path}: the warm start there was made with {made}, this run asks for {want}; "
+                "use another --out"
             )
-        model.load_state_dict(torch.load(warm, weights_only=True))
+        if not real:
+            model.load_state_dict(torch.load(warm, weights_only=True))
         say(f"seed {seed}: warm start and gate reused from {d}")
     else:
         t = time.perf_counter()
-        rp = dict(cfg0.rollout.runner.params)
-        eps = teacher_episodes(
-            tok, task.split("train"), rp, max_new_tokens=max_new, seed=seed, p_format=a.p_format
-        )
-        losses = sft_on_episodes(model, eps, steps=a.sft_steps, batch_size=16, lr=1e-3, seed=seed)
+        losses: list[float] = []
+        if not real:  # the real model is instruction-tuned: its warm start is itself
+            rp = dict(cfg0.rollout.runner.params)
+            eps = teacher_episodes(
+                tok, task.split("train"), rp, max_new_tokens=max_new, seed=seed, p_format=a.p_format
+            )
+            losses = sft_on_episodes(model, eps, steps=a.sft_steps, batch_size=16, lr=1e-3, seed=seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tr = RLTrainer(cfg0, model, tok)
@@ -170,16 +262,16 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
         gate = {
             "seed": seed,
             **m,
-            "sft_steps": a.sft_steps,
-            "p_format": a.p_format,
-            "sft_loss_first_last": [losses[0], losses[-1]],
+            **want,
+            "sft_loss_first_last": [losses[0], losses[-1]] if losses else None,
             "accept_prob": a.accept_prob,
             "passes": gate_check(m),
             "rule": f"conversion in {list(GATE_CONV)}, mixed groups >= {GATE_MIXED}, "
             f"each violation rate in {list(GATE_VIOL)}",
             "wall_s": time.perf_counter() - t,
         }
-        torch.save(model.state_dict(), warm)
+        if not real:
+            torch.save(model.state_dict(), warm)
         gate_path.write_text(json.dumps(gate, indent=2))
     say(
         f"GATE seed {seed} (warm start, {a.gate_n} scenarios x {a.gate_g}): {_fmt(gate)}: "
@@ -196,14 +288,14 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
             continue
         extra, scale = ARMS[arm]
         model.load_state_dict(state)
-        cfg = load_rl_config(str(CONFIG), [*base, *extra, env_params(a, scale), f"out_dir={d / arm}"])
+        cfg = load_rl_config(str(CONFIG), [*base, *extra, *env_params(a, scale), f"out_dir={d / arm}"])
         t = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateSettingWarning)
             with RLTrainer(cfg, model, tok) as trainer:
                 trainer.train(progress=False, overwrite=True)
                 # evaluate with conversion worth 1 whatever the arm trained with (rates only)
-                ecfg = load_rl_config(str(CONFIG), [*base, env_params(a), f"out_dir={d / 'gate'}"])
+                ecfg = load_rl_config(str(CONFIG), [*base, *env_params(a), f"out_dir={d / 'gate'}"])
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     etr = RLTrainer(ecfg, trainer.model, tok)
@@ -250,6 +342,18 @@ def main(argv: list[str] | None = None) -> None:
         help="RL learning rate (default: the recipe's 3e-4, at which the tiny agent's text collapsed within "
         "5 steps in every arm, 2026-12-02)",
     )
+    ap.add_argument(
+        "--model", default="tiny", help="the seller: tiny (default) or a real chat model, e.g. smollm2-135m"
+    )
+    ap.add_argument(
+        "--customer",
+        choices=("rule", "llm"),
+        default="rule",
+        help="rule: the sales simulator's customer; llm: sales-llm against posttrain serve on 127.0.0.1",
+    )
+    ap.add_argument("--customer-model", default=None, help="the served customer model (default: --model)")
+    ap.add_argument("--customer-tokens", type=int, default=40, help="customer reply length cap")
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="seller turn length with a real model")
     ap.add_argument("--gate-n", type=int, default=40)
     ap.add_argument("--gate-g", type=int, default=4)
     ap.add_argument("--force", action="store_true", help="train a seed whose gate failed")
@@ -261,9 +365,12 @@ def main(argv: list[str] | None = None) -> None:
 
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.summary_only:
-        for seed in a.seeds:
-            run_seed(a, seed, say)
-            summarise(a.out, a.seeds)
+        with customer_server(a) as srv:
+            if srv is not None:
+                say(f"customer: {a.customer_model or a.model} served at {a.customer_url}")
+            for seed in a.seeds:
+                run_seed(a, seed, say)
+                summarise(a.out, a.seeds)
     print(summarise(a.out, a.seeds))
 
 
