@@ -64,6 +64,24 @@ def test_quick_ablation_runs_every_selected_arm_from_one_warm_start(tmp_path):
     assert any("grpo: done earlier" in m for m in said) and any("dgpo: done earlier" in m for m in said)
     assert any("maspo: GATE" in m for m in said) and not any("grpo: GATE" in m for m in said)
     assert res2["runs"]["grpo"][0]["heldout_acc_end"] == data["runs"]["grpo"][0]["heldout_acc_end"]
+    # summary only: nothing runs; what is missing (an arm never run, a seed never run) is said and left out
+    said = []
+    res3 = run_ablation(
+        AblationSettings.quick(arms=["grpo", "maspo", "nexgrpo"], seeds=[0, 1], sft_steps=4),
+        tmp_path,
+        summary_only=True,
+        log=said.append,
+    )
+    assert list(res3["table"]) == ["grpo", "maspo"] and res3["table"]["grpo"]["seeds"] == 1
+    assert any("nexgrpo: no finished result" in m for m in said)
+    assert any("seed 1 grpo: no finished result" in m for m in said)
+    assert not any("GATE" in m for m in said) and not (tmp_path / "runs" / "nexgrpo-s0").exists()
+    assert res3["paired"]["maspo"]["n_pairs"] == 8
+    # resuming or summarising with other settings is refused, naming what differs
+    assert json.loads((tmp_path / "settings.json").read_text())["sft_steps"] == 4
+    for mode in ({"resume": True}, {"summary_only": True}):
+        with pytest.raises(ValueError, match=r"sft_steps: 4 there, 5 now"):
+            run_ablation(AblationSettings.quick(arms=["grpo"], sft_steps=5), tmp_path, **mode)
 
 
 def test_real_model_settings_are_checked():

@@ -269,17 +269,25 @@ def run_ablation(
     *,
     overwrite: bool = False,
     resume: bool = False,
+    summary_only: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run every (seed, arm); write ablation.json / .md / .png into ``out_dir``; return the result.
     With ``s.jobs > 1`` the seeds run in that many worker processes (one seed each, one thread each).
 
     Each finished (arm, seed) is written at once to ``results/<arm>-s<seed>.json``; ``resume=True``
-    keeps those and runs only the missing ones (the run folders of unfinished arms are replaced)."""
-    from posttrain.utils.io import atomic_write_json, atomic_write_text
+    keeps those and runs only the missing ones (the run folders of unfinished arms are replaced).
+    ``summary_only=True`` runs nothing: it tabulates the finished (arm, seed) results in ``out_dir``
+    (arms with some seeds missing are shown with the seeds they have). ``settings.json`` in ``out_dir``
+    records the settings of its runs; resuming or summarising with other settings is refused."""
 
     out = Path(out_dir)
     runs = out / "runs"
+    say = log or (lambda msg: None)
+    if summary_only:
+        check_settings(out, s, write=False)
+        results = _finished_results(s, runs, say)
+        return _write_result(s, out, runs, results, wall_s=0.0)
     if runs.exists() and any(runs.iterdir()) and not resume:
         if not overwrite:
             raise FileExistsError(
@@ -289,7 +297,7 @@ def run_ablation(
         shutil.rmtree(out / "results", ignore_errors=True)
     runs.mkdir(parents=True, exist_ok=True)
     (out / "results").mkdir(parents=True, exist_ok=True)
-    say = log or (lambda msg: None)
+    check_settings(out, s, write=True)
     t0 = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in s.arms}
     jobs = min(s.jobs, len(s.seeds))
@@ -305,17 +313,65 @@ def run_ablation(
     for by_arm in per_seed:
         for arm in s.arms:
             results[arm].append(by_arm[arm])
+    return _write_result(s, out, runs, results, wall_s=time.perf_counter() - t0)
+
+
+#: AblationSettings fields that may differ between invocations on one --out (what runs, not how)
+_NOT_IDENTITY = ("arms", "seeds", "jobs")
+
+
+def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
+    """Refuse to mix runs made with other settings into ``out`` (``settings.json``: every field but
+    arms, seeds and jobs). A folder without the file (made before it existed) gets it when ``write``."""
+    from posttrain.utils.io import atomic_write_json
+
+    mine = {k: v for k, v in asdict(s).items() if k not in _NOT_IDENTITY}
+    path = out / "settings.json"
+    if not path.exists():
+        if write:
+            atomic_write_json(path, mine)
+        return
+    theirs = json.loads(path.read_text())
+    diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+    if diff:
+        shown = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in sorted(diff.items()))
+        raise ValueError(
+            f"{path}: the runs in {out} were made with other settings ({shown}); use another --out"
+        )
+
+
+def _finished_results(s: AblationSettings, runs: Path, say: Callable[[str], None]) -> dict[str, list]:
+    results: dict[str, list[dict[str, Any]]] = {}
+    for arm in s.arms:
+        for seed in s.seeds:
+            p = _result_path(runs, arm, seed)
+            if p.exists():
+                results.setdefault(arm, []).append(json.loads(p.read_text()))
+            else:
+                say(f"seed {seed} {arm}: no finished result ({p} missing), left out of the summary")
+    if not results:
+        raise FileNotFoundError(
+            f"{runs.parent / 'results'}: no finished result for arms {s.arms} and seeds {s.seeds}"
+        )
+    return results
+
+
+def _write_result(
+    s: AblationSettings, out: Path, runs: Path, results: dict[str, list], *, wall_s: float
+) -> dict[str, Any]:
+    from posttrain.utils.io import atomic_write_json, atomic_write_text
+
     table = aggregate(results)
     result = {
         "settings": asdict(s),
-        "arms": {a: ARMS[a] for a in s.arms},
+        "arms": {a: ARMS[a] for a in results},
         "runs": results,
         "table": table,
         "claims": check_claims(table),
         "paired": paired_differences(results),
         "gates": {a: [r.get("gate") for r in rs] for a, rs in results.items()},
         "prechecks": _read_prechecks(runs, s.seeds),
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": wall_s,
     }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "ablation.json", result)

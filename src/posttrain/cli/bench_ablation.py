@@ -77,6 +77,11 @@ def ablation(
         "--resume",
         help="Keep the finished (arm, seed) results in --out and run only the missing ones.",
     ),
+    summary_only: bool = typer.Option(
+        False,
+        "--summary-only",
+        help="Run nothing: tabulate the finished (arm, seed) results in --out (same settings as their runs).",
+    ),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke run (2 steps, tiny batches)."),
     out: Path = typer.Option(
         Path("runs/ablation"), "--out", help="Output folder (each run in its own subfolder)."
@@ -117,9 +122,14 @@ def ablation(
     err = Console(stderr=True)
     try:
         result = run_ablation(
-            settings, out, overwrite=overwrite, resume=resume, log=lambda m: err.print(m, highlight=False)
+            settings,
+            out,
+            overwrite=overwrite,
+            resume=resume,
+            summary_only=summary_only,
+            log=lambda m: err.print(m, highlight=False),
         )
-    except FileExistsError as e:
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
         raise typer.BadParameter(str(e), param_hint="--out") from None
     print_ablation(result)
     typer.echo(f"wrote {out / 'ablation.json'}, {out / 'ablation.md'}, {result['plot']}")
