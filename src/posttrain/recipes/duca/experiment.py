@@ -215,6 +215,7 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
         f"seed={seed}",
         f"steps={a.steps}",
         "eval.every=0",
+        "eval.at_start=false",  # the arms are measured by sampled_metrics; a greedy start eval is unused
         "eval.at_end=false",
         "logging.progress=false",
         *model_overrides(a),
