@@ -317,3 +317,24 @@ def test_real_model_replay_arms_start_replaying_at_a_calibrated_step(tmp_path):
         assert cfg.hooks.replay.params == {"start_accuracy": 0.0, "start_step": REAL_REPLAY_START_STEP}
         tiny = build_config(RLConfig, None, arm_overrides(AblationSettings.quick(), arm, 0, tmp_path / "t"))
         assert tiny.hooks.replay.params == {}  # the tiny preset keeps ExGRPO's rule
+
+
+def test_micro_batch_size_reaches_the_trainer_and_may_change_between_invocations(tmp_path):
+    """Gradient accumulation changes memory, not the update: it reaches the run's config, and
+    ``settings.json`` does not count it, so an out-of-memory run can be resumed with it."""
+    from posttrain.benchmarks.ablation import check_settings
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import build_config
+
+    s = AblationSettings(model="smollm2-135m", task="word_problems", group_size=8, micro_batch_size=8)
+    cfg = build_config(RLConfig, None, arm_overrides(s, "e3", 0, tmp_path / "e3"))
+    assert cfg.micro_batch_size == 8 and cfg.minibatches == 2
+    plain = build_config(RLConfig, None, arm_overrides(AblationSettings(), "grpo", 0, tmp_path / "g"))
+    assert plain.micro_batch_size is None
+    real = {"model": "smollm2-135m", "task": "word_problems"}
+    check_settings(tmp_path, AblationSettings(**real, group_size=8), write=True)
+    check_settings(tmp_path, s, write=False)  # only micro_batch_size differs: accepted
+    with pytest.raises(ValueError, match="group_size: 8 there, 4 now"):
+        check_settings(tmp_path, AblationSettings(**real, group_size=4, micro_batch_size=8), write=False)
+    with pytest.raises(ValueError, match="--micro-batch-size"):
+        AblationSettings(micro_batch_size=0)

@@ -151,6 +151,9 @@ class AblationSettings:
     warm_start: str = "mixed"  # "mixed" (warm_start_pairs) or "scratchpad" (the demo's SFT set)
     minibatches: int = 2  # AdamW updates per rollout batch: > 1 makes GRPO / DGPO / MASPO differ
     jobs: int = 1  # worker processes, one seed each (2 on a 2-core machine halves the wall time)
+    # sequences per forward/backward (gradient accumulation; same update, less memory): None = a whole
+    # minibatch. The real model at group size 8 (32 rows per update) reached 12.4 GB RSS and was OOM-killed
+    micro_batch_size: int | None = None
     model: str = "tiny"  # "tiny" (SFT warm start first) or a real model such as smollm2-135m (no SFT)
     lr: float | None = None  # None: the base config's (1e-4 tiny; 2e-5 for a real model)
     wp_steps: int = 1  # word_problems operations per problem
@@ -191,6 +194,8 @@ class AblationSettings:
             raise ValueError(f"--warm-start must be one of {', '.join(WARM_STARTS)}, got {self.warm_start!r}")
         if self.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
         if self.minibatches < 1:
             raise ValueError(f"--minibatches must be >= 1, got {self.minibatches}")
         if self.real and self.task in ("arithmetic", "dialogue-events"):
@@ -217,6 +222,7 @@ def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> li
         *TASKS[s.task](s),
         f"steps={s.steps}",
         f"minibatches={s.minibatches}",
+        *([f"micro_batch_size={s.micro_batch_size}"] if s.micro_batch_size else []),
         f"seed={seed}",
         f"eval.n={s.eval_n}",
         f"eval.every={s.eval_every}",
@@ -317,7 +323,7 @@ def run_ablation(
 
 
 #: AblationSettings fields that may differ between invocations on one --out (what runs, not how)
-_NOT_IDENTITY = ("arms", "seeds", "jobs")
+_NOT_IDENTITY = ("arms", "seeds", "jobs", "micro_batch_size")
 
 
 def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:

@@ -69,6 +69,12 @@ def ablation(
     ),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="Generation limit."),
     eval_n: int | None = typer.Option(None, "--eval-n", min=1, help="Held-out questions evaluated."),
+    micro_batch_size: int | None = typer.Option(
+        None,
+        "--micro-batch-size",
+        min=1,
+        help="Sequences per forward/backward (gradient accumulation: the same update in less memory).",
+    ),
     lr: float | None = typer.Option(
         None, "--lr", help="Learning rate (default: 1e-4 tiny, 2e-5 real model)."
     ),
@@ -112,6 +118,7 @@ def ablation(
         "group_size": group_size,
         "max_new_tokens": max_new_tokens,
         "eval_n": eval_n,
+        "micro_batch_size": micro_batch_size,
         "lr": lr,
     }
     given = {k: v for k, v in given.items() if v is not None}
