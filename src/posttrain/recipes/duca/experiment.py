@@ -84,6 +84,9 @@ def model_overrides(a: argparse.Namespace) -> list[str]:
         "task.chat_template=true",
         f'task.prompt_template="{REAL_PROMPT}"',
         f"rollout.max_new_tokens={a.max_new_tokens}",
+        # 4 conversations per forward/backward (the same update): with all 16 at once the process (seller,
+        # its AdamW state and the served customer) reached 12 GB RSS on 2026-12-02
+        "micro_batch_size=4",
         *lr,
     ]
 
