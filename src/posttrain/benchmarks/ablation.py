@@ -328,7 +328,8 @@ _NOT_IDENTITY = ("arms", "seeds", "jobs", "micro_batch_size")
 
 def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
     """Refuse to mix runs made with other settings into ``out`` (``settings.json``: every field but
-    arms, seeds and jobs). A folder without the file (made before it existed) gets it when ``write``."""
+    arms, seeds, jobs and micro_batch_size). A folder without the file (made before it existed) gets it
+    when ``write``."""
     from posttrain.utils.io import atomic_write_json
 
     mine = {k: v for k, v in asdict(s).items() if k not in _NOT_IDENTITY}
