@@ -195,6 +195,16 @@ def test_summary_measures_entropy_drift_after_warmup_and_claims_use_it():
     assert "asrr_length_cut_25pct_acc_drop_2pts" not in claims  # ASRR not run
 
 
+def test_summary_counts_the_rollouts_a_dynamic_sampling_filter_drew():
+    """The summary's rollout budget counts extra rounds whether a sampler or a standalone group filter
+    drew them (the trainer logs the latter under ``filter/``); plain arms count their batch."""
+    plain = summarise_run(_rows([1.0, 1.0]))
+    rows = _rows([1.0, 1.0])
+    rows[1]["filter/rollouts_generated"] = 20.0
+    rows[2]["sampler/rollouts_generated"] = 12.0
+    assert plain["rollouts_total"] == 16.0 and summarise_run(rows)["rollouts_total"] == 32.0
+
+
 def test_prefix_arms_start_from_their_own_precheck():
     """ASRR and its control open the assistant turn with the No-Thinking prefix, which changes the
     starting model's accuracy and length: their pre-check (step-0 verdicts) is measured with the prefix,

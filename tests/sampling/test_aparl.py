@@ -213,8 +213,8 @@ def test_experiment_arms_build_and_baseline_choice(tmp_path):
 def test_experiment_counts_the_rollouts_dapo_drew():
     """Both arms draw extra rounds: the dapo arm reports them under ``filter/``, APARL under ``sampler/``;
     counting only ``sampler/`` gave the dapo arm its kept batch (10240) instead of what it drew."""
-    from posttrain.recipes.aparl.experiment import rollouts_generated
+    from posttrain.train.rl import step_rollouts
 
-    assert rollouts_generated({"filter/rollouts_generated": 152.0, "num_sequences": 128.0}) == 152.0
-    assert rollouts_generated({"sampler/rollouts_generated": 184.0, "num_sequences": 128.0}) == 184.0
-    assert rollouts_generated({"num_sequences": 128.0}) == 128.0
+    assert step_rollouts({"filter/rollouts_generated": 152.0, "num_sequences": 128.0}) == 152.0
+    assert step_rollouts({"sampler/rollouts_generated": 184.0, "num_sequences": 128.0}) == 184.0
+    assert step_rollouts({"num_sequences": 128.0}) == 128.0

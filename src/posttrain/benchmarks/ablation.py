@@ -724,7 +724,9 @@ def summarise_run(
     warm = max(1, math.ceil(warmup_frac * len(steps)))
     after = ent[warm:] or ent[-1:]
     dev = [abs(h - target) / target for h in after] if target > 0 else [0.0]
-    rollouts = [float(r.get("sampler/rollouts_generated", r["num_sequences"])) for r in steps]
+    from posttrain.train.rl import step_rollouts
+
+    rollouts = [step_rollouts(r) for r in steps]
     hard = [r["sampler/n_hard"] for r in steps if "sampler/n_hard" in r]
     easy = [r["sampler/n_easy"] for r in steps if "sampler/n_easy" in r]
     mech_keys = sorted(

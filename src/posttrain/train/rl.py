@@ -117,6 +117,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def step_rollouts(row: dict[str, Any]) -> float:
+    """Completions generated in one logged step (a ``metrics.jsonl`` step row): with dynamic sampling
+    the extra rounds count, whether a group filter drew them (``filter/rollouts_generated``, logged when
+    the filter is not the sampler's own) or the sampler did (``sampler/rollouts_generated``); otherwise
+    the batch (``num_sequences``)."""
+    for key in ("filter/rollouts_generated", "sampler/rollouts_generated"):
+        if key in row:
+            return float(row[key])
+    return float(row["num_sequences"])
+
+
 # ------------------------------------------------------------------------------- what phases pass on
 @dataclass
 class StepRollout:

@@ -99,15 +99,6 @@ def sampled_accuracy(trainer: Any, examples: list[Any], g: int) -> dict[str, flo
     }
 
 
-def rollouts_generated(row: dict[str, Any]) -> float:
-    """Completions generated in one step: DAPO's extra rounds counted whether the dynamic-sampling filter
-    (``filter/``, the dapo arm) or the APARL sampler (``sampler/``) drew them; else the batch."""
-    for key in ("filter/rollouts_generated", "sampler/rollouts_generated", "num_sequences"):
-        if key in row:
-            return float(row[key])
-    return 0.0
-
-
 def level_gate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """From an APARL run's step rows: level rises, and the mean sampled perplexity per level."""
     steps = [r for r in rows if r.get("kind") == "step" and "sampler/level" in r]
@@ -172,7 +163,7 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
     from posttrain.train.config import load_rl_config
     from posttrain.train.demo import sft_warm_start
     from posttrain.train.event_eval import evaluate_event_detection
-    from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
+    from posttrain.train.rl import DegenerateSettingWarning, RLTrainer, step_rollouts
 
     d = a.out / f"s{seed}"
     d.mkdir(parents=True, exist_ok=True)
@@ -301,7 +292,8 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
             )
             if a.steps >= 5
             else None,
-            "rollouts_total": sum(rollouts_generated(r) for r in rows if r.get("kind") == "step"),
+            # DAPO's extra rounds included: the dapo arm's filter and the APARL sampler both draw them
+            "rollouts_total": sum(step_rollouts(r) for r in rows if r.get("kind") == "step"),
             "wall_s": time.perf_counter() - t,
         }
         if arm.startswith("aparl"):
