@@ -330,6 +330,7 @@ def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
     """Refuse to mix runs made with other settings into ``out`` (``settings.json``: every field but
     arms, seeds, jobs and micro_batch_size). A folder without the file (made before it existed) gets it
     when ``write``."""
+    from posttrain.utils.config import settings_diff
     from posttrain.utils.io import atomic_write_json
 
     mine = {k: v for k, v in asdict(s).items() if k not in _NOT_IDENTITY}
@@ -338,10 +339,9 @@ def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
         if write:
             atomic_write_json(path, mine)
         return
-    theirs = json.loads(path.read_text())
-    diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+    diff = settings_diff(json.loads(path.read_text()), mine)
     if diff:
-        shown = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in sorted(diff.items()))
+        shown = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
         raise ValueError(
             f"{path}: the runs in {out} were made with other settings ({shown}); use another --out"
         )

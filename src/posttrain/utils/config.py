@@ -15,9 +15,11 @@ PPO clip parameters of a YAML file when ``objective.name=gspo`` is given on the 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import sys
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +47,18 @@ class StrictModel(BaseModel):
         came from the config file and that a command-line choice made obsolete; it returns one
         notice per drop (printed to stderr). Values set on the command line are never dropped."""
         return []
+
+
+def settings_diff(
+    saved: dict[str, Any], current: dict[str, Any], *, ignore: Iterable[str] = ()
+) -> dict[str, tuple[Any, Any]]:
+    """The keys (but ``ignore``) whose value differs between a run folder's saved settings (as read
+    back from JSON) and the current ones, sorted, each as (saved, current). ``current`` is compared in
+    its JSON form (a tuple equals the list JSON gives back); a key missing on one side reads as None.
+    What a resumable command uses to refuse mixing runs made with other settings into one folder."""
+    cur = json.loads(json.dumps(current))
+    keys = sorted((saved.keys() | cur.keys()) - set(ignore))
+    return {k: (saved.get(k), cur.get(k)) for k in keys if saved.get(k) != cur.get(k)}
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.recipes.patarm.data import PreferencePair, load_preferences, save_preferences
+from posttrain.utils.config import settings_diff
 from posttrain.utils.io import atomic_write_json
 from posttrain.utils.stats import mean_se as _mean_se
 from posttrain.utils.stats import se_binomial
@@ -732,11 +733,9 @@ def run_real_rm_demo(
     cur = json.loads(json.dumps(asdict(s)))
     prev = _done(out / "settings.json")
 
-    def identity(d: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in d.items() if k != "threads"}  # threads change speed, not results
-
-    if prev is not None and identity(prev) != identity(cur):
-        diff = sorted(k for k in identity(cur) if prev.get(k) != cur[k])
+    # threads change speed, not results
+    diff = settings_diff(prev, cur, ignore=("threads",)) if prev is not None else {}
+    if diff:
         raise ValueError(
             f"demo rm: {out} holds a run with other settings ({', '.join(diff)} differ); use another --out "
             "or delete it"
