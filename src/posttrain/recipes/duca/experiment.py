@@ -107,6 +107,10 @@ def env_params(a: argparse.Namespace, conversion_reward: float = 1.0) -> list[st
     ]
 
 
+#: the value a ``made_with`` key had before gate files recorded it (the tiny seller, the rule customer)
+BEFORE_KEYS: dict[str, Any] = {"model": "tiny", "customer": "rule", "p_format": 0.0}
+
+
 def made_with(a: argparse.Namespace) -> dict[str, Any]:
     """What a saved warm start and gate depend on (a rerun reuses them only if this matches)."""
     real = real_model(a)
@@ -235,12 +239,8 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
     want = made_with(a)
     if gate_path.exists() and (real or warm.exists()):
         gate = json.loads(gate_path.read_text())
-        made = {  # gate files written before these keys existed: the tiny seller and the rule customer
-            "model": gate.get("model", "tiny"),
-            "customer": gate.get("customer", "rule"),
-            "sft_steps": gate.get("sft_steps"),
-            "p_format": gate.get("p_format", 0.0),
-        }
+        # gate files written before a key existed were made with its first value
+        made = {k: gate.get(k, BEFORE_KEYS.get(k)) for k in want}
         if made != want:
             raise SystemExit(
                 f"{gate_path}: the warm start there was made with {made}, this run asks for {want}; "
