@@ -101,3 +101,74 @@ def test_cli_generate_writes_json(tmp_path):
     assert data["rows"][0]["engine"] == "fast:fp32" and data["rows"][0]["batch"] == 2
     assert data["llama_cpp_skipped_reason"] == "disabled (--no-llama-cpp)"
     assert "llama.cpp skipped" in r.output
+
+
+# ------------------------------------------------------------------ llama.cpp worker (fake C API)
+FAKE = str(__import__("pathlib").Path(__file__).parent / "fake_llama_cpp")
+
+
+@pytest.fixture
+def fake_llama_cpp(monkeypatch):
+    """tests/bench/fake_llama_cpp first on sys.path (the spawned worker inherits it), so the worker
+    drives the stand-in that checks llama.cpp's batched-decoding protocol."""
+    import sys
+
+    monkeypatch.syspath_prepend(FAKE)
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    monkeypatch.setattr(gb, "llama_cpp_version", lambda: "0.0-fake")
+
+
+def test_llama_cpp_runner_protocol(fake_llama_cpp, tmp_path):
+    """The runner's calls follow llama.cpp's batched decoding (the fake asserts positions, sequences
+    and requested logits): prompt once as sequence 0, copied to the B-1 others, then one token per
+    sequence per decode; every completion has exactly new_tokens tokens, none EOS."""
+    import importlib
+    import sys
+
+    sys.modules.pop("llama_cpp", None)
+    L = importlib.import_module("llama_cpp")
+    assert L.__version__ == "0.0-fake"
+    from posttrain.benchmarks.perf.llama_cpp import LlamaCppRunner
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    r = LlamaCppRunner(model, threads=1, max_batch=4, max_len=9)
+    L.CALLS["decode"].clear(), L.CALLS["seq_cp"].clear()
+    out = r.generate([5, 6, 7, 8], 4, 5)
+    assert [len(o) for o in out] == [5] * 4 and all(L.EOS not in o for o in out)
+    assert L.CALLS["seq_cp"] == [(0, 1), (0, 2), (0, 3)]
+    assert L.CALLS["decode"] == [4, 4, 4, 4, 4]  # the prompt, then 4 steps (the 5th token needs no decode)
+    out1 = r.generate([5, 6], 1, 3)  # the cache is cleared between calls
+    assert [len(o) for o in out1] == [3]
+    with pytest.raises(ValueError, match="sized for 4 x 9"):
+        r.generate([5, 6, 7, 8, 9], 4, 5)
+    r.close()
+
+
+def test_llama_cpp_cells_beside_the_engines(fake_llama_cpp, tmp_path):
+    """With llama.cpp present, the bench measures its cell in the same rounds and every torch row gets
+    its ratio to llama.cpp at the same batch; llama.cpp's weight bytes are the GGUF file's size."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"G" * 1000)
+    res = _micro(engines=["fast:fp32"], gguf=str(model), greedy_check_tokens=0)
+    assert res["llama_cpp_skipped_reason"] is None
+    rows = {(r["engine"], r["batch"]): r for r in res["rows"]}
+    assert set(rows) == {("fast:fp32", 1), ("fast:fp32", 3), ("llama.cpp", 1), ("llama.cpp", 3)}
+    for b in (1, 3):
+        ref, r = rows[("llama.cpp", b)], rows[("fast:fp32", b)]
+        assert ref["weight_bytes"] == 1000 and len(ref["tok_s_all"]) == 2
+        assert r["over_llama_cpp"] == pytest.approx(r["tok_s_median"] / ref["tok_s_median"])
+        pairs = [a / c for a, c in zip(r["tok_s_all"], ref["tok_s_all"], strict=True)]
+        assert r["paired_over_llama_cpp"] == pytest.approx(statistics.median(pairs))
+        assert ref["over_llama_cpp"] == pytest.approx(1.0)
+
+
+def test_llama_cpp_crash_is_reported_not_fatal(fake_llama_cpp, tmp_path):
+    """A segfault inside llama.cpp (as its AMX kernel did) ends the worker process only: the torch cells
+    are still measured and the skip reason names the signal and what the worker was doing."""
+    model = tmp_path / "crash.gguf"
+    model.write_bytes(b"GGUF")
+    res = _micro(engines=["fast:fp32"], gguf=str(model), greedy_check_tokens=0)
+    assert {r["engine"] for r in res["rows"]} == {"fast:fp32"}
+    reason = res["llama_cpp_skipped_reason"]
+    assert "died (signal 11)" in reason and "generating" in reason and "left out" in reason

@@ -28,6 +28,12 @@ def generate(
     gguf: Path | None = typer.Option(
         None, "--gguf", help="GGUF for llama.cpp (default: the built-in model's)."
     ),
+    llama_cpp_extra_bufts: bool = typer.Option(
+        False,
+        "--llama-cpp-extra-bufts/--no-llama-cpp-extra-bufts",
+        help="llama.cpp's extra CPU buffer types (AMX kernels, weight repacking); off: its AMX matmul "
+        "segfaulted on the machine this bench was written on (the worker reports such a crash).",
+    ),
     json_path: Path | None = typer.Option(None, "--json", help="Write the figures to this JSON file."),
     seed: int = typer.Option(0, "--seed"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-cell progress lines."),
@@ -60,6 +66,7 @@ def generate(
             threads=threads,
             llama_cpp=llama_cpp,
             gguf=None if gguf is None else str(gguf),
+            llama_cpp_extra_bufts=llama_cpp_extra_bufts,
             seed=seed,
             log=None if quiet else (lambda m: err.print(m, highlight=False)),
         )

@@ -1,7 +1,7 @@
 """`posttrain bench generate`: tokens/s of each rollout engine on a real model at several batch sizes,
-side by side with the machine's memory-bandwidth and FLOP limits (docs/bench-generate.md). The
-llama.cpp column is not in this release: the bench prints why (``LLAMA_CPP_NOT_IN_THIS_RELEASE``);
-the ``over_llama_cpp`` fields stay None until it is.
+side by side with llama.cpp on the same GGUF file (``llama-cpp-python``, an optional extra, run in a
+child process: :mod:`posttrain.benchmarks.perf.llama_cpp`) and with the machine's memory-bandwidth and
+FLOP limits (docs/bench-generate.md).
 
 Protocol: one chat prompt; at batch B the engine samples B completions of it (a GRPO group: the fast
 engine prefills the prompt once and copies its KV cache; the HF engine prefills B copies, as
@@ -26,15 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.benchmarks.perf.llama_cpp import LlamaCppWorker, LlamaCppWorkerDied, llama_cpp_version
+
 DEFAULT_PROMPT = "Write a short story about a robot who learns to paint."
 DEFAULT_ENGINES = ("hf:fp32", "hf:bf16", "fast:fp32", "fast:bf16")
-#: The llama.cpp column is not in this release: a batched C-API runner (several sequences in one
-#: ``llama_batch``) segfaulted in its first ``llama_decode`` with llama-cpp-python 0.3.36 on the SmolLM2
-#: GGUF and was taken out; the bench says so in its output instead of measuring (docs/bench-generate.md).
-LLAMA_CPP_NOT_IN_THIS_RELEASE = (
-    "the llama.cpp column is not in this release (a batched runner crashed in llama_decode with "
-    "llama-cpp-python 0.3.36 and was taken out; docs/bench-generate.md)"
-)
+LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_INSTALL = (
     "pip install 'posttrain[llamacpp]'  (llama-cpp-python, compiled from source: needs a C++ compiler "
     "and cmake, several minutes; e.g. CMAKE_BUILD_PARALLEL_LEVEL=2 nice pip install llama-cpp-python)"
@@ -104,15 +100,6 @@ def decode_flops_per_token(shape: Any, context: float) -> float:
     )
 
 
-# --------------------------------------------------------------------------------------------- llama.cpp
-def llama_cpp_version() -> str | None:
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    return str(getattr(llama_cpp, "__version__", "unknown"))
-
-
 def _prompt_ids(tokenizer: Any, text: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
@@ -132,6 +119,7 @@ def run_generate_bench(
     threads: int | None = None,
     llama_cpp: bool = True,
     gguf: str | None = None,
+    llama_cpp_extra_bufts: bool = False,
     prompt: str = DEFAULT_PROMPT,
     seed: int = 0,
     greedy_check_tokens: int = 16,
@@ -176,8 +164,6 @@ def run_generate_bench(
                 llama_skip = f"no GGUF file for {model!r} ({e}); pass --gguf"
         if gguf is not None and llama_cpp_version() is None:
             llama_skip = f"llama-cpp-python is not installed: {LLAMA_CPP_INSTALL}"
-        if llama_skip is None:
-            llama_skip = LLAMA_CPP_NOT_IN_THIS_RELEASE
     else:
         llama_skip = "disabled (--no-llama-cpp)"
 
@@ -200,11 +186,30 @@ def run_generate_bench(
         else:
             engines_built[s.label] = FastEngine(lm, tok, seed=seed, precision=s.precision)
     labels = [s.label for s in specs]
+    worker = None
+    if llama_skip is None:
+        try:  # a child process: a crash inside llama.cpp ends the worker, not the bench
+            worker = LlamaCppWorker(
+                gguf,
+                threads=threads,
+                max_batch=max(batches),
+                max_len=len(prompt_ids) + new_tokens,
+                seed=seed,
+                extra_bufts=llama_cpp_extra_bufts,
+            )
+            labels.append(LLAMA_CPP)
+        except LlamaCppWorkerDied as e:
+            llama_skip = str(e)
     cells = [(lab, b) for b in batches for lab in labels]
     times: dict[str, list[float]] = {f"{lab}@{b}": [] for lab, b in cells}
     counts: dict[str, set[int]] = {k: set() for k in times}
 
     def run_cell(lab: str, b: int) -> float:
+        if lab == LLAMA_CPP:
+            assert worker is not None
+            dt, lengths = worker.generate(prompt_ids, b, new_tokens)
+            counts[f"{lab}@{b}"] |= set(lengths)
+            return dt
         t0 = time.perf_counter()
         prec = lab.split(":")[1]
         with precision_autocast("cpu", prec):
@@ -218,7 +223,15 @@ def run_generate_bench(
         for r in range(warmup + repeats):
             k = r % len(cells)
             for lab, b in cells[k:] + cells[:k]:
-                dt = run_cell(lab, b)
+                if (lab, b) not in cells:  # llama.cpp cells dropped after a crash in this round
+                    continue
+                try:
+                    dt = run_cell(lab, b)
+                except LlamaCppWorkerDied as e:
+                    llama_skip = f"{e} (its cells are left out)"
+                    log(f"llama.cpp: {llama_skip}")
+                    cells = [c for c in cells if c[0] != LLAMA_CPP]
+                    continue
                 if r >= warmup:
                     times[f"{lab}@{b}"].append(dt)
                 log(f"round {r + 1}/{warmup + repeats} {lab} batch {b}: {b * new_tokens / dt:.1f} tok/s")
@@ -229,18 +242,23 @@ def run_generate_bench(
         }
     finally:
         torch.set_num_threads(threads_before)
+        if worker is not None:
+            worker.close()
     for key, ns in counts.items():
         if ns and ns != {new_tokens}:
             raise RuntimeError(f"{key}: completions of {sorted(ns)} tokens, expected exactly {new_tokens}")
 
     context = len(prompt_ids) + new_tokens / 2
+    gguf_bytes = os.path.getsize(gguf) if gguf is not None and LLAMA_CPP in labels else 0
     f_tok = decode_flops_per_token(shape, context)
     rows = []
     for lab, b in cells:
         ts = times[f"{lab}@{b}"]
         tps = [b * new_tokens / t for t in ts]
-        prec = lab.split(":")[1]
-        wbytes = n_params * (4 if prec == "fp32" else 2)
+        # llama.cpp reads the GGUF's (quantised) weights; its FLOP limit is taken at the bf16 matmul rate,
+        # the fastest rate measured (its integer dot-product rate is not measured)
+        prec = "bf16" if lab == LLAMA_CPP else lab.split(":")[1]
+        wbytes = gguf_bytes if lab == LLAMA_CPP else n_params * (4 if prec == "fp32" else 2)
         bw_lim = b * bw * 1e9 / wbytes
         flop_lim = rate[prec] * 1e9 / f_tok
         rows.append(
