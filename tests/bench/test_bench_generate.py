@@ -156,7 +156,7 @@ def test_llama_cpp_cells_beside_the_engines(fake_llama_cpp, tmp_path):
     assert set(rows) == {("fast:fp32", 1), ("fast:fp32", 3), ("llama.cpp", 1), ("llama.cpp", 3)}
     for b in (1, 3):
         ref, r = rows[("llama.cpp", b)], rows[("fast:fp32", b)]
-        assert ref["weight_bytes"] == 1000 and len(ref["tok_s_all"]) == 2
+        assert ref["weight_bytes"] == 1000 == res["gguf_bytes"] and len(ref["tok_s_all"]) == 2
         assert r["over_llama_cpp"] == pytest.approx(r["tok_s_median"] / ref["tok_s_median"])
         pairs = [a / c for a, c in zip(r["tok_s_all"], ref["tok_s_all"], strict=True)]
         assert r["paired_over_llama_cpp"] == pytest.approx(statistics.median(pairs))

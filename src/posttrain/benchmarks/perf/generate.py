@@ -299,6 +299,8 @@ def run_generate_bench(
         "decode_flops_per_token": f_tok,
         "parameters": n_params,
         "llama_cpp_skipped_reason": llama_skip,
+        "llama_cpp_extra_bufts": llama_cpp_extra_bufts,
+        "gguf_bytes": gguf_bytes or None,
         "greedy_same_as_hf": greedy_same,
         "greedy_check_tokens": greedy_check_tokens,
         "loadavg_start": list(load_start),
@@ -359,6 +361,13 @@ def print_generate_report(result: dict[str, Any], console: Any = None) -> None:
         console.print(
             f"greedy fp32, fast vs hf ({result['greedy_check_tokens']} tokens x 2 prompts): "
             + ("same completions" if result["greedy_same_as_hf"] else "DIFFERENT completions"),
+            markup=False,
+            highlight=False,
+        )
+    if result.get("gguf_bytes"):
+        console.print(
+            f"llama.cpp: {result['gguf']} ({result['gguf_bytes'] / 1e6:.0f} MB), extra CPU buffer types "
+            + ("on" if result.get("llama_cpp_extra_bufts") else "off (AMX, repacking)"),
             markup=False,
             highlight=False,
         )
