@@ -32,7 +32,7 @@ def _args(out, **kw):
     base = dict(
         out=out, steps=1, max_turns=2, lr=None, accept_prob=0.4, gate_n=1, gate_g=2, sft_steps=300,
         p_format=0.15, force=False, arms=["duca"], model="tiny", customer="rule", customer_model=None,
-        customer_tokens=8, max_new_tokens=16, customer_url=None,
+        customer_tokens=8, max_new_tokens=16,
     )  # fmt: skip
     return argparse.Namespace(**{**base, **kw})
 
@@ -79,3 +79,17 @@ def test_llm_customer_end_to_end_through_posttrain_serve(tmp_path, capsys):
     assert res["metrics"]["samples"] == 2
     with pytest.raises(OSError):  # stopped at the end
         urllib.request.urlopen(url.rstrip("/") + "/models", timeout=2)
+
+
+def test_llm_customer_overrides_need_the_served_url(tmp_path):
+    """The served customer's URL is passed to the overrides explicitly (not stored on the CLI args):
+    without one, ``--customer llm`` is refused; the rule customer needs none."""
+    a = _args(tmp_path, customer="llm")
+    with pytest.raises(ValueError, match="served customer's URL"):
+        ex.env_params(a, None)
+    over = " ".join(ex.env_params(a, "http://127.0.0.1:9/v1"))
+    assert "env=sales-llm" in over and 'base_url: "http://127.0.0.1:9/v1"' in over
+    assert ex.env_params(_args(tmp_path), None) == ex.env_params(_args(tmp_path), "ignored")
+    with ex.customer_server(_args(tmp_path)) as url:
+        assert url is None
+    assert not hasattr(a, "customer_url")

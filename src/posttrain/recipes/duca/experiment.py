@@ -91,17 +91,19 @@ def model_overrides(a: argparse.Namespace) -> list[str]:
     ]
 
 
-def env_params(a: argparse.Namespace, conversion_reward: float = 1.0) -> list[str]:
-    """The environment overrides: ``sales`` (rule customer) or ``sales-llm`` against ``a.customer_url``."""
+def env_params(a: argparse.Namespace, customer_url: str | None, conversion_reward: float = 1.0) -> list[str]:
+    """The environment overrides: ``sales`` (rule customer) or ``sales-llm`` against ``customer_url``."""
     common = (
         f"max_turns: {a.max_turns}, multi_offer: decline, accept_prob: {a.accept_prob}, "
         f"conversion_reward: {conversion_reward}"
     )
     if a.customer == "rule":
         return [f"rollout.runner.params.env_params={{{common}}}"]
+    if not customer_url:
+        raise ValueError("--customer llm needs the served customer's URL (run inside customer_server)")
     return [
         "rollout.runner.params.env=sales-llm",
-        f'rollout.runner.params.env_params={{{common}, base_url: "{a.customer_url}", '
+        f'rollout.runner.params.env_params={{{common}, base_url: "{customer_url}", '
         f'model: "{a.customer_model or a.model}", max_tokens: {a.customer_tokens}, timeout_s: 120, '
         "max_retries: 1}",
     ]
@@ -125,9 +127,8 @@ def made_with(a: argparse.Namespace) -> dict[str, Any]:
 @contextlib.contextmanager
 def customer_server(a: argparse.Namespace):
     """``posttrain serve`` of the customer model on 127.0.0.1 (a free port), in this process, for the whole
-    run (``--customer llm``); sets ``a.customer_url``. A no-op for the rule-based customer."""
+    run (``--customer llm``); yields its base URL. None for the rule-based customer (nothing served)."""
     if a.customer == "rule":
-        a.customer_url = None
         yield None
         return
     from posttrain.serve import ServeConfig
@@ -142,8 +143,7 @@ def customer_server(a: argparse.Namespace):
         seed=0,
     )
     with BackgroundServer(cfg) as srv:
-        a.customer_url = srv.base_url
-        yield srv
+        yield srv.base_url
 
 
 def sampled_metrics(trainer: Any, examples: list[Any], g: int, max_new: int) -> dict[str, Any]:
@@ -209,7 +209,7 @@ def summarise(out: Path, seeds: list[int]) -> str:
     return text
 
 
-def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
+def run_seed(a: argparse.Namespace, seed: int, say: Any, customer_url: str | None = None) -> None:
     from posttrain.envs.sales import SalesTask
     from posttrain.models import load_model_and_tokenizer
     from posttrain.recipes.duca.demo import sft_on_episodes, teacher_episodes
@@ -228,7 +228,7 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
         *model_overrides(a),
         *([f"optimizer.lr={a.lr}"] if a.lr is not None else []),
     ]
-    cfg0 = load_rl_config(str(CONFIG), [*base, *env_params(a), f"out_dir={d / 'gate'}"])
+    cfg0 = load_rl_config(str(CONFIG), [*base, *env_params(a, customer_url), f"out_dir={d / 'gate'}"])
     torch.set_num_threads(1)
     model, tok = load_model_and_tokenizer(cfg0.model.name, device="cpu", seed=seed)
     task = SalesTask(**cfg0.task.params)
@@ -292,14 +292,18 @@ def run_seed(a: argparse.Namespace, seed: int, say: Any) -> None:
             continue
         extra, scale = ARMS[arm]
         model.load_state_dict(state)
-        cfg = load_rl_config(str(CONFIG), [*base, *extra, *env_params(a, scale), f"out_dir={d / arm}"])
+        cfg = load_rl_config(
+            str(CONFIG), [*base, *extra, *env_params(a, customer_url, scale), f"out_dir={d / arm}"]
+        )
         t = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateSettingWarning)
             with RLTrainer(cfg, model, tok) as trainer:
                 trainer.train(progress=False, overwrite=True)
                 # evaluate with conversion worth 1 whatever the arm trained with (rates only)
-                ecfg = load_rl_config(str(CONFIG), [*base, *env_params(a), f"out_dir={d / 'gate'}"])
+                ecfg = load_rl_config(
+                    str(CONFIG), [*base, *env_params(a, customer_url), f"out_dir={d / 'gate'}"]
+                )
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     etr = RLTrainer(ecfg, trainer.model, tok)
@@ -369,11 +373,11 @@ def main(argv: list[str] | None = None) -> None:
 
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.summary_only:
-        with customer_server(a) as srv:
-            if srv is not None:
-                say(f"customer: {a.customer_model or a.model} served at {a.customer_url}")
+        with customer_server(a) as url:
+            if url is not None:
+                say(f"customer: {a.customer_model or a.model} served at {url}")
             for seed in a.seeds:
-                run_seed(a, seed, say)
+                run_seed(a, seed, say, customer_url=url)
                 summarise(a.out, a.seeds)
     print(summarise(a.out, a.seeds))
 
