@@ -82,6 +82,14 @@ def test_quick_ablation_runs_every_selected_arm_from_one_warm_start(tmp_path):
     for mode in ({"resume": True}, {"summary_only": True}):
         with pytest.raises(ValueError, match=r"sft_steps: 4 there, 5 now"):
             run_ablation(AblationSettings.quick(arms=["grpo"], sft_steps=5), tmp_path, **mode)
+    # each result carries its own settings: one copied in from a run with other settings is refused
+    # even where settings.json agrees (the message names the file and the key)
+    saved = json.loads((tmp_path / "results" / "dgpo-s0.json").read_text())
+    assert saved["settings"]["sft_steps"] == 4 and "arms" not in saved["settings"]
+    saved["settings"]["steps"] = 99
+    (tmp_path / "results" / "dgpo-s0.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"dgpo-s0.json: made with other settings \(steps: 99 there"):
+        run_ablation(AblationSettings.quick(arms=["grpo", "dgpo"], sft_steps=4), tmp_path, summary_only=True)
 
 
 def test_real_model_settings_are_checked():

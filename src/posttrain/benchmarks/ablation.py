@@ -326,6 +326,11 @@ def run_ablation(
 _NOT_IDENTITY = ("arms", "seeds", "jobs", "micro_batch_size")
 
 
+def settings_identity(s: AblationSettings) -> dict[str, Any]:
+    """The settings that make two runs comparable (every field but :data:`_NOT_IDENTITY`)."""
+    return {k: v for k, v in asdict(s).items() if k not in _NOT_IDENTITY}
+
+
 def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
     """Refuse to mix runs made with other settings into ``out`` (``settings.json``: every field but
     arms, seeds, jobs and micro_batch_size). A folder without the file (made before it existed) gets it
@@ -333,7 +338,7 @@ def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
     from posttrain.utils.config import settings_diff
     from posttrain.utils.io import atomic_write_json
 
-    mine = {k: v for k, v in asdict(s).items() if k not in _NOT_IDENTITY}
+    mine = settings_identity(s)
     path = out / "settings.json"
     if not path.exists():
         if write:
@@ -348,12 +353,20 @@ def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
 
 
 def _finished_results(s: AblationSettings, runs: Path, say: Callable[[str], None]) -> dict[str, list]:
+    from posttrain.utils.config import settings_diff
+
     results: dict[str, list[dict[str, Any]]] = {}
     for arm in s.arms:
         for seed in s.seeds:
             p = _result_path(runs, arm, seed)
             if p.exists():
-                results.setdefault(arm, []).append(json.loads(p.read_text()))
+                res = json.loads(p.read_text())
+                # results written since 2026-12-02 carry their settings; older ones rely on settings.json
+                diff = settings_diff(res["settings"], settings_identity(s)) if "settings" in res else {}
+                if diff:
+                    shown = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+                    raise ValueError(f"{p}: made with other settings ({shown})")
+                results.setdefault(arm, []).append(res)
             else:
                 say(f"seed {seed} {arm}: no finished result ({p} missing), left out of the summary")
     if not results:
@@ -610,6 +623,8 @@ def run_seed(
             correct_start=pre["correct"],
             correct_end=end["correct"],
             heldout_acc_end_verdicts=end["accuracy"],
+            settings=settings_identity(s),
+            micro_batch_size=s.micro_batch_size,
         )
         res["gate"] = arm_gate(arm, res)
         atomic_write_json(_result_path(runs, arm, seed), res)
