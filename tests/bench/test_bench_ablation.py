@@ -77,6 +77,18 @@ def test_quick_ablation_runs_every_selected_arm_from_one_warm_start(tmp_path):
     assert any("seed 1 grpo: no finished result" in m for m in said)
     assert not any("GATE" in m for m in said) and not (tmp_path / "runs" / "nexgrpo-s0").exists()
     assert res3["paired"]["maspo"]["n_pairs"] == 8
+    # a stored gate is not trusted: the summary re-judges it from the run's logged steps (a result written
+    # before a gate rule was fixed, e.g. MASPO's read of clipfrac, shows today's verdict)
+    path = tmp_path / "results" / "maspo-s0.json"
+    saved = json.loads(path.read_text())
+    good_mech, good_gate = saved["mech"], saved["gate"]
+    assert "gated_frac" in good_mech
+    saved.update(mech={"clipfrac": 0.0}, gate={"verdict": "STALE", "detail": "old rule"})
+    path.write_text(json.dumps(saved))
+    res4 = run_ablation(
+        AblationSettings.quick(arms=["grpo", "maspo"], sft_steps=4), tmp_path, summary_only=True
+    )
+    assert res4["runs"]["maspo"][0]["mech"] == good_mech and res4["gates"]["maspo"] == [good_gate]
     # resuming or summarising with other settings is refused, naming what differs
     assert json.loads((tmp_path / "settings.json").read_text())["sft_steps"] == 4
     for mode in ({"resume": True}, {"summary_only": True}):

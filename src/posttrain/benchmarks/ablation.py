@@ -354,6 +354,7 @@ def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
 
 def _finished_results(s: AblationSettings, runs: Path, say: Callable[[str], None]) -> dict[str, list]:
     from posttrain.utils.config import settings_diff
+    from posttrain.utils.io import read_jsonl
 
     results: dict[str, list[dict[str, Any]]] = {}
     for arm in s.arms:
@@ -366,6 +367,14 @@ def _finished_results(s: AblationSettings, runs: Path, say: Callable[[str], None
                 if diff:
                     shown = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
                     raise ValueError(f"{p}: made with other settings ({shown})")
+                # the gate is re-judged with today's rules from the run's logged steps where they are
+                # kept (a result written before a gate rule was fixed keeps no stale verdict)
+                rows_path = runs / f"{arm}-s{seed}" / "metrics.jsonl"
+                if rows_path.exists():
+                    res["mech"] = mechanism_means(
+                        [r for r in read_jsonl(rows_path) if r.get("kind") == "step"]
+                    )
+                res["gate"] = arm_gate(arm, res)
                 results.setdefault(arm, []).append(res)
             else:
                 say(f"seed {seed} {arm}: no finished result ({p} missing), left out of the summary")
@@ -725,6 +734,22 @@ def paired_differences(results: dict[str, list[dict[str, Any]]], ref: str = "grp
 
 
 # ----------------------------------------------------------------------------------------- summary
+def mechanism_means(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean over a run's step rows of every metric a gate reads (clip, boundary, gate, sigma, replay
+    keys, the shaping, sampling and zero-variance shares); keys a run never logged are left out."""
+    mech_keys = sorted(
+        {
+            k
+            for r in steps
+            for k in r
+            if "clip" in k or "boundary" in k or "gate" in k or "sigma" in k or k.startswith("replay/")
+        }
+        | {"shaped_groups_frac", "continue_thinking_frac", "zero_var_frac", "sampling_rounds", "ratio_mean"}
+    )
+    mech = {k: _mean_key(steps, k) for k in mech_keys}
+    return {k: v for k, v in mech.items() if v is not None}
+
+
 def summarise_run(
     rows: list[dict[str, Any]], *, warmup_frac: float = 0.25, evals: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -744,18 +769,8 @@ def summarise_run(
     rollouts = [step_rollouts(r) for r in steps]
     hard = [r["sampler/n_hard"] for r in steps if "sampler/n_hard" in r]
     easy = [r["sampler/n_easy"] for r in steps if "sampler/n_easy" in r]
-    mech_keys = sorted(
-        {
-            k
-            for r in steps
-            for k in r
-            if "clip" in k or "boundary" in k or "gate" in k or "sigma" in k or k.startswith("replay/")
-        }
-        | {"shaped_groups_frac", "continue_thinking_frac", "zero_var_frac", "sampling_rounds", "ratio_mean"}
-    )
-    mech = {k: _mean_key(steps, k) for k in mech_keys}
     return {
-        "mech": {k: v for k, v in mech.items() if v is not None},
+        "mech": mechanism_means(steps),
         "heldout_acc_start": float(evals[0]["accuracy"]),
         "heldout_acc_end": float(evals[-1]["accuracy"]),
         "heldout_len_start": float(evals[0]["length_mean"]),
