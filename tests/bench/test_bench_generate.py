@@ -56,6 +56,17 @@ def test_generate_bench_rejects_unknown_engine():
         gb.EngineSpec.parse("fast:fp8")
 
 
+def test_llama_cpp_version_does_not_import_it(monkeypatch):
+    """Asking whether llama-cpp-python is installed must not load llama.cpp into the bench's process."""
+    import sys
+
+    from posttrain.benchmarks.perf.llama_cpp import llama_cpp_version
+
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    llama_cpp_version()
+    assert "llama_cpp" not in sys.modules
+
+
 def test_skip_reason_names_the_install_when_llama_cpp_is_absent(monkeypatch, tmp_path):
     monkeypatch.setattr(gb, "llama_cpp_version", lambda: None)
     fake = tmp_path / "m.gguf"
@@ -116,6 +127,8 @@ def fake_llama_cpp(monkeypatch):
     monkeypatch.syspath_prepend(FAKE)
     monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
     monkeypatch.setattr(gb, "llama_cpp_version", lambda: "0.0-fake")
+    yield
+    sys.modules.pop("llama_cpp", None)  # the stand-in must not stay imported (test_models_builtin checks)
 
 
 def test_llama_cpp_runner_protocol(fake_llama_cpp, tmp_path):

@@ -27,11 +27,16 @@ class LlamaCppWorkerDied(RuntimeError):
 
 
 def llama_cpp_version() -> str | None:
-    try:
-        import llama_cpp
-    except ImportError:
+    """llama-cpp-python's version, or None when it is not installed. Does not import it (importing loads
+    llama.cpp's shared libraries; only the worker process does that)."""
+    from importlib import metadata, util
+
+    if util.find_spec("llama_cpp") is None:
         return None
-    return str(getattr(llama_cpp, "__version__", "unknown"))
+    try:
+        return metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class LlamaCppRunner:
