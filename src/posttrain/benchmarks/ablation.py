@@ -331,29 +331,34 @@ def settings_identity(s: AblationSettings) -> dict[str, Any]:
     return {k: v for k, v in asdict(s).items() if k not in _NOT_IDENTITY}
 
 
+def _settings_mismatch(saved: dict[str, Any], s: AblationSettings) -> str:
+    """The keys whose saved value differs from ``s``'s identity, as "key: saved there, current now"
+    ("" when they agree)."""
+    from posttrain.utils.config import settings_diff
+
+    diff = settings_diff(saved, settings_identity(s))
+    return ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+
+
 def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
     """Refuse to mix runs made with other settings into ``out`` (``settings.json``: every field but
     arms, seeds, jobs and micro_batch_size). A folder without the file (made before it existed) gets it
     when ``write``."""
-    from posttrain.utils.config import settings_diff
     from posttrain.utils.io import atomic_write_json
 
-    mine = settings_identity(s)
     path = out / "settings.json"
     if not path.exists():
         if write:
-            atomic_write_json(path, mine)
+            atomic_write_json(path, settings_identity(s))
         return
-    diff = settings_diff(json.loads(path.read_text()), mine)
-    if diff:
-        shown = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+    shown = _settings_mismatch(json.loads(path.read_text()), s)
+    if shown:
         raise ValueError(
             f"{path}: the runs in {out} were made with other settings ({shown}); use another --out"
         )
 
 
 def _finished_results(s: AblationSettings, runs: Path, say: Callable[[str], None]) -> dict[str, list]:
-    from posttrain.utils.config import settings_diff
     from posttrain.utils.io import read_jsonl
 
     results: dict[str, list[dict[str, Any]]] = {}
@@ -363,9 +368,8 @@ def _finished_results(s: AblationSettings, runs: Path, say: Callable[[str], None
             if p.exists():
                 res = json.loads(p.read_text())
                 # results written since 2026-12-02 carry their settings; older ones rely on settings.json
-                diff = settings_diff(res["settings"], settings_identity(s)) if "settings" in res else {}
-                if diff:
-                    shown = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+                shown = _settings_mismatch(res["settings"], s) if "settings" in res else ""
+                if shown:
                     raise ValueError(f"{p}: made with other settings ({shown})")
                 # the gate is re-judged with today's rules from the run's logged steps where they are
                 # kept (a result written before a gate rule was fixed keeps no stale verdict)
