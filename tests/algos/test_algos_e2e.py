@@ -15,7 +15,6 @@ from posttrain.algos import (
     agg_loss,
     get_advantage,
     get_policy_loss,
-    hian_advantages,
     kl_penalty,
     list_policy_losses,
     policy_loss_default_agg,
@@ -135,29 +134,3 @@ def test_gradient_accumulation_equals_full_batch(name):
         for a, b in zip(full, (p.grad for p in policy.parameters()), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
         assert any(a.abs().sum() > 0 for a in full)
-
-
-def test_hian_token_advantages_drive_a_multi_turn_update():
-    """DuCA/HIAN (proposed design): a session = 2 "turns" of the response; turn reward = rewarded token
-    in that turn, session reward = both turns good. Per-token (B, T) advantages go into the loss."""
-    gen = torch.Generator().manual_seed(5)
-    policy = TinyPolicy(seed=6)
-    opt = torch.optim.Adam(policy.parameters(), lr=0.05)
-    spans = [[(0, 2), (2, T)]] * (PROMPTS * G)
-    rewards = []
-    for _ in range(25):
-        prompt = torch.arange(PROMPTS).repeat_interleave(G)
-        tokens = policy.sample(prompt, gen)
-        good = (tokens == GOOD).float()
-        turn_r = [torch.stack([good[i, :2].mean(), good[i, 2:].mean()]) for i in range(len(prompt))]
-        sess_r = torch.stack([(tr > 0).all().float() for tr in turn_r])
-        adv = hian_advantages(sess_r, prompt, turn_r, spans, T)
-        mask = adv != 0
-        with torch.no_grad():
-            old = policy.logp(prompt, tokens)
-        loss, _ = get_policy_loss("ppo")(policy.logp(prompt, tokens), old, adv, torch.ones_like(mask))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        rewards.append(good.mean().item())
-    assert sum(rewards[:3]) / 3 < 0.3 < 0.5 < sum(rewards[-3:]) / 3

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from posttrain.algos import get_policy_loss, hian_advantages
+from posttrain.algos import get_policy_loss
 
 
 def test_import_without_verl_names_the_extra(monkeypatch):
@@ -125,35 +125,3 @@ def test_verl_names_are_kept_and_params_come_from_env(verl, monkeypatch):
     monkeypatch.setenv("POSTTRAIN_VERL_PARAMS", "{not json")
     with pytest.raises(ValueError, match="POSTTRAIN_VERL_PARAMS is not valid JSON"):
         integ.register()
-
-
-def test_duca_hian_estimator_reads_turns_from_response_mask(verl):
-    core, integ, _ = verl
-    integ.register({"duca_hian": {"w_turn": 0.5}})
-    fn = core.get_adv_estimator_fn("duca_hian")
-    # 4 sessions, 2 scenarios; turns are runs of 1 in the response mask, rewards on each turn's last token
-    mask = torch.tensor(
-        [
-            [1, 1, 0, 0, 1, 1, 1, 0],
-            [1, 1, 1, 0, 0, 1, 0, 0],
-            [1, 1, 1, 1, 1, 0, 0, 0],
-            [1, 0, 1, 0, 1, 0, 0, 0],
-        ],
-        dtype=torch.float32,
-    )
-    rew = torch.zeros(4, 8)
-    rew[0, 1], rew[0, 6] = 1.0, 0.5
-    rew[1, 2], rew[1, 5] = 0.0, 1.0
-    rew[2, 4] = 2.0
-    rew[3, 0], rew[3, 2], rew[3, 4] = 0.3, 0.1, 0.2
-    adv, ret = fn(token_level_rewards=rew, response_mask=mask, index=["a", "a", "b", "b"], config=None)
-    spans = [[(0, 2), (4, 7)], [(0, 3), (5, 6)], [(0, 5)], [(0, 1), (2, 3), (4, 5)]]
-    turns = [
-        torch.tensor([1.0, 0.5]),
-        torch.tensor([0.0, 1.0]),
-        torch.tensor([2.0]),
-        torch.tensor([0.3, 0.1, 0.2]),
-    ]
-    want = hian_advantages(rew.sum(1), torch.tensor([0, 0, 1, 1]), turns, spans, 8, w_turn=0.5)
-    torch.testing.assert_close(adv, want)
-    assert torch.equal(adv, ret) and bool((adv[mask == 0] == 0).all())

@@ -5,15 +5,15 @@ writes a plain HF directory whose logits equal the adapter model's."""
 from __future__ import annotations
 
 import json
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 pytest.importorskip("peft")
+
+from _train_helpers import FirstCharDigit  # a reward a random tiny model can learn
 
 from posttrain.cli import app
 from posttrain.models import load_model_and_tokenizer
@@ -23,9 +23,6 @@ from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 from posttrain.train.sft import SFTConfig, SFTTrainer
 from posttrain.utils.config import ConfigError, build_config
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-from _train_helpers import FirstCharDigit  # a reward a random tiny model can learn
 
 BASE = [
     "model.name=tiny",

@@ -10,12 +10,11 @@ import pytest
 
 pytest.importorskip("gguf")
 
+from tiny_gguf import write_tiny_llama_gguf
+
 from posttrain.models import gguf as pgguf
 from posttrain.models import load_model_and_tokenizer
 from posttrain.models.gguf import GGUFError, cache_root, convert_gguf
-
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny_gguf import write_tiny_llama_gguf
 
 
 @pytest.fixture

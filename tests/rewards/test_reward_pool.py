@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+# Worker processes unpickle reward objects by module path; pytest's importlib mode gives test
+# modules names that child processes cannot import, so the scripted rewards live in a plain module
+# on sys.path (the pool passes the parent's sys.path to its workers).
+from _reward_pool_helpers import BadSetupReward, ScriptedReward
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.rewards import RewardPool, get_reward
 from posttrain.tasks import Example
-
-# Worker processes unpickle reward objects by module path; pytest's importlib mode gives test
-# modules names that child processes cannot import, so the scripted rewards live in a plain module
-# on sys.path (the pool passes the parent's sys.path to its workers).
-sys.path.insert(0, str(Path(__file__).parent))
-from _reward_pool_helpers import BadSetupReward, ScriptedReward
 
 TIMEOUT = 0.5
 

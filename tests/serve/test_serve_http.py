@@ -206,8 +206,8 @@ def test_clients_beyond_the_limit_get_429_and_the_rest_are_served(cfg, model):
 
 # ------------------------------------------------------------------------------ SILO and load test
 def test_silo_openai_client_runs_a_case_against_the_server(srv):
-    from posttrain.benchmarks.silo.agents import OpenAIChatAgent
-    from posttrain.benchmarks.silo.engine import EngineConfig, run_case
+    from posttrain_lab.benchmarks.silo.agents import OpenAIChatAgent
+    from posttrain_lab.benchmarks.silo.engine import EngineConfig, run_case
 
     case = {
         "case_id": "I-01_serve",
@@ -226,8 +226,8 @@ def test_patarm_endpoint_judge_against_the_server(srv):
     """The PaTaRM judge reward source over real HTTP against `posttrain serve`: every judgment is
     answered (no failed calls, no timeouts); an untrained tiny model writes no score tag, so each is
     counted unparsable (asked once more) and scored at the bottom of the scale, never raising."""
-    from posttrain.recipes.patarm.judge import EndpointJudge, JudgeRewardSource
     from posttrain.tasks.base import Example
+    from posttrain_lab.recipes.patarm.judge import EndpointJudge, JudgeRewardSource
 
     judge = EndpointJudge(srv.base_url, "tiny", max_tokens=8, timeout_s=60, max_retries=0)
     src = JudgeRewardSource(judge, rubric_style="none")

@@ -12,12 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from posttrain.models import build_char_tokenizer
-from posttrain.recipes.patarm.data import PreferenceDataError, load_preferences
 from posttrain.rollout import PromptFormatter
 from posttrain.tasks import get_task
 from posttrain.tasks.base import ChatPrompt
 from posttrain.tasks.jsonl import DatasetError
 from posttrain.train.sft_data import SFTDataError, read_sft_file
+from posttrain_lab.recipes.patarm.data import PreferenceDataError, load_preferences
 
 datasets = pytest.importorskip("datasets")
 

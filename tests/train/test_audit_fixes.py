@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from posttrain.algos import get_advantage, policy_loss_defaults
-from posttrain.recipes.asrr.hooks import NO_THINKING_PREFIX
 from posttrain.rollout import PromptFormatter
 from posttrain.rollout.episodes import continue_thinking_ratio
 from posttrain.train.config import SingleUpdateWarning, load_rl_config
 from posttrain.utils.config import load_yaml
+from posttrain_lab.recipes.asrr.hooks import NO_THINKING_PREFIX
 
 TINY = ["model.name=tiny", "model.device=cpu", "reward.num_workers=0"]
 

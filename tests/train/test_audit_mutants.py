@@ -4,23 +4,19 @@ faithful and shown firing). Each test names its mutant; each was applied by hand
 from __future__ import annotations
 
 import math
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
+from _train_helpers import RL_BASE as BASE
+from _train_helpers import Constant
 
 from posttrain.algos import get_advantage
 from posttrain.hooks import GroupRewardShaper, RunInfo
-from posttrain.recipes.e3.hooks import E3Temperature, e3_annealed_target, e3_temperature_step
 from posttrain.rollout import FunctionRewardSource
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _train_helpers import RL_BASE as BASE
-from _train_helpers import Constant
+from posttrain_lab.recipes.e3.hooks import E3Temperature, e3_annealed_target, e3_temperature_step
 
 
 def _trainer(tmp_path, *extra, reward=None, **kw):

@@ -65,10 +65,10 @@ def test_shipped_configs_validate():
 
     names = [p.name for p in files("posttrain.configs").iterdir() if p.name.endswith(".yaml")]
     assert {"demo.yaml", "grpo-arithmetic.yaml", "qwen3-gsm8k.yaml"} <= set(names)
-    from posttrain.studies.analysis.runner import ConsistencyConfig, ForgettingConfig, InterventionConfig
-    from posttrain.studies.cit.runner import CITConfig
-    from posttrain.studies.scpg.run import FinetuneConfig, PretrainConfig
     from posttrain.utils.config import build_config
+    from posttrain_lab.studies.analysis.runner import ConsistencyConfig, ForgettingConfig, InterventionConfig
+    from posttrain_lab.studies.cit.runner import CITConfig
+    from posttrain_lab.studies.scpg.run import FinetuneConfig, PretrainConfig
 
     # configs of the non-RL workflows, by file-name prefix; everything else is an RL config
     other = {

@@ -7,21 +7,17 @@ conversation; one RL step through ``RLTrainer(runner=...)`` trains on the policy
 from __future__ import annotations
 
 import copy
-import sys
 import warnings
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
+from _train_helpers import Constant
 
 from posttrain.algos import get_advantage
 from posttrain.rollout import EpisodeRunner, Episodes, FunctionRewardSource, RolloutBatch
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _train_helpers import Constant
 
 T1, T2 = 3, 2  # policy tokens per turn (EOS is suppressed, so turns have exactly these lengths)
 

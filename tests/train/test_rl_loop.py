@@ -5,12 +5,14 @@ replay importance weights, hooks, timeouts, warnings, resume."""
 from __future__ import annotations
 
 import copy
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
+
+# reward-pool workers unpickle rewards by module path: keep them in a plain module on sys.path
+from _train_helpers import RL_BASE as BASE
+from _train_helpers import Constant, FirstCharDigit, SleepyReward
 
 from posttrain.algos import agg_loss, get_advantage, get_policy_loss, list_policy_losses
 from posttrain.hooks import (
@@ -29,11 +31,6 @@ from posttrain.rollout import EpisodeRunner, FunctionRewardSource, RewardSource,
 from posttrain.rollout.reward_source import _Ready
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
-
-# reward-pool workers unpickle rewards by module path: keep them in a plain module on sys.path
-sys.path.insert(0, str(Path(__file__).parent))
-from _train_helpers import RL_BASE as BASE
-from _train_helpers import Constant, FirstCharDigit, SleepyReward
 
 
 def cfg(tmp_path, *extra):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
+from _train_helpers import CLI_TINY, FirstCharDigit
 from typer.testing import CliRunner
 
 from posttrain.cli import app
@@ -16,9 +16,6 @@ from posttrain.rollout import FunctionRewardSource
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 from posttrain.train.samples import markdown_table, select
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _train_helpers import CLI_TINY, FirstCharDigit
 
 
 def _rows(path):

@@ -4,12 +4,11 @@ engines without sampling log-probs refused with a clear error)."""
 
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
+from _train_helpers import FirstCharDigit
 
 from posttrain.algos import get_policy_loss
 from posttrain.algos.advantages import ADVANTAGES, register_advantage
@@ -19,9 +18,6 @@ from posttrain.rollout import EpisodeRunner, FunctionRewardSource
 from posttrain.train import rl as rl_module
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer, StepForwards, StepRollout, StepScores
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _train_helpers import FirstCharDigit
 
 BASE = [
     "model.name=tiny",

@@ -21,7 +21,8 @@ with token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum, seq-mean-to
 
 Advantages (`advantages.py`): ``get_advantage(name)(rewards, group_ids, **params) -> (B,)`` for grpo
 (arXiv 2402.03300), dr_grpo (arXiv 2503.20783), rloo (arXiv 2402.14740), reinforce_pp (arXiv
-2501.03262), and ``hian_advantages(...) -> (B, T)`` (DuCA/HIAN, arXiv 2603.01481; proposed design).
+2501.03262), reinforce_plus_plus; method estimators (DuCA/HIAN) register into the same registry from
+the lab by entry point.
 
 KL (`kl.py`): ``kl_penalty(logp, ref_logp, kind)`` for k1/kl, abs, k2/mse, k3/low_var_kl and the
 straight-through ``<kind>+`` (verl ``kl_penalty``).
@@ -38,9 +39,9 @@ from posttrain.algos.advantages import (
     ADVANTAGES,
     AdvantageEstimator,
     advantage_defaults,
+    constant_groups,
     get_advantage,
     group_stats,
-    hian_advantages,
     list_advantages,
     register_advantage,
 )
@@ -109,10 +110,10 @@ __all__ = [
     "advantage_defaults",
     "agg_loss",
     "check_advantage_params",
+    "constant_groups",
     "get_advantage",
     "get_policy_loss",
     "group_stats",
-    "hian_advantages",
     "kl_clamped",
     "kl_penalty",
     "list_advantages",

@@ -1,4 +1,6 @@
-"""Outcome-reward advantage estimators (group baselines) and the DuCA/HIAN dual-horizon advantage.
+"""Outcome-reward advantage estimators (group baselines).
+
+Method estimators (DuCA/HIAN in the lab's DuCA recipe) register into the same registry by entry point.
 
 Registered estimators share one call: ``get_advantage(name)(rewards, group_ids, **params) -> (B,)``.
 ``rewards`` (B,) are outcome scores, ``group_ids`` (B,) integer ids of the prompt each completion
@@ -15,8 +17,6 @@ name             A_i (g = group of i, n = |g|, μ_g = mean, s_g = unbiased std o
 ``reinforce_pp`` x_i = R_i − μ_g (n = 1: x = R), then whitened over the batch's tokens:        verl
                  (x_i − mean_tok(x)) / sqrt(var_tok(x) + ε)  (verl masked_whiten)              REINFORCE++
 ``reinforce_plus_plus``  R_i whitened over the batch's tokens (no baseline; γ = 1)             verl
-``duca``         per token: w_turn·A^turn_{i,k(t)} + w_sess·A^sess_i, each horizon z-scored     2603.01481
-                 on its own (HIAN, proposed design; multi-turn runner inputs; returns (B, T))  (proposed)
 ===============  ===========================================================================  ===========
 
 We keep verl's singleton rule (a one-member group has baseline 0, so its
@@ -47,12 +47,14 @@ class AdvantageEstimator:
         validate: Callable[[str, dict], None],
         *,
         group_baseline: bool = False,
+        zero_variance: Callable[..., Tensor] | None = None,
     ):
         self.name = name
         #: True when the estimator's baseline is the prompt's own group: with groups of one
         #: completion it degenerates (no baseline), so ``rollout.group_size=1`` is refused at config time
         self.group_baseline = group_baseline
         self.fn = fn
+        self._zero_variance = zero_variance
         self.defaults = keyword_defaults(fn)
         self._validate = validate
         self.__doc__ = fn.__doc__
@@ -65,9 +67,19 @@ class AdvantageEstimator:
         check_param_names(KIND, self.name, params, self.defaults)
         p = {**self.defaults, **params}
         self._validate(self.name, p)
-        r, inv, n_groups = _check_rewards_groups(f"{KIND} {self.name!r}", rewards, group_ids)
+        r, inv, n_groups = check_rewards_groups(f"{KIND} {self.name!r}", rewards, group_ids)
         with torch.no_grad():
             return self.fn(r, inv, n_groups, **p)
+
+    def zero_variance_groups(self, rewards: Tensor, group_ids: Tensor, **inputs: Any) -> Tensor:
+        """(G,) bool per group (sorted ``group_ids``): True where nothing this estimator normalises varies
+        in the group (or the group has one member), so its advantages carry no signal. The trainer logs
+        the mean as ``zero_var_frac``. Default: the outcome rewards are constant in the group; an
+        estimator with more inputs (DuCA's per-turn rewards) registers its own rule
+        (``register_advantage(..., zero_variance=fn)``, ``fn(rewards, group_ids, **inputs)``)."""
+        if self._zero_variance is not None:
+            return self._zero_variance(rewards, group_ids, **inputs)
+        return constant_groups(rewards, group_ids)
 
 
 ADVANTAGES: Registry[AdvantageEstimator] = Registry(KIND, group="posttrain.advantages")
@@ -84,14 +96,20 @@ def _validate_eps(name: str, p: dict) -> None:
 
 
 def register_advantage(
-    name: str, *, aliases: tuple[str, ...] = (), validate=_no_params, group_baseline: bool = False
+    name: str,
+    *,
+    aliases: tuple[str, ...] = (),
+    validate=_no_params,
+    group_baseline: bool = False,
+    zero_variance: Callable[..., Tensor] | None = None,
 ):
     """Decorator: register `fn(rewards, inverse_group_index, n_groups, **params) -> (B,)`;
-    ``group_baseline``: the baseline is the group's rewards (needs groups of >= 2)."""
+    ``group_baseline``: the baseline is the group's rewards (needs groups of >= 2); ``zero_variance``:
+    the estimator's own rule for groups without signal (:meth:`AdvantageEstimator.zero_variance_groups`)."""
 
     def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         ADVANTAGES.register(name, aliases=aliases)(
-            AdvantageEstimator(name, fn, validate, group_baseline=group_baseline)
+            AdvantageEstimator(name, fn, validate, group_baseline=group_baseline, zero_variance=zero_variance)
         )
         return fn
 
@@ -116,7 +134,7 @@ def advantage_defaults(name: str) -> dict[str, Any]:
 # group statistics
 
 
-def _check_rewards_groups(where: str, rewards: Any, group_ids: Any) -> tuple[Tensor, Tensor, int]:
+def check_rewards_groups(where: str, rewards: Any, group_ids: Any) -> tuple[Tensor, Tensor, int]:
     if not isinstance(rewards, Tensor):
         raise TypeError(
             f"{where}: rewards must be a torch.Tensor of shape (B,), got {type(rewards).__name__}"
@@ -137,11 +155,11 @@ def _check_rewards_groups(where: str, rewards: Any, group_ids: Any) -> tuple[Ten
         )
     if g.dtype.is_floating_point or g.dtype.is_complex or g.dtype == torch.bool:
         raise TypeError(f"{where}: group_ids must be an integer tensor, got {g.dtype}")
-    inv, n = _group_index(g.to(r.device))
+    inv, n = group_index(g.to(r.device))
     return r, inv, n
 
 
-def _group_index(keys: Tensor) -> tuple[Tensor, int]:
+def group_index(keys: Tensor) -> tuple[Tensor, int]:
     """Dense group index 0..G−1 for each row of `keys` ((N,) ids or (N, k) composite keys)."""
     if keys.numel() == 0:
         return torch.zeros(0, dtype=torch.long, device=keys.device), 0
@@ -168,6 +186,17 @@ def group_stats(values: Tensor, inv: Tensor, n_groups: int) -> tuple[Tensor, Ten
 
 # ----------------------------------------------------------------------------------------------------
 # estimators
+
+
+def constant_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """(G,) bool per group (sorted ``group_ids``): True where the rewards do not vary within the group
+    (absolute spread < 1e-12) or the group has a single member."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1 if inv.numel() else 0
+    r = rewards.double()
+    cnt, mean, _ = group_stats(r, inv, n_groups)
+    spread = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, (r - mean[inv]).abs())
+    return (spread < 1e-12) | (cnt < 2)
 
 
 @register_advantage("grpo", validate=_validate_eps, group_baseline=True)
@@ -265,330 +294,3 @@ def reinforce_plus_plus(
     if r.shape[0] == 0:
         return r
     return _token_whiten(r, token_counts, eps)
-
-
-# ----------------------------------------------------------------------------------------------------
-# DuCA / HIAN (proposed design)
-
-
-def _check_spans(session: int, spans: Any, k: int, seq_len: int) -> list[tuple[int, int]]:
-    if isinstance(spans, Tensor):
-        spans = spans.tolist()
-    try:
-        pairs = [(s, e) for s, e in spans]
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"hian_advantages: turn_spans[{session}] must be a list of (start, end) pairs"
-        ) from None
-    if len(pairs) != k:
-        raise ValueError(
-            f"hian_advantages: session {session} has {k} turn rewards but {len(pairs)} turn spans"
-        )
-    for j, (s, e) in enumerate(pairs):
-        if not (isinstance(s, int) and isinstance(e, int)) or isinstance(s, bool) or isinstance(e, bool):
-            raise ValueError(f"hian_advantages: turn_spans[{session}][{j}] = {(s, e)!r}: expected two ints")
-        if not 0 <= s <= e <= seq_len:
-            raise ValueError(
-                f"hian_advantages: turn_spans[{session}][{j}] = ({s}, {e}): expected 0 <= start <= end "
-                f"<= seq_len ({seq_len}); end is exclusive"
-            )
-    return pairs
-
-
-def hian_advantages(
-    session_rewards: Tensor,
-    group_ids: Tensor | Sequence[int],
-    turn_rewards: Sequence[Tensor],
-    turn_spans: Sequence[Any],
-    seq_len: int,
-    *,
-    w_turn: float = 1.0,
-    w_sess: float = 1.0,
-    turn_grouping: str = "pool",
-    turn_norm: str = "fused",
-    eps: float = 1e-6,
-) -> Tensor:
-    """DuCA/HIAN dual-horizon per-token advantages — PROPOSED DESIGN (DuCA, arXiv 2603.01481).
-
-    DuCA (arXiv 2603.01481) states only that HIAN normalises turn-level and session-level advantages
-    separately before fusing them; the formula below is our proposed design, not the authors' (unpublished).
-    For group g (one scenario, G sessions), session i with turns k = 1..K_i:
-
-        A^sess_i     = (R_i − mean_g R) / (std_g R + ε)             (``grpo`` estimator, unbiased std)
-        A^turn_{i,k} = (r_{i,k} − μ_turn) / (σ_turn + ε)             unbiased std
-            turn_grouping="pool":       μ, σ over all turns of all sessions of group g   (default)
-            turn_grouping="turn_index": μ, σ over the turns with the same index k in group g
-            a turn with no peer in its pool gets A^turn = 0
-        A_{i,t} = w_turn · A^turn_{i,k(t)} + w_sess · A^sess_i     for t in turn k's span; 0 elsewhere
-
-    Vector turn rewards ((K_i, C) tensors, several criteria) are z-scored per criterion, then summed:
-
-        S_{i,k} = Σ_c z_c(r_{i,k,c})
-        turn_norm="fused" (default): A^turn_{i,k} = (S_{i,k} − μ_S) / (σ_S + ε) over the same pool, so
-            the turn term has unit variance like the session term however many criteria vary;
-        turn_norm="per_criterion" (before 0.3): A^turn_{i,k} = S_{i,k}; its variance grows with the
-            number of criteria that vary in the pool (up to C), so the turn horizon dominates;
-        turn_norm="mean": A^turn_{i,k} = S_{i,k} / C (the criteria's mean z-score; variance ≤ 1, shrinking
-            when few criteria vary).
-
-    Both are proposed designs; the paper states only "normalised separately before fusion".
-
-    Args:
-        session_rewards: (B,) session-level (sparse) rewards.
-        group_ids: (B,) integer scenario ids (any order, any group sizes).
-        turn_rewards: B tensors, session i's per-turn rewards, shape (K_i,) or (K_i, C).
-        turn_spans: B lists of K_i ``(start, end)`` token spans (end exclusive) of the policy's tokens of
-            each turn in the (B, seq_len) response tensor; spans of a session must not overlap.
-        seq_len: T, the width of the returned tensor.
-
-    Returns (B, T) advantages (no gradient); tokens outside every span are exactly 0.
-    """
-    where = "hian_advantages"
-    if turn_grouping not in ("pool", "turn_index"):
-        raise ValueError(f"{where}: turn_grouping must be 'pool' or 'turn_index', got {turn_grouping!r}")
-    if turn_norm not in TURN_NORMS:
-        raise ValueError(f"{where}: turn_norm must be one of {TURN_NORMS}, got {turn_norm!r}")
-    for key, val in (("w_turn", w_turn), ("w_sess", w_sess), ("eps", eps)):
-        if not is_number(val):
-            raise ValueError(f"{where}: {key} must be a number, got {val!r}")
-    if eps < 0:
-        raise ValueError(f"{where}: eps must be >= 0, got {eps!r}")
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
-        raise ValueError(f"{where}: seq_len must be an int >= 0, got {seq_len!r}")
-    r_sess, inv, n_groups = _check_rewards_groups(where, session_rewards, group_ids)
-    b = r_sess.shape[0]
-    if len(turn_rewards) != b or len(turn_spans) != b:
-        raise ValueError(
-            f"{where}: expected {b} entries (one per session) in turn_rewards and turn_spans, "
-            f"got {len(turn_rewards)} and {len(turn_spans)}"
-        )
-    dtype, device = r_sess.dtype, r_sess.device
-
-    vals, sess_of_turn, k_of_turn, starts, ends = [], [], [], [], []
-    n_crit: int | None = None
-    first = 0
-    for i, tr in enumerate(turn_rewards):
-        if not isinstance(tr, Tensor):
-            raise TypeError(f"{where}: turn_rewards[{i}] must be a tensor, got {type(tr).__name__}")
-        tr2 = tr.detach().to(dtype=dtype, device=device)
-        if tr2.dim() == 1:
-            tr2 = tr2.unsqueeze(-1)
-        if tr2.dim() != 2:
-            raise ValueError(
-                f"{where}: turn_rewards[{i}] must have shape (K,) or (K, C), got {tuple(tr.shape)}"
-            )
-        if tr2.shape[0] > 0:  # an empty session has no criteria to compare
-            if n_crit is None:
-                n_crit, first = tr2.shape[1], i
-            elif tr2.shape[1] != n_crit:
-                raise ValueError(
-                    f"{where}: turn_rewards[{i}] has {tr2.shape[1]} criteria, "
-                    f"turn_rewards[{first}] has {n_crit}"
-                )
-        if not torch.isfinite(tr2).all():
-            raise ValueError(f"{where}: turn_rewards[{i}] contains a non-finite value")
-        pairs = _check_spans(i, turn_spans[i], tr2.shape[0], seq_len)
-        if pairs:
-            vals.append(tr2)
-        sess_of_turn += [i] * len(pairs)
-        k_of_turn += list(range(len(pairs)))
-        starts += [s for s, _ in pairs]
-        ends += [e for _, e in pairs]
-
-    with torch.no_grad():
-        a_sess = grpo(r_sess, inv, n_groups, eps=eps)
-        out = torch.zeros(b, seq_len, dtype=dtype, device=device)
-        n_turns = len(sess_of_turn)
-        if n_turns == 0 or seq_len == 0:
-            return out
-        v = torch.cat(vals, dim=0)  # (N, C)
-        sess = torch.tensor(sess_of_turn, dtype=torch.long, device=device)
-        gid = inv[sess]
-        if turn_grouping == "pool":
-            keys = gid
-        else:
-            keys = torch.stack([gid, torch.tensor(k_of_turn, dtype=torch.long, device=device)], dim=1)
-        tinv, tgroups = _group_index(keys)
-        count, mean, std = group_stats(v, tinv, tgroups)
-        z = (v - mean[tinv]) / (std[tinv] + eps)
-        a_turn = torch.where(count[tinv].unsqueeze(-1) < 2, torch.zeros_like(z), z).sum(dim=-1)  # (N,)
-        if turn_norm == "fused":  # re-normalise the summed criteria in the same pools
-            _, s_mean, s_std = group_stats(a_turn, tinv, tgroups)
-            fused_z = (a_turn - s_mean[tinv]) / (s_std[tinv] + eps)
-            a_turn = torch.where(count[tinv] < 2, torch.zeros_like(a_turn), fused_z)
-        elif turn_norm == "mean":
-            a_turn = a_turn / v.shape[1]
-
-        # token -> turn map via a difference array on integer ids (exact; no float cumsum residue)
-        st = torch.tensor(starts, dtype=torch.long, device=device)
-        en = torch.tensor(ends, dtype=torch.long, device=device)
-        ids = torch.arange(1, n_turns + 1, dtype=torch.long, device=device)
-        marks = torch.zeros(b, seq_len + 1, dtype=torch.long, device=device)
-        ones = torch.zeros(b, seq_len + 1, dtype=torch.long, device=device)
-        nonempty = st < en
-        for buf, val in ((marks, ids), (ones, torch.ones_like(ids))):
-            buf.index_put_((sess[nonempty], st[nonempty]), val[nonempty], accumulate=True)
-            buf.index_put_((sess[nonempty], en[nonempty]), -val[nonempty], accumulate=True)
-        cover = ones.cumsum(dim=1)[:, :seq_len]
-        overlapping = (cover > 1).any(dim=1).nonzero()
-        if overlapping.numel():
-            i = int(overlapping[0, 0])
-            raise ValueError(f"{where}: turn_spans[{i}] has overlapping spans")
-        tok_turn = marks.cumsum(dim=1)[:, :seq_len]  # 0 = outside any turn, else turn id + 1
-        inside = tok_turn > 0
-        idx = (tok_turn - 1).clamp(min=0)
-        fused = w_turn * a_turn[idx] + w_sess * a_sess.unsqueeze(-1)
-        out = torch.where(inside, fused, out)
-    return out
-
-
-TURN_NORMS = ("fused", "per_criterion", "mean")
-
-
-def hian_zero_variance_groups(
-    session_rewards: Tensor, group_ids: Tensor, turn_rewards: Tensor, num_turns: Tensor
-) -> Tensor:
-    """(G,) bool per group (sorted ``group_ids``): True when NOTHING the HIAN estimator normalises varies in
-    the group — neither the session reward nor any turn criterion across the group's pooled turns (or the
-    group has one session). ``turn_rewards`` (B, K, C) or (B, K), ``num_turns`` (B,)."""
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inv.max()) + 1 if inv.numel() else 0
-    r = session_rewards.double()
-    cnt, mean, _ = group_stats(r, inv, n_groups)
-    spread = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, (r - mean[inv]).abs())
-    varies = spread > 1e-12
-    tr = turn_rewards.double()
-    if tr.dim() == 2:
-        tr = tr.unsqueeze(-1)
-    k_max = tr.shape[1]
-    valid = torch.arange(k_max).unsqueeze(0) < num_turns.cpu().unsqueeze(1)  # (B, K)
-    rows, ks = valid.nonzero(as_tuple=True)
-    if rows.numel():
-        v = tr[rows, ks]  # (N, C)
-        g = inv[rows]
-        lo = torch.full((n_groups, v.shape[1]), float("inf"), dtype=torch.float64)
-        hi = torch.full((n_groups, v.shape[1]), float("-inf"), dtype=torch.float64)
-        lo = lo.scatter_reduce(0, g.unsqueeze(1).expand_as(v), v, reduce="amin")
-        hi = hi.scatter_reduce(0, g.unsqueeze(1).expand_as(v), v, reduce="amax")
-        varies = varies | ((hi - lo) > 1e-12).any(dim=1)
-    return ~varies | (cnt < 2)
-
-
-def _validate_duca(name: str, p: dict) -> None:
-    require(is_number(p["eps"]) and p["eps"] >= 0, KIND, name, "eps", "a number >= 0", p["eps"])
-    for key in ("w_turn", "w_sess"):
-        require(is_number(p[key]), KIND, name, key, "a number", p[key])
-    require(
-        p["turn_grouping"] in ("pool", "turn_index"),
-        KIND,
-        name,
-        "turn_grouping",
-        "'pool' or 'turn_index'",
-        p["turn_grouping"],
-    )
-    require(p["turn_norm"] in TURN_NORMS, KIND, name, "turn_norm", f"one of {TURN_NORMS}", p["turn_norm"])
-    for key in ("turn_index", "turn_rewards", "num_turns"):
-        require(
-            p[key] is None or isinstance(p[key], Tensor),
-            KIND,
-            name,
-            key,
-            "a tensor passed by the multi-turn runner (advantage_inputs), not a config value",
-            p[key],
-        )
-
-
-def turn_spans_from_index(turn_index: Tensor, num_turns: Tensor) -> list[list[tuple[int, int]]]:
-    """Per row i, the ``num_turns[i]`` token spans ``(start, end)`` (end exclusive) of turns 1..K_i in
-    a (B, T) 1-based ``turn_index`` (0 = not a policy token). A turn with no token gets ``(0, 0)``;
-    a turn whose tokens are not contiguous is an error."""
-    out = []
-    for i, (row, k_i) in enumerate(zip(turn_index.tolist(), num_turns.tolist(), strict=True)):
-        firsts: dict[int, int] = {}
-        lasts: dict[int, int] = {}
-        counts: dict[int, int] = {}
-        for t, k in enumerate(row):
-            if k > 0:
-                firsts.setdefault(k, t)
-                lasts[k] = t
-                counts[k] = counts.get(k, 0) + 1
-        if any(k > k_i for k in counts):
-            raise ValueError(f"duca: row {i} has tokens of turn {max(counts)} but num_turns = {k_i}")
-        spans = []
-        for k in range(1, k_i + 1):
-            if k not in counts:
-                spans.append((0, 0))
-                continue
-            s, e = firsts[k], lasts[k] + 1
-            if e - s != counts[k]:
-                raise ValueError(f"duca: row {i}: the tokens of turn {k} are not contiguous in turn_index")
-            spans.append((s, e))
-        out.append(spans)
-    return out
-
-
-@register_advantage("duca", validate=_validate_duca)
-def duca(
-    r: Tensor,
-    inv: Tensor,
-    n_groups: int,
-    *,
-    turn_index: Tensor | None = None,
-    turn_rewards: Tensor | None = None,
-    num_turns: Tensor | None = None,
-    w_turn: float = 1.0,
-    w_sess: float = 1.0,
-    turn_grouping: str = "pool",
-    turn_norm: str = "fused",
-    eps: float = 1e-6,
-) -> Tensor:
-    """DuCA dual-horizon advantage over a multi-turn runner's inputs — HIAN is a PROPOSED DESIGN
-    (DuCA, arXiv 2603.01481, states only that turn- and session-level advantages are normalised
-    separately before fusion; see :func:`hian_advantages` for the formula).
-
-    ``r`` (B,) are the session rewards (the runner's ``reward: session``); the runner's
-    ``advantage_inputs`` give ``turn_index`` (B, T) 1-based turn of each policy token (0 elsewhere),
-    ``turn_rewards`` (B, K_max, C) the C criteria per turn and ``num_turns`` (B,). Each criterion is
-    z-scored on its own (``turn_grouping``: "pool" = all turns of the group, "turn_index" = turns with
-    the same index), summed, re-normalised in the same pools (``turn_norm: fused``, default; ``per_criterion``
-    keeps the plain sum, the behaviour before 0.3) and fused with the group-normalised session advantage:
-    A_{i,t} = w_turn · A^turn_{i,k(t)} + w_sess · A^sess_i. Returns (B, T); 0 on non-policy tokens.
-    """
-    missing = [
-        k
-        for k, v in (("turn_index", turn_index), ("turn_rewards", turn_rewards), ("num_turns", num_turns))
-        if v is None
-    ]
-    if missing:
-        raise ValueError(
-            f"advantage estimator 'duca' needs the per-turn inputs {missing} of a multi-turn episode runner "
-            "(rollout.runner.name=multi-turn with turn_inputs=true)"
-        )
-    b = r.shape[0]
-    if turn_index.dim() != 2 or turn_index.shape[0] != b:
-        raise ValueError(f"duca: turn_index must have shape ({b}, T), got {tuple(turn_index.shape)}")
-    if turn_rewards.dim() not in (2, 3) or turn_rewards.shape[0] != b:
-        raise ValueError(
-            f"duca: turn_rewards must have shape ({b}, K, C) or ({b}, K), got {tuple(turn_rewards.shape)}"
-        )
-    if tuple(num_turns.shape) != (b,):
-        raise ValueError(f"duca: num_turns must have shape ({b},), got {tuple(num_turns.shape)}")
-    k_max = turn_rewards.shape[1]
-    if bool((num_turns < 0).any()) or bool((num_turns > k_max).any()):
-        raise ValueError(
-            f"duca: num_turns must be in [0, {k_max}] (the turn_rewards width), got {num_turns.tolist()}"
-        )
-    spans = turn_spans_from_index(turn_index.cpu(), num_turns.cpu())
-    per_row = [turn_rewards[i, : int(k)] for i, k in enumerate(num_turns.tolist())]
-    return hian_advantages(
-        r,
-        inv,
-        per_row,
-        spans,
-        int(turn_index.shape[1]),
-        w_turn=w_turn,
-        w_sess=w_sess,
-        turn_grouping=turn_grouping,
-        turn_norm=turn_norm,
-        eps=eps,
-    ).to(r.device)

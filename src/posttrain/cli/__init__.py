@@ -2,29 +2,49 @@
 
 Importing a command module registers its commands on the apps of `posttrain.cli.app`. Heavy libraries
 (torch, transformers) are imported inside the command functions, so `posttrain --help` stays fast.
+
+Other packages add commands through the entry point group ``posttrain.cli``: each entry names a module
+that, on import, registers its commands on :data:`posttrain.cli.app.app` (or a group of it, such as
+``bench_app``). The lab (``posttrain-lab``) adds its demos, benchmarks and studies this way.
 """
 
 from __future__ import annotations
 
-from posttrain.cli import analyze as _analyze  # noqa: F401
-from posttrain.cli import bench_ablation as _bench_ablation  # noqa: F401
-from posttrain.cli import bench_generate as _bench_generate  # noqa: F401
-from posttrain.cli import bench_losses as _bench_losses  # noqa: F401
-from posttrain.cli import bench_rl as _bench_rl  # noqa: F401
-from posttrain.cli import cit as _cit  # noqa: F401
-from posttrain.cli import demo_smol as _demo_smol  # noqa: F401
+from importlib.metadata import entry_points
+
 from posttrain.cli import export as _export  # noqa: F401
 from posttrain.cli import models as _models  # noqa: F401
-from posttrain.cli import rm as _rm  # noqa: F401
 from posttrain.cli import samples as _samples  # noqa: F401
-from posttrain.cli import scpg as _scpg  # noqa: F401
 from posttrain.cli import serve as _serve  # noqa: F401
-from posttrain.cli import silo as _silo  # noqa: F401
 from posttrain.cli import tasks as _tasks  # noqa: F401
 from posttrain.cli import train as _train  # noqa: F401
-from posttrain.cli.app import app, bench_app, silo_app
+from posttrain.cli.app import app, bench_app
 
-__all__ = ["app", "bench_app", "main", "silo_app"]
+__all__ = ["app", "bench_app", "load_command_plugins", "main"]
+
+
+def load_command_plugins() -> list[str]:
+    """Import every module of the ``posttrain.cli`` entry point group (each registers its commands);
+    returns their names. A plug-in that fails to import is reported on stderr and skipped, so a broken
+    add-on never takes the library's own commands down."""
+    import sys
+
+    loaded = []
+    for ep in entry_points(group="posttrain.cli"):
+        try:
+            ep.load()
+        except Exception as e:  # report, keep the core CLI usable
+            print(
+                f"warning: posttrain CLI plug-in {ep.name!r} ({ep.value}) failed to load: "
+                f"{type(e).__name__}: {e}",
+                file=sys.stderr,
+            )
+            continue
+        loaded.append(ep.name)
+    return loaded
+
+
+load_command_plugins()
 
 
 def main() -> None:

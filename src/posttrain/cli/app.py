@@ -43,11 +43,7 @@ bench_app = typer.Typer(
     no_args_is_help=True,
     context_settings=HELP,
 )
-silo_app = typer.Typer(
-    help="SILO-BENCH multi-agent coordination benchmark.", no_args_is_help=True, context_settings=HELP
-)
 app.add_typer(bench_app, name="bench")
-app.add_typer(silo_app, name="silo")
 
 
 def _print_version(value: bool) -> None:

@@ -10,7 +10,6 @@ from typing import Any, NoReturn, Optional
 import typer
 
 from posttrain.cli.app import app, fail, run_folder_lock
-from posttrain.cli.demo import demo_app
 
 
 def _load(model_cls, config: Optional[Path], overrides: list[str]):  # noqa: UP045
@@ -81,7 +80,10 @@ def rl(
         None, help="key=value overrides, e.g. steps=50 objective.name=dgpo"
     ),
     config: Path | None = typer.Option(
-        None, "--config", "-c", help="YAML config (src/posttrain/configs/, src/posttrain/recipes/<method>/)"
+        None,
+        "--config",
+        "-c",
+        help="YAML config (src/posttrain/configs/, lab/posttrain_lab/recipes/<method>/)",
     ),
     resume: bool = _RESUME,
     overwrite: bool = _OVERWRITE,
@@ -272,49 +274,6 @@ def eval_cmd(
     if isinstance(shown.get("report"), dict):  # per-prompt verdicts and the table: in --out only
         shown["report"] = {k_: v for k_, v in shown["report"].items() if k_ not in ("items", "table")}
     typer.echo(json.dumps(shown))
-
-
-@demo_app.command("rl")
-def demo(
-    overrides: list[str] | None = typer.Argument(
-        None, help="key=value overrides of the RL config (configs/demo.yaml)"
-    ),
-    out: Path = typer.Option(Path("runs/demo"), "--out", help="run directory"),
-    objective: str = typer.Option("dgpo", "--objective", help="policy loss for the RL stage"),
-    quick: bool = typer.Option(False, "--quick", help="a few steps only (smoke test)"),
-    sft_steps: Optional[int] = typer.Option(None, "--sft-steps"),  # noqa: UP045
-    rl_steps: Optional[int] = typer.Option(None, "--rl-steps"),  # noqa: UP045
-    seed: int = typer.Option(0, "--seed"),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="--out holds a previous demo: delete its run files and start again"
-    ),
-    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
-) -> None:
-    """Tiny model: short SFT warm start, RL (DGPO by default), held-out accuracy before/after (default)."""
-    from posttrain.algos import POLICY_LOSSES
-
-    try:
-        POLICY_LOSSES.check(objective)  # a registered name or a plug-in package.module:Name
-    except ValueError as e:
-        fail(f"--objective: {e}")
-    from posttrain.train.demo import run_demo
-    from posttrain.utils.config import ConfigError
-
-    try:
-        with run_folder_lock(out):
-            run_demo(
-                out,
-                objective=objective,
-                quick=quick,
-                sft_steps=sft_steps,
-                rl_steps=rl_steps,
-                seed=seed,
-                progress=progress,
-                overrides=overrides or [],
-                overwrite=overwrite,
-            )
-    except (ConfigError, ValueError) as e:
-        fail(str(e))
 
 
 @app.command()

@@ -1,9 +1,9 @@
 """Hook slots of the RL loop: prompt sampler, group filter, controllers, replay buffer, group reward
 shapers (the order they act in a step: :mod:`posttrain.hooks.base`).
 
-The interfaces and trivial defaults live in :mod:`posttrain.hooks.base`; the method implementations
-live in their recipes (``posttrain.recipes.<method>``) and are listed here lazily, so naming
-``hooks.sampler.name: e3`` in a config works while the core never imports a recipe. Each registry
+The interfaces and trivial defaults live in :mod:`posttrain.hooks.base`; method implementations live
+in packages that declare them as entry points of these registries' groups, so naming
+``hooks.sampler.name: e3`` in a config works while the library never names them. Each registry
 also accepts a plug-in ``package.module:Name`` naming a subclass of its interface (e.g.
 ``hooks.shaper.name: my_lab.shaping:LengthPenalty``) and reads the entry points of its group
 (``posttrain.samplers``, ``posttrain.controllers``, ``posttrain.replay_buffers``, ``posttrain.shapers``).
@@ -43,17 +43,6 @@ for _reg, _base in (
     (GROUP_FILTERS, GroupFilter),
 ):
     _reg.accept(subclass_of(_base), f"a subclass of posttrain.hooks.{_base.__name__}")
-
-# the method recipes' hooks: listed by name, imported on first use (posttrain.recipes.<method>)
-SAMPLERS.register_lazy("e3", "posttrain.recipes.e3.hooks:E3Sampler")
-SAMPLERS.register_lazy("dapo", "posttrain.recipes.dapo.hooks:DAPOSampler")
-SAMPLERS.register_lazy("aparl", "posttrain.recipes.aparl.sampler:APARLSampler")
-CONTROLLERS.register_lazy("e3-temperature", "posttrain.recipes.e3.hooks:E3Temperature")
-REPLAY_BUFFERS.register_lazy("nexgrpo", "posttrain.recipes.nexgrpo.replay:NexGRPOReplay")
-REPLAY_BUFFERS.register_lazy("random-failure", "posttrain.recipes.nexgrpo.replay:RandomFailureReplay")
-REPLAY_BUFFERS.register_lazy("success", "posttrain.recipes.nexgrpo.replay:SuccessReplay")
-GROUP_SHAPERS.register_lazy("asrr", "posttrain.recipes.asrr.hooks:ASRRShaper")
-GROUP_SHAPERS.register_lazy("dapo-overlong", "posttrain.recipes.dapo.hooks:DAPOOverlongShaper")
 
 __all__ = [
     "CONTROLLERS",

@@ -44,7 +44,7 @@ controllers get the vocabulary size and configured steps once via ``bind(RunInfo
 step's metrics (``entropy_pre_update``: no-grad entropy of the sampling policy at τ) in ``update``.
 A hook class may define ``validate_params(params)`` (raise ValueError naming the key): the config
 calls it when it is loaded, so bad values are config errors. Implementations of the methods above:
-:mod:`posttrain.recipes.e3.hooks`, :mod:`posttrain.recipes.asrr.hooks`, :mod:`posttrain.recipes.dapo.hooks`
+:mod:`posttrain_lab.recipes.e3.hooks`, :mod:`posttrain_lab.recipes.asrr.hooks`, :mod:`posttrain_lab.recipes.dapo.hooks`
 (``docs/sampling-methods.md``).
 """
 

@@ -9,9 +9,8 @@ from ``ADV_ESTIMATOR_REGISTRY``. On import this module registers:
   ``posttrain_ppo``, ``posttrain_dapo``, ``posttrain_gspo``, ``posttrain_cispo``, ``posttrain_sapo``),
   and under its bare name when verl has none of that name (``dgpo``, ``maspo``, ``dapo``, ``ppo`` with
   verl 0.9; verl's own ``gspo``, ``sapo``, ``cispo``, ``vanilla`` are never replaced);
-* ``duca_hian``: DuCA/HIAN dual-horizon advantages (arXiv 2603.01481; the fusion rule is posttrain's
-  PROPOSED design, docs/advantages.md), with turns read from verl's ``response_mask`` (see
-  :func:`hian_advantage_for_verl`).
+* method plug-ins add their own names through the same entry point group (the lab's DuCA recipe
+  registers the ``duca_hian`` advantage estimator); they read their parameters with :func:`plugin_params`.
 
 How it gets imported in every verl process (driver and Ray workers): posttrain declares the entry
 point ``verl.plugins: posttrain = posttrain.integrations.verl`` that ``import verl`` loads by itself
@@ -21,9 +20,10 @@ does the same explicitly.
 Parameters. The registered function reads verl's actor config for what verl already has a key for:
 ``clip_ratio_low`` / ``clip_ratio_high`` (``clip_ratio`` when unset) and ``clip_ratio_c`` for
 ppo/dapo/dgpo, ``tau_pos`` / ``tau_neg`` for sapo; every other parameter keeps posttrain's default
-(the authors'). Loss-specific parameters (``dgpo_n``, ``maspo_alpha``, HIAN's ``w_turn``...) come from
-the JSON environment variable ``POSTTRAIN_VERL_PARAMS`` (``{"dgpo": {"dgpo_n": 2}, "duca_hian":
-{"w_turn": 0.5}}``), read at import, or from :func:`register` called with ``params=``. The loss is
+(the authors'). Loss-specific parameters (``dgpo_n``, ``maspo_alpha``, a plug-in's ``w_turn``...) come
+from the JSON environment variable ``POSTTRAIN_VERL_PARAMS`` (``{"dgpo": {"dgpo_n": 2}, "duca_hian":
+{"w_turn": 0.5}}``), read at import, or from :func:`register` called with ``params=``; a key that is not
+a posttrain policy loss is kept for the plug-in of that name (:func:`plugin_params`). The loss is
 aggregated by verl's own ``agg_loss`` with verl's ``loss_agg_mode`` and ``global_batch_info``, so
 data-parallel scaling is verl's.
 """
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from posttrain.algos import get_policy_loss, hian_advantages, list_policy_losses
+from posttrain.algos import POLICY_LOSSES, get_policy_loss, list_policy_losses
 from posttrain.algos._common import check_param_names
 
 ENV_PARAMS = "POSTTRAIN_VERL_PARAMS"
@@ -60,6 +60,16 @@ CONFIG_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
 
 _params: dict[str, dict[str, Any]] = {}
 registered: dict[str, str] = {}  # verl name -> posttrain name (what the last register() added)
+
+
+def plugin_params(name: str) -> dict[str, Any]:
+    """The parameters ``POSTTRAIN_VERL_PARAMS`` (or :func:`register`'s ``params``) gives plug-in ``name``."""
+    return dict(_params.get(name, {}))
+
+
+def core_algos() -> Any:
+    """verl's ``core_algos`` module (its registries), or an ImportError naming the extra."""
+    return _core_algos()
 
 
 def _core_algos() -> Any:
@@ -157,58 +167,9 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, A
     return fn
 
 
-# ------------------------------------------------------------------------------------- DuCA/HIAN
-def turn_spans(response_mask: torch.Tensor) -> list[list[tuple[int, int]]]:
-    """Per row, the maximal runs of 1 in ``response_mask`` as ``(start, end)`` (end exclusive): the
-    policy's turns of a multi-turn verl rollout (tool / user tokens between turns are 0)."""
-    m = response_mask.bool().cpu()
-    out = []
-    for row in m:
-        padded = torch.cat([torch.zeros(1, dtype=torch.bool), row, torch.zeros(1, dtype=torch.bool)])
-        d = padded.int().diff()
-        starts = (d == 1).nonzero().flatten().tolist()
-        ends = (d == -1).nonzero().flatten().tolist()
-        out.append(list(zip(starts, ends, strict=True)))
-    return out
-
-
-def hian_advantage_for_verl(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Any,
-    config: Any = None,
-    **_: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl advantage estimator ``duca_hian`` -> (advantages, returns), both (B, T).
-
-    PROPOSED mapping of verl's inputs onto :func:`posttrain.algos.hian_advantages`: turn k of row i is
-    the k-th run of 1 in ``response_mask``; its turn reward is the sum of ``token_level_rewards`` from
-    the turn's first token up to the next turn's first token (a reward a tool-calling loop put on the
-    turn's last token, or on the environment tokens after it); the session reward is the row's total;
-    the group is verl's ``uid`` (``index``). Tokens outside every turn get advantage 0. Parameters ``w_turn``, ``w_sess``, ``turn_grouping``, ``eps``
-    from ``POSTTRAIN_VERL_PARAMS["duca_hian"]``."""
-    t = token_level_rewards.shape[1]
-    keys = {k: i for i, k in enumerate(dict.fromkeys(list(index)))}
-    groups = torch.tensor([keys[k] for k in list(index)], dtype=torch.long)
-    spans = turn_spans(response_mask)
-    rewards = token_level_rewards.detach().float().cpu()
-    turn_rewards = []
-    for i, sp in enumerate(spans):
-        bounds = [s for s, _ in sp[1:]] + [t]
-        turn_rewards.append(
-            torch.stack([rewards[i, s:e].sum() for (s, _), e in zip(sp, bounds, strict=True)])
-            if sp
-            else torch.zeros(0)
-        )
-    params = dict(_params.get("duca_hian", {}))
-    adv = hian_advantages(rewards.sum(dim=1), groups, turn_rewards, spans, t, **params)
-    adv = adv.to(token_level_rewards.device, token_level_rewards.dtype) * response_mask
-    return adv, adv
-
-
 # ------------------------------------------------------------------------------------- register
 def register(params: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
-    """Register posttrain's losses and ``duca_hian`` in verl's registries (idempotent); ``params``
+    """Register posttrain's losses in verl's registries (idempotent); ``params``
     (default: ``$POSTTRAIN_VERL_PARAMS``) sets loss-specific parameters per posttrain name. Returns
     ``{verl name: posttrain name}`` of what is registered."""
     core_algos = _core_algos()
@@ -224,7 +185,7 @@ def register(params: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str,
         )
     _params.clear()
     for name, p in params.items():
-        if name != "duca_hian":
+        if name in POLICY_LOSSES:  # other keys belong to plug-ins (plugin_params)
             loss = get_policy_loss(name)
             check_param_names("policy loss", loss.name, p, loss.defaults)
             name = loss.name
@@ -240,11 +201,6 @@ def register(params: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str,
             if current is None or getattr(current, "__module__", None) == __name__:  # never replace verl's
                 table[verl_name] = fn
                 added[verl_name] = name
-    adv = core_algos.ADV_ESTIMATOR_REGISTRY
-    if adv.get("duca_hian") not in (None, hian_advantage_for_verl):
-        raise ValueError("verl already has an advantage estimator named 'duca_hian' that is not posttrain's")
-    adv["duca_hian"] = hian_advantage_for_verl
-    added["duca_hian"] = "hian_advantages"
     registered.clear()
     registered.update(added)
     return added

@@ -9,7 +9,6 @@ A plug-in ``package.module:Name`` (a top-level class whose instances are called 
 
 from posttrain.rewards import basic as _basic  # noqa: F401  (registers the rewards)
 from posttrain.rewards import countdown as _countdown  # noqa: F401
-from posttrain.rewards import events as _events  # noqa: F401
 from posttrain.rewards import instructions as _instructions  # noqa: F401
 from posttrain.rewards import last_number as _last_number  # noqa: F401
 from posttrain.rewards import mathverify as _mathverify  # noqa: F401

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import torch
 
-from posttrain.envs import Env, check_step, env_factory  # the package: built-in envs registered
+from posttrain.envs import ENVS, Env, check_step, env_factory
 from posttrain.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, RolloutEngine, SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter
 
@@ -318,7 +318,7 @@ class MultiTurnRunner(EpisodeRunner):
 def multi_turn_runner(
     ctx: Any,
     *,
-    env: str = "sales",
+    env: str | None = None,
     env_params: dict[str, Any] | None = None,
     max_context: int = 2048,
     reward: Literal["session", "sum"] = "session",
@@ -330,7 +330,13 @@ def multi_turn_runner(
 ) -> MultiTurnRunner:
     """Registry factory (``rollout.runner: {name: multi-turn, params: {...}}``): a
     :class:`MultiTurnRunner` over the context's engine and formatter; the environments are seeded from
-    the run seed (``ctx.seed``, the evaluation seed when evaluating) unless ``seed`` is given."""
+    the run seed (``ctx.seed``, the evaluation seed when evaluating) unless ``seed`` is given. ``env`` has
+    no default: the library ships the interface, environments come from packages (the lab's ``sales``)."""
+    if env is None:
+        raise ValueError(
+            "runner 'multi-turn': set rollout.runner.params.env to an environment: a name registered in "
+            f"posttrain.envs.ENVS ({', '.join(ENVS.names()) or 'none installed'}) or a package.module:Name"
+        )
     return MultiTurnRunner(
         ctx.engine,
         ctx.formatter,

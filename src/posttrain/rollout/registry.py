@@ -194,9 +194,3 @@ def build_reward_source(
 ) -> RewardSource:
     """The reward source registered (or importable) as ``name``, built with ``params``."""
     return _build(REWARD_SOURCES, name, params, ctx)
-
-
-# PaTaRM judge components live in the patarm recipe (a higher layer): listed here, imported on first use
-REWARD_SOURCES.register_lazy("judge", "posttrain.recipes.patarm.sources:judge_reward_source")
-REWARD_SOURCES.register_lazy("par", "posttrain.recipes.patarm.sources:par_reward_source")
-RUNNERS.register_lazy("par", "posttrain.recipes.patarm.sources:par_runner")

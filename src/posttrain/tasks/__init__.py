@@ -8,7 +8,6 @@ A plug-in ``package.module:Name`` (a subclass of :class:`Task`) works wherever a
 
 from posttrain.tasks import arithmetic as _arithmetic  # noqa: F401  (registers the task)
 from posttrain.tasks import countdown as _countdown  # noqa: F401
-from posttrain.tasks import dialogue_events as _dialogue_events  # noqa: F401
 from posttrain.tasks import instructions as _instructions  # noqa: F401
 from posttrain.tasks import jsonl as _jsonl  # noqa: F401
 from posttrain.tasks import word_problems as _word_problems  # noqa: F401
@@ -29,8 +28,6 @@ from posttrain.tasks.jsonl import DatasetError, JsonlTask, gsm8k_final, last_box
 from posttrain.utils.registry import subclass_of
 
 TASKS.accept(subclass_of(Task), "a subclass of posttrain.tasks.Task")
-# pairwise preference data of the PaTaRM recipe (a higher layer): listed, imported on first use
-TASKS.register_lazy("preferences", "posttrain.recipes.patarm.preference_task:PreferenceTask")
 
 __all__ = [
     "DEFAULT_MARKER",

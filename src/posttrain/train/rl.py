@@ -57,7 +57,6 @@ import numpy as np
 import torch
 
 from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stats, kl_clamped, kl_penalty
-from posttrain.algos.advantages import hian_zero_variance_groups
 from posttrain.algos.kl import KL_ESTIMATORS
 from posttrain.hooks import (
     CONTROLLERS,
@@ -807,18 +806,10 @@ class RLTrainer(RunLoopTrainer):
         uniq, inv = torch.unique(gids, return_inverse=True)
         g = len(uniq)
         r = scored.shaped.double()
-        cnt, mean, _ = group_stats(r, inv, g)
-        spread = torch.zeros(g, dtype=torch.float64).index_add_(0, inv, (r - mean[inv]).abs())
-        zero_var = ((spread < 1e-12) | (cnt < 2)).double().mean()
+        cnt, _, _ = group_stats(r, inv, g)
+        # groups where nothing the estimator normalises varies (its own rule: DuCA counts turn rewards)
         ai = episodes.advantage_inputs or {}
-        if "turn_rewards" in ai and "num_turns" in ai:  # per-turn inputs: what the estimator normalises
-            zero_var = (
-                hian_zero_variance_groups(
-                    scored.shaped.cpu(), gids.cpu(), ai["turn_rewards"].cpu(), ai["num_turns"].cpu()
-                )
-                .double()
-                .mean()
-            )
+        zero_var = self.adv_fn.zero_variance_groups(scored.shaped.cpu(), gids.cpu(), **ai).double().mean()
         out = {
             "reward_mean": float(scored.raw.mean()),
             "reward_std": float(scored.raw.std()) if len(scored.raw) > 1 else 0.0,

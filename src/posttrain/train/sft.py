@@ -531,3 +531,40 @@ class SFTTrainer(RunLoopTrainer):
         """Leave the torchrun process group if this process joined it (no-op in one process); every
         rank must call it, or gloo aborts the process at exit."""
         dist.teardown()
+
+
+def sft_warm_start(
+    cfg: Any,
+    model: Any,
+    tok: Any,
+    *,
+    steps: int,
+    lr: float = 3e-3,
+    style: str | None = None,
+    seed: int = 0,
+    out_dir: str | Path,
+    progress: bool | None = None,
+    save: bool = True,
+    pairs: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """An SFT warm start for an RL config, in place on ``model``: batch 32 on the reference completions
+    of the RL config's task (scratchpad tasks in the ``long`` style), ``steps`` steps at ``lr``. The
+    tiny demo, the objectives ablation and the APARL experiment start RL from it. ``pairs`` (optional,
+    ``(prompt, completion)``) replaces the task's reference completions as the SFT set."""
+
+    sft_cfg = SFTConfig(
+        model=cfg.model,
+        task=cfg.task,
+        steps=steps,
+        batch_size=32,
+        lr=lr,
+        style=style or ("long" if cfg.task.params.get("format") == "scratchpad" else "short"),
+        threads=cfg.threads,
+        seed=seed,
+        out_dir=str(out_dir),
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        progress=progress,
+        save=save,
+    )
+    sft_cfg.eval.at_end = False
+    return SFTTrainer(sft_cfg, model, tok, pairs=pairs).train()

@@ -18,7 +18,6 @@ import difflib
 import json
 import re
 import sys
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -94,44 +93,8 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-#: Shipped configs that moved next to their recipe / study in 0.2: ``<pkg>/configs/<name>`` now lives
-#: at ``<pkg>/<folder>/<name>``. An old path still loads for one release (with a DeprecationWarning).
-MOVED_CONFIGS: dict[str, str] = {
-    **{n: "recipes/e3" for n in ("e3.yaml", "e3-asrr-dgpo.yaml")},
-    "dapo.yaml": "recipes/dapo",
-    "asrr.yaml": "recipes/asrr",
-    **{
-        f"grpo-{a}-{t}.yaml": "recipes/nexgrpo"
-        for a in ("nexgrpo", "random-failure", "success")
-        for t in ("arithmetic", "events")
-    },
-    **{f"grpo-aparl-{t}.yaml": "recipes/aparl" for t in ("arithmetic", "events")},
-    "duca-sales.yaml": "recipes/duca",
-    **{f"rm-{k}.yaml": "recipes/patarm" for k in ("judge-reward", "par-demo", "qwen3-judge")},
-    "cit-builtin.yaml": "studies/cit",
-    **{f"analysis-{k}.yaml": "studies/analysis" for k in ("consistency", "forgetting", "intervention")},
-    **{f"scpg-{a}-{b}.yaml": "studies/scpg" for a in ("demo", "paper") for b in ("finetune", "pretrain")},
-}
-
-
-def moved_config(path: Path) -> Path | None:
-    """Where a shipped config that moved lives now (``.../posttrain/configs/e3.yaml`` ->
-    ``.../posttrain/recipes/e3/e3.yaml``), or None."""
-    if path.parent.name != "configs" or path.name not in MOVED_CONFIGS:
-        return None
-    new = path.parent.parent / MOVED_CONFIGS[path.name] / path.name
-    return new if new.is_file() else None
-
-
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.exists() and (new := moved_config(path)) is not None:
-        warnings.warn(
-            f"config {path} moved to {new}; the old path works until posttrain 0.3",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        path = new
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     if path.is_dir():

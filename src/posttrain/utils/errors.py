@@ -2,11 +2,28 @@
 
 Every error posttrain raises on purpose (a bad config key, a dataset row, a plug-in path, a
 checkpoint, a run folder ...) is a :class:`PosttrainError`, so ``except posttrain.PosttrainError``
-catches them all; each is also still the ``ValueError`` (or ``RuntimeError``) it was before, so
-existing ``except ValueError`` code keeps working."""
+catches them all; each is also the built-in error it was before (``ValueError``, ``TypeError``,
+``RuntimeError``, ``KeyError``), so existing ``except ValueError`` code keeps working.
+
+Specific errors (``ConfigError``, ``DatasetError``, ``CheckpointError`` ...) subclass these; a raise
+that has no more specific class uses the generic ones below. ``tests/test_errors.py`` walks the source
+and fails on a bare ``raise ValueError/TypeError/RuntimeError(`` outside its documented list.
+"""
 
 from __future__ import annotations
 
 
 class PosttrainError(Exception):
-    """Base class of posttrain's errors (also raised as ``ValueError`` / ``RuntimeError`` subclasses)."""
+    """Base class of posttrain's errors (each also subclasses the built-in error it replaces)."""
+
+
+class InvalidValueError(PosttrainError, ValueError):
+    """An argument, setting or input has a value posttrain cannot use (the message names it)."""
+
+
+class InvalidTypeError(PosttrainError, TypeError):
+    """An argument or input has a type posttrain cannot use (the message names it and the type)."""
+
+
+class PosttrainRuntimeError(PosttrainError, RuntimeError):
+    """Something failed while running (a worker, an engine, a sync); the message says what and where."""

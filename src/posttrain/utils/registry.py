@@ -14,11 +14,11 @@ checked to be of the registry's kind. One code path serves all registries::
 A registry's ``accept(adapt, expected)`` sets how an imported object becomes an entry: ``adapt(obj)``
 returns the entry, or None when ``obj`` is not of the kind (then the error quotes ``expected``).
 
-**Lazy registration.** ``reg.register_lazy("judge", "posttrain.recipes.patarm.sources:judge_source")``
-lists a name whose code lives in a higher layer (or an optional dependency) without importing it: the
+**Lazy registration.** ``reg.register_lazy("hf", "posttrain.rollout.hf:hf_engine")``
+lists a name whose code lives in an optional dependency without importing it: the
 name shows in ``names()``, ``in`` and the did-you-mean hints, and the first ``get`` imports the module
-(whose ``@register`` decorator may register the name itself) and takes the attribute. This is how the
-core lists the method recipes while no lower layer imports a higher one.
+(whose ``@register`` decorator may register the name itself) and takes the attribute. Entry points
+(below) are read as lazy entries.
 
 **Entry points.** A registry built with ``group="posttrain.samplers"`` also lists the
 ``importlib.metadata`` entry points of that group (read once, on first use), each as a lazy entry: an
@@ -129,6 +129,7 @@ class Registry(Generic[T]):
             for a in aliases:
                 self._aliases[a] = name
                 self._lazy_aliases.pop(a, None)
+                self._lazy.pop(a, None)  # an alias also declared as its own entry point
             return obj
 
         return deco

@@ -1,0 +1,220 @@
+"""APARL dual-loop curriculum (proposed design): perplexity, weights, level shifts, saturation, the
+sampler's stages, and end to end on the tiny preset."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posttrain_lab.recipes.aparl.sampler as aparl
+from posttrain.hooks import SAMPLERS, GroupOutcome, RunInfo
+from posttrain.tasks import Example
+from posttrain_lab.recipes.aparl.sampler import (
+    aparl_weights,
+    gold_perplexities,
+    next_level,
+    perplexity,
+    quantile_floor,
+)
+
+
+def test_perplexity_worked_example():
+    assert perplexity([-0.1, -0.5, -0.3]) == pytest.approx(1.3499, abs=1e-4)
+
+
+def test_weights_on_a_hand_made_perplexity_table():
+    ppl = {"a": 1.2, "b": 2.0, "c": 4.0, "d": 8.0}
+    w = aparl_weights(ppl, gamma=1.0, quantile_lo=0.0)
+    assert w == pytest.approx({"a": 1.2 / 15.2, "b": 2 / 15.2, "c": 4 / 15.2, "d": 8 / 15.2})
+    w2 = aparl_weights(ppl, gamma=2.0, quantile_lo=0.0)
+    assert w2["d"] / w2["b"] == pytest.approx(16.0)
+    # ranks q = 0, 1/3, 2/3, 1: q_lo = 0.5 keeps c, d
+    assert aparl_weights(ppl, gamma=1.0, quantile_lo=0.5) == pytest.approx({"c": 4 / 12, "d": 8 / 12})
+    assert aparl_weights(ppl, gamma=0.0, quantile_lo=0.25) == pytest.approx(
+        {"b": 1 / 3, "c": 1 / 3, "d": 1 / 3}
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.text("abcdef", min_size=1, max_size=3), st.floats(1.0, 1e3), min_size=1, max_size=20),
+    st.floats(0.0, 3.0),
+    st.floats(0.0, 1.0),
+)
+def test_weights_are_a_distribution_monotone_in_perplexity(ppl, gamma, q_lo):
+    w = aparl_weights(ppl, gamma=gamma, quantile_lo=q_lo)
+    assert w and sum(w.values()) == pytest.approx(1.0)
+    for a in w:
+        for b in ppl:
+            if ppl[b] > ppl[a]:
+                assert b in w and w[b] >= w[a] * (1 - 1e-9)  # harder items are never less likely
+
+
+def test_level_shifts_exactly_at_the_accuracy_threshold():
+    assert next_level(0, 0.6, 0.6, 3) == 1
+    assert next_level(0, 0.5999, 0.6, 3) == 0
+    assert next_level(0, None, 0.6, 3) == 0
+    assert next_level(3, 1.0, 0.6, 3) == 3
+    assert quantile_floor(2, 0.25, 0.75) == 0.5 and quantile_floor(5, 0.25, 0.75) == 0.75
+
+
+def _examples(n):
+    return [Example(id=f"x{i}", prompt=f"p{i}", answer="a") for i in range(n)]
+
+
+def test_sampler_curriculum_shifts_when_heldout_accuracy_crosses_threshold(monkeypatch):
+    table = {f"x{i}": 1.0 + i for i in range(8)}  # x0 has PPL 1.0: saturated
+    seen = []
+
+    def fake(policy, encode, examples, **kw):
+        seen.append([e.id for e in examples])
+        return [table[e.id] for e in examples], 2 * len(examples)
+
+    monkeypatch.setattr(aparl, "gold_perplexities", fake)
+    s = SAMPLERS.get("aparl")(
+        _examples(8),
+        seed=0,
+        stage_steps=1,
+        shift_accuracy=0.6,
+        quantile_step=0.5,
+        max_quantile=0.5,
+        min_pool=2,
+    )
+    s.bind(RunInfo(vocab_size=10, total_steps=10, policy=object(), encode_prompt=list))
+    s.plan(0, 2, 4)
+    assert s.level == 0 and "x0" in s.dropped and len(s.weights) == 7
+    assert s.metrics()["ppl_rows"] == 8 and s.metrics()["ppl_tokens"] == 16
+    s.observe_eval({"accuracy": 0.5}, 1)
+    s.plan(1, 2, 4)
+    assert s.level == 0 and len(s.weights) == 7 and seen[-1] == [f"x{i}" for i in range(1, 8)]
+    s.observe_eval({"accuracy": 0.6}, 2)
+    s.plan(2, 2, 4)
+    assert s.level == 1 and s.metrics()["quantile_lo"] == 0.5
+    assert set(s.weights) == {"x4", "x5", "x6", "x7"}  # the upper half of the PPL ranks
+    plan = s.plan(2, 2, 4)  # another round of the same step (no new stage)
+    assert {e.id for e in plan.examples} <= set(s.weights)
+    # an all-correct group saturates its item at the next stage
+    s.observe([GroupOutcome(_examples(8)[7], [1.0, 1.0], [True, True], [1, 1])], 2)
+    s.plan(3, 2, 4)
+    assert "x7" in s.dropped and "x7" not in s.weights
+
+
+def test_gold_perplexities_match_a_direct_forward():
+    from posttrain.models import load_adapter
+
+    lm = load_adapter("tiny", device="cpu", seed=0)
+    tok = lm.tokenizer
+    exs = [
+        Example(id="a", prompt="C: hi\nevent:", answer="late"),
+        Example(id="b", prompt="x", answer="refund"),
+    ]
+    ppl, tokens = gold_perplexities(lm, lambda p: tok.encode(p, add_special_tokens=False), exs, batch_size=1)
+    assert tokens == len("late") + 1 + len("refund") + 1
+    for ex, got in zip(exs, ppl, strict=True):
+        p = tok.encode(ex.prompt, add_special_tokens=False)
+        a = [*tok.encode(ex.answer, add_special_tokens=False), tok.eos_token_id]
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([p + a])).logits[0].double()
+        lp = torch.log_softmax(logits, -1)
+        nll = -sum(lp[len(p) - 1 + j, t] for j, t in enumerate(a)) / len(a)
+        assert got == pytest.approx(math.exp(float(nll)), rel=1e-4)
+
+
+def test_bad_params_named():
+    with pytest.raises(ValueError, match="accuracy_source"):
+        SAMPLERS.get("aparl")(_examples(4), accuracy_source="val")
+    with pytest.raises(ValueError, match="stage_steps"):
+        SAMPLERS.get("aparl")(_examples(4), stage_steps=0)
+
+
+def test_end_to_end_pool_changes_over_time_and_is_logged(tmp_path):
+    from posttrain.train.config import load_rl_config
+    from posttrain.train.rl import RLTrainer
+    from posttrain.utils.io import read_jsonl
+
+    cfg = load_rl_config(
+        None,
+        [
+            "model.name=tiny",
+            "model.device=cpu",
+            "task.name=dialogue-events",
+            "task.params={n_train: 24, n_heldout: 4, n_ood: 4}",
+            "reward.num_workers=0",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=3",
+            "steps=3",
+            "eval.at_start=false",
+            "eval.at_end=false",
+            "checkpoint.final=false",
+            "logging.progress=false",
+            "threads=1",
+            "hooks.sampler={name: aparl, params: {stage_steps: 1, accuracy_source: train, shift_accuracy: 0.0, "
+            "quantile_step: 0.25, max_quantile: 0.5, min_pool: 8, max_rounds: 1}}",
+            f"out_dir={tmp_path / 'run'}",
+        ],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with RLTrainer(cfg) as tr:
+            tr.train(progress=False)
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r.get("kind") == "step"]
+    assert [r["sampler/level"] for r in rows] == [0.0, 1.0, 2.0]
+    assert [r["sampler/quantile_lo"] for r in rows] == [0.0, 0.25, 0.5]
+    sampled = [r["sampler/pool_sampled"] for r in rows]
+    assert sampled[0] > sampled[1] > sampled[2]  # the sampled pool narrows to higher perplexity
+    assert all(r["sampler/ppl_seconds"] > 0 and r["sampler/ppl_rows"] >= 8 for r in rows)
+
+
+def test_ablation_arms_build_valid_configs_on_dialogue_events(tmp_path):
+    """The bench's new arms and its dialogue-events task option give valid trainer configs (the bench
+    itself is measured with ``posttrain bench ablation``, docs/replay-and-curriculum.md)."""
+    from importlib.resources import files
+
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import build_config
+    from posttrain_lab.benchmarks.ablation import AblationSettings, arm_overrides
+
+    s = AblationSettings(arms=["nexgrpo", "random-failure", "success", "aparl"], task="dialogue-events")
+    base = str(files("posttrain.configs") / "demo.yaml")
+    for arm in s.arms:
+        cfg = build_config(RLConfig, base, arm_overrides(s, arm, 0, tmp_path / arm))
+        assert cfg.task.name == "dialogue-events" and cfg.rollout.max_new_tokens == 12
+    assert cfg.hooks.sampler.name == "aparl"
+    with pytest.raises(ValueError, match="--task must be one of"):
+        AblationSettings(task="nope")
+
+
+def test_experiment_arms_build_and_baseline_choice(tmp_path):
+    """The APARL experiment's arms are valid configs; the level-0 threshold base is the arm's own
+    first signal (``shift_baseline: null``) or the warm-start gate's accuracy, as chosen."""
+    from posttrain.train.config import load_rl_config
+    from posttrain_lab.recipes.aparl.experiment import ARMS, CONFIG, arm_overrides
+
+    for arm in ARMS:
+        for base in (None, 0.31):
+            ov = arm_overrides(arm, baseline=base, margin=0.05, stage_steps=4, drop_solved=base is None)
+            cfg = load_rl_config(str(CONFIG), [*ov, f"out_dir={tmp_path / arm}"])
+            p = cfg.hooks.sampler.params
+            if arm == "dapo":
+                assert cfg.hooks.sampler.name == "uniform"
+                continue
+            assert p["shift_baseline"] == base and p["shift_margin"] == 0.05 and p["stage_steps"] == 4
+            assert p["drop_solved"] is (base is None)
+            assert p["gamma"] == (-1.0 if arm == "aparl-reverse" else 1.0)
+            assert p["quantile_step"] == (0.0 if arm == "aparl-frozen" else 0.25)
+
+
+def test_experiment_counts_the_rollouts_dapo_drew():
+    """Both arms draw extra rounds: the dapo arm reports them under ``filter/``, APARL under ``sampler/``;
+    counting only ``sampler/`` gave the dapo arm its kept batch (10240) instead of what it drew."""
+    from posttrain.train.rl import step_rollouts
+
+    assert step_rollouts({"filter/rollouts_generated": 152.0, "num_sequences": 128.0}) == 152.0
+    assert step_rollouts({"sampler/rollouts_generated": 184.0, "num_sequences": 128.0}) == 184.0
+    assert step_rollouts({"num_sequences": 128.0}) == 128.0

@@ -1,0 +1,34 @@
+"""The Python example in the README's "Python API" section runs as written (tiny preset, 2 steps)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def _example() -> str:
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("### Python API") :]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_python_example_is_short():
+    code = _example()
+    assert len(code.strip().splitlines()) <= 22, code
+
+
+def test_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the example writes its run folder (runs/...) under the current directory
+    namespace: dict = {"__name__": "readme_example"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(_example(), str(README), "exec"), namespace)
+    trainer, summary = namespace["trainer"], namespace["summary"]
+    assert summary["steps"] == 2 and 0.0 <= summary["eval_end"]["accuracy"] <= 1.0
+    assert type(trainer.task).__name__ == "Parity" and trainer.reward_fn is namespace["says_answer"]
+    assert [type(s).__name__ for s in trainer.shapers] == ["ShorterIsBetter"]
+    assert capsys.readouterr().out.strip().startswith("2 ")
+    assert any(Path("runs").iterdir())
