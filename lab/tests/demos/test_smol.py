@@ -69,7 +69,7 @@ def test_shipped_demo_smol_config_builds_its_task():
     from posttrain.train.config import RLConfig
     from posttrain.utils.config import build_config
 
-    cfg = build_config(RLConfig, str(files("posttrain.configs") / "demo_smol.yaml"), [])
+    cfg = build_config(RLConfig, str(files("posttrain_lab.demos") / "demo_smol.yaml"), [])
     task = get_task(cfg.task.name, **cfg.task.params)
     train, held = task.split("train"), task.split("heldout")
     assert len(train) == cfg.task.params["n_train"] and len(held) >= cfg.eval.n

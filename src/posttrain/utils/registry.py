@@ -257,7 +257,9 @@ class Registry(Generic[T]):
         return sorted(names)
 
     def snapshot(self) -> tuple[dict[str, Any], ...]:
-        """The registry's state, for :meth:`restore` (tests: registrations made by one test do not leak)."""
+        """The registry's state, for :meth:`restore` (tests: registrations made by one test do not leak).
+        The entry points are read first, so a restore never forgets the installed plug-ins' names."""
+        self._read_entry_points()
         return (
             dict(self._items),
             dict(self._aliases),

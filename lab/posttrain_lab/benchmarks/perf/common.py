@@ -185,8 +185,8 @@ class ChildKilled(RuntimeError):
 
 def _check_target(target: str) -> tuple[str, str]:
     module, sep, func = target.partition(":")
-    if not sep or not module.startswith("posttrain.") or not func.isidentifier():
-        raise ValueError(f"benchmark target must look like 'posttrain.module:function', got {target!r}")
+    if not sep or not module.startswith(("posttrain.", "posttrain_lab.")) or not func.isidentifier():
+        raise ValueError(f"benchmark target must look like 'posttrain[_lab].module:function', got {target!r}")
     return module, func
 
 

@@ -181,7 +181,7 @@ def test_ablation_arms_build_valid_configs_on_dialogue_events(tmp_path):
     from posttrain_lab.benchmarks.ablation import AblationSettings, arm_overrides
 
     s = AblationSettings(arms=["nexgrpo", "random-failure", "success", "aparl"], task="dialogue-events")
-    base = str(files("posttrain.configs") / "demo.yaml")
+    base = str(files("posttrain_lab.demos") / "demo.yaml")
     for arm in s.arms:
         cfg = build_config(RLConfig, base, arm_overrides(s, arm, 0, tmp_path / arm))
         assert cfg.task.name == "dialogue-events" and cfg.rollout.max_new_tokens == 12
