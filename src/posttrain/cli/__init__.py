@@ -5,7 +5,7 @@ Importing a command module registers its commands on the apps of `posttrain.cli.
 
 Other packages add commands through the entry point group ``posttrain.cli``: each entry names a module
 that, on import, registers its commands on :data:`posttrain.cli.app.app` (or a group of it, such as
-``bench_app``). The lab (``posttrain-lab``) adds its demos, benchmarks and studies this way.
+``bench_app``). Installed packages add their demos, benchmarks and studies this way.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def rl(
         None,
         "--config",
         "-c",
-        help="YAML config (src/posttrain/configs/, lab/posttrain_lab/recipes/<method>/)",
+        help="YAML config (src/posttrain/configs/ or a recipe's folder)",
     ),
     resume: bool = _RESUME,
     overwrite: bool = _OVERWRITE,

@@ -1,9 +1,8 @@
 """HTTP clients: the OpenAI-compatible chat client (:class:`OpenAIChatAgent`) and the chat-agent
 interface it implements (:class:`Agent`, :class:`AgentReply`, :class:`AgentError`).
 
-Used by SILO-BENCH (``posttrain_lab.benchmarks.silo``), the LLM buyer of the sales environment
-(``posttrain_lab.recipes.duca.sales_llm``) and PaTaRM's remote judge; it lives in the core so none of them has to
-import another's package.
+Any environment, benchmark or judge that talks to a chat endpoint uses it (SILO-BENCH's agents, an
+LLM-played customer, a remote judge), so none of them has to import another's package.
 """
 
 from posttrain.clients.base import Agent, AgentError, AgentReply

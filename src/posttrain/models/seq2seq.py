@@ -15,7 +15,7 @@ progress) trains a T5 unchanged: ``SFTTrainer(cfg, adapter=Seq2SeqAdapter(...), 
 
 Weights are drawn by T5's own initialiser under a private seeded RNG. A preset loaded by name gets the
 character tokenizer (``posttrain.models.tokenizer``) plus ``<extra_id_0..99>``; the DSMT workflow
-(``posttrain_lab.studies.scpg``) builds a word-level tokenizer over its corpus instead (:func:`build_word_tokenizer`).
+(the SCPG study) builds a word-level tokenizer over its corpus instead (:func:`build_word_tokenizer`).
 Any local T5 / encoder-decoder directory (``save_pretrained`` layout) loads with ``local_files_only``.
 """
 
