@@ -55,3 +55,16 @@ def test_shipped_config_validates(path):
         load_rl_config(str(path))
     else:
         build_config(cls, str(path))
+
+
+def test_shipped_rl_configs_say_how_many_updates_per_step():
+    """A reader of a recipe's config sees `minibatches` and `ppo_epochs` instead of trusting defaults
+    (a ratio objective with one on-policy update never clips; the library's configs:
+    tests/train/test_rl_config_checks.py)."""
+    from posttrain.utils.config import load_yaml
+
+    rl = [p for p in CONFIGS if "objective" in load_yaml(str(p))]
+    assert len(rl) >= 10
+    for p in rl:
+        data = load_yaml(str(p))
+        assert "minibatches" in data and "ppo_epochs" in data, p.relative_to(LAB)

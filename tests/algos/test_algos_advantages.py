@@ -1,4 +1,5 @@
-"""Advantage estimators: reference table (verl GRPO semantics), groups of any size/order, RLOO, REINFORCE++, DuCA/HIAN."""
+"""Advantage estimators: reference table (verl GRPO semantics), groups of any size/order, RLOO,
+REINFORCE++ (and its token-level whitening against verl's)."""
 
 from __future__ import annotations
 
@@ -158,4 +159,43 @@ def test_integer_rewards_and_float32():
     ).requires_grad
 
 
-# ---------------------------------------------------------------- DuCA / HIAN
+# ---------------------------------------------------------------- REINFORCE++ against verl
+def _verl_masked_whiten(values, mask):
+    """verl ``verl/utils/torch_functional.py::masked_whiten`` (unbiased masked variance)."""
+    mean = (values * mask).sum() / mask.sum()
+    centered = values - mean
+    var = (centered**2 * mask).sum() / mask.sum()
+    var = var * mask.sum() / (mask.sum() - 1)
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+def _verl_rpp_baseline(scores, index, mask):
+    """verl ``compute_reinforce_plus_plus_baseline_outcome_advantage`` (outcome score per sequence)."""
+    s = scores.clone()
+    for g in index.unique():
+        rows = index == g
+        if rows.sum() > 1:
+            s[rows] = scores[rows] - scores[rows].mean()
+    tok = s[:, None] * mask
+    return _verl_masked_whiten(tok, mask) * mask
+
+
+def _verl_rpp(scores, mask):
+    """verl ``compute_reinforce_plus_plus_outcome_advantage`` with γ = 1: every token's return is R."""
+    returns = scores[:, None] * mask
+    return _verl_masked_whiten(returns, mask) * mask
+
+
+@pytest.mark.parametrize("lengths", [[7] * 8, [1, 3, 7, 2, 5, 7, 4, 6]])
+def test_reinforce_pp_matches_verl_token_level_whitening(lengths):
+    """8 sequences x 7 tokens: whitening over sequences instead of tokens gives 0.944x verl's advantage;
+    with ``token_counts`` each sequence weighs as many tokens as it has."""
+    g = torch.Generator().manual_seed(0)
+    r = torch.rand(8, generator=g, dtype=torch.float64)
+    gids = torch.tensor([0, 0, 0, 1, 1, 1, 2, 3])
+    n = torch.tensor(lengths)
+    mask = (torch.arange(7)[None, :] < n[:, None]).double()
+    got = get_advantage("reinforce_pp")(r, gids, token_counts=n)
+    torch.testing.assert_close(got[:, None] * mask, _verl_rpp_baseline(r, gids, mask))
+    got_plain = get_advantage("reinforce_plus_plus")(r, gids, token_counts=n)
+    torch.testing.assert_close(got_plain[:, None] * mask, _verl_rpp(r, mask))

@@ -1,4 +1,5 @@
-"""agg_loss: verl agg_loss reference table, edge cases, padding poison, micro-batch invariance (hypothesis)."""
+"""agg_loss: verl agg_loss reference table, edge cases, padding poison, micro-batch invariance (hypothesis),
+and the DGPO/MASPO authors' per-micro-batch token mean."""
 
 from __future__ import annotations
 
@@ -127,3 +128,21 @@ def test_micro_batch_invariance(seed, b, t, mode, scale, data):
     (g_micro,) = torch.autograd.grad(total, y)
     torch.testing.assert_close(total, full.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(g_micro, g_full, rtol=1e-12, atol=1e-12)
+
+
+def test_token_mean_micro_is_the_authors_per_micro_batch_mean_and_differs_from_global_token_mean():
+    """Two micro-batches of 2 sequences, 2 and 6 valid tokens: the authors' mode averages the two
+    micro-batch token means (each scaled by 2/4 of the minibatch); posttrain's token-mean divides by
+    the 8 tokens of the whole minibatch. An RL config accepts the mode."""
+    from posttrain.train.config import load_rl_config
+
+    assert "token-mean-micro" in list_agg_modes()
+    v = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [3.0, 3, 3], [3.0, 3, 3]])
+    m = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [1.0, 1, 1], [1.0, 1, 1]])
+    halves = (slice(0, 2), slice(2, 4))
+    micro = [agg_loss(v[r], m[r], "token-mean-micro", global_seqs=4) for r in halves]
+    assert float(sum(micro)) == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)
+    glob = [agg_loss(v[r], m[r], "token-mean", global_tokens=8) for r in halves]
+    assert float(sum(glob)) == pytest.approx((2 * 1.0 + 6 * 3.0) / 8)
+    tiny = ["model.name=tiny", "model.device=cpu", "reward.num_workers=0"]
+    load_rl_config(None, [*tiny, "objective.name=dgpo", "objective.agg=token-mean-micro", "minibatches=2"])

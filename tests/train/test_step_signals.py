@@ -1,5 +1,7 @@
-"""Tests that kill the mutants an independent audit found surviving the suite (issue: RLVR methods,
-faithful and shown firing). Each test names its mutant; each was applied by hand, seen to fail, reverted."""
+"""What one RL step feeds forward, each test guarding a wrong version that once passed the suite:
+the advantages are computed from the SHAPED rewards (so a shaper's length or overlong penalty reaches
+the gradient), ``reinforce_pp`` gets each sequence's token count, and ``entropy_pre_update`` is the
+entropy of the policy that sampled, which is what the controllers get."""
 
 from __future__ import annotations
 
@@ -12,11 +14,10 @@ from _train_helpers import RL_BASE as BASE
 from _train_helpers import Constant
 
 from posttrain.algos import get_advantage
-from posttrain.hooks import GroupRewardShaper, RunInfo
+from posttrain.hooks import Controller, GroupRewardShaper, Knobs
 from posttrain.rollout import FunctionRewardSource
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
-from posttrain_lab.recipes.e3.hooks import E3Temperature, e3_annealed_target, e3_temperature_step
 
 
 def _trainer(tmp_path, *extra, reward=None, **kw):
@@ -35,8 +36,8 @@ class _RowIndexShaper(GroupRewardShaper):
 def test_advantages_are_computed_from_shaped_rewards(tmp_path):
     """Raw rewards are constant (every group zero-variance), the shaper makes them vary: the advantages
     must be the GRPO advantages of the SHAPED rewards and the update must move the weights.
-    Mutant killed: `adv = self.adv_fn(raw, ...)` in `RLTrainer.score` (advantages from RAW rewards, so
-    ASRR's length penalty and DAPO's overlong penalty never reach the gradient)."""
+    Wrong version guarded: `adv = self.adv_fn(raw, ...)` in `RLTrainer.score` (advantages from RAW
+    rewards, so a shaper's length or overlong penalty never reaches the gradient)."""
     tr = _trainer(tmp_path, reward=Constant(), shapers=[_RowIndexShaper()])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
@@ -57,32 +58,47 @@ def test_advantages_are_computed_from_shaped_rewards(tmp_path):
     assert m["advantage_abs_mean"] > 0 and m["grad_norm"] > 0
 
 
-def test_e3_controller_anneals_by_default():
-    """The default E3 controller (as the paper runs it) lowers its target over the last 40 % of the run:
-    at step 9 of 10 the target is e3_annealed_target(H0, 9, 10) < H0 and τ falls although the entropy
-    stays at H0.
-    Mutant killed: annealing switched off inside the controller (`target()` returning `h_init`, or
-    `anneal=False` as the default)."""
-    c = E3Temperature(init=1.0)
-    c.bind(RunInfo(vocab_size=1000, total_steps=10))
-    outs = [c.update({"entropy_pre_update": 1.0, "entropy": 1.0}, step) for step in range(10)]
-    assert outs[0]["target_entropy"] == 1.0 and outs[5]["target_entropy"] == 1.0
-    assert outs[9]["target_entropy"] == pytest.approx(e3_annealed_target(1.0, 9, 10))
-    assert outs[9]["target_entropy"] < 0.95
-    assert outs[9]["temperature"] < outs[5]["temperature"] == 1.0
+def _stopped_early(batch, lengths):
+    """`batch` as if row i had sampled EOS after lengths[i % len(lengths)] tokens (the tiny model
+    rarely stops on its own, so every row would have the same length)."""
+    import dataclasses
+
+    keep = torch.zeros_like(batch.completion_mask)
+    for i in range(keep.shape[0]):
+        keep[i, : lengths[i % len(lengths)]] = 1
+    mask = batch.completion_mask * keep
+    ids = torch.where(
+        mask.bool(), batch.completion_ids, torch.full_like(batch.completion_ids, batch.pad_token_id)
+    )
+    logprobs = None if batch.logprobs is None else batch.logprobs * mask
+    return dataclasses.replace(
+        batch, completion_ids=ids, completion_mask=mask, action_mask=None, logprobs=logprobs
+    )
 
 
-def test_e3_controller_reads_entropy_pre_update_not_the_update_entropy():
-    """The controller's entropy is `entropy_pre_update` (the sampling policy's), not `entropy` (the
-    mean over the update's forwards, which differ from the second minibatch on).
-    Mutant killed: the E3 controller reading `metrics["entropy"]`."""
-    c = E3Temperature(init=1.0, anneal=False)
-    c.bind(RunInfo(vocab_size=1000, total_steps=10))
-    c.update({"entropy_pre_update": 2.0, "entropy": 2.0}, 0)  # target 2.0
-    out = c.update({"entropy_pre_update": 1.0, "entropy": 3.0}, 1)
-    assert out["entropy"] == 1.0
-    assert out["temperature"] == pytest.approx(e3_temperature_step(1.0, 1.0, 2.0, 1000))
-    assert out["temperature"] > 1.0  # below target: τ rises (with `entropy` = 3.0 it would fall)
+def test_trainer_passes_token_counts_to_reinforce_pp(tmp_path):
+    """`reinforce_pp` whitens over tokens (verl's form: tests/algos/test_algos_advantages.py), so the
+    score phase must hand it each sequence's action length; with lengths 1..3 the token-weighted
+    advantages differ from the per-sequence ones."""
+    tr = _trainer(
+        tmp_path,
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=3",
+        "advantage.name=reinforce_pp",
+        reward=_Length(),
+    )
+    real = tr.engine.generate
+    tr.engine.generate = lambda *a, **k: _stopped_early(real(*a, **k), [1, 3, 2])
+    with tr:
+        ro = tr.rollout()
+        tr.forward_without_rewards(ro)
+        sc = tr.score(ro)
+    b = ro.episodes.batch
+    assert b.action_lengths.tolist() == [1, 3, 2, 1, 3, 2]
+    expected = get_advantage("reinforce_pp")(sc.shaped, b.group_ids, token_counts=b.action_lengths.cpu())
+    torch.testing.assert_close(sc.advantages, expected)
+    per_sequence = get_advantage("reinforce_pp")(sc.shaped, b.group_ids)
+    assert not torch.allclose(sc.advantages, per_sequence)
 
 
 def _entropy_at(model, rows, tau):
@@ -98,20 +114,36 @@ def _entropy_at(model, rows, tau):
     return total / count
 
 
+class _RecordingController(Controller):
+    """Leaves the temperature alone and keeps the metrics each update receives."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, float]] = []
+
+    def apply(self, knobs: Knobs, step: int) -> None:
+        pass
+
+    def update(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        self.seen.append(dict(metrics))
+        return {"entropy": metrics["entropy_pre_update"]}
+
+
 def test_entropy_pre_update_is_the_sampling_policy_entropy_with_two_minibatches(tmp_path):
     """With two minibatches the step's `entropy_pre_update` is the no-grad entropy of the policy that
     sampled (an independent forward of a copy taken before the step), it differs from `entropy` (the
-    second minibatch's forward sees updated weights), and the E3 controller gets it.
-    Mutant killed: the loop (or the controller) using `entropy` where `entropy_pre_update` belongs."""
+    second minibatch's forward sees updated weights), and a controller gets both, unchanged.
+    Wrong version guarded: the loop reporting the update's `entropy` as `entropy_pre_update` (E3's
+    controller reads `entropy_pre_update`: lab/tests/recipes/e3/test_temperature_controller.py)."""
     import copy
 
+    ctl = _RecordingController()
     tr = _trainer(
         tmp_path,
         "minibatches=2",
         "optimizer.lr=5e-2",
         "rollout.temperature=1.0",
-        "hooks.controllers=[{name: e3-temperature, params: {anneal: false}}]",
         reward=_Parity(),
+        controllers=[ctl],
     )
     seen = []
     real = tr.engine.generate
@@ -135,7 +167,9 @@ def test_entropy_pre_update_is_the_sampling_policy_entropy_with_two_minibatches(
     expected = _entropy_at(before, rows, 1.0)
     assert m["entropy_pre_update"] == pytest.approx(expected, rel=1e-3)
     assert not math.isclose(m["entropy"], m["entropy_pre_update"], rel_tol=1e-4)
-    assert m["controller/entropy"] == m["entropy_pre_update"]
+    (got,) = ctl.seen
+    assert got["entropy_pre_update"] == m["entropy_pre_update"] and got["entropy"] == m["entropy"]
+    assert m["controller/entropy"] == m["entropy_pre_update"]  # a controller's metrics are logged
 
 
 class _Parity:
@@ -143,3 +177,10 @@ class _Parity:
 
     def __call__(self, completion, example) -> float:
         return float(ord(completion[0]) % 2) if completion else 0.0
+
+
+class _Length:
+    name = "length"
+
+    def __call__(self, completion, example) -> float:
+        return float(len(completion))

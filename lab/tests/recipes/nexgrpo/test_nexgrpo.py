@@ -88,6 +88,17 @@ def test_is_weights_closed_form_and_mask():
     assert grad[0, 2].item() == 1.0
 
 
+def test_top_p_below_one_is_refused_because_the_weights_use_sampling_logprobs():
+    """The importance weights π_old/π_past divide by the engine's sampling log-probs, which top-p
+    renormalises over the nucleus: the config refuses the pair."""
+    from posttrain.train.config import load_rl_config
+
+    tiny = ["model.name=tiny", "model.device=cpu", "reward.num_workers=0", "hooks.replay.name=nexgrpo"]
+    with pytest.raises(ValueError, match=r"rollout\.top_p=0\.9.*hooks\.replay 'nexgrpo'"):
+        load_rl_config(None, [*tiny, "rollout.top_p=0.9"])
+    load_rl_config(None, [*tiny, "rollout.top_p=1.0"])
+
+
 # ----------------------------------------------------------------------------------------- store
 def _ex(i):
     return Example(id=f"q{i}", prompt=f"p{i}", answer="a")
@@ -199,7 +210,7 @@ def test_bad_params_named():
         REPLAY_BUFFERS.get("nexgrpo")(embedding="nope")
 
 
-# ----------------------------------------------------------------- audit: per-question gate, z-scores
+# ----------------------------------------------------------------------- per-question gate, z-scores
 def _entry(conf, ids=(1, 2, 3, 4, 5), emb=None, seq=0):
     return {
         "ids": list(ids),
