@@ -1,6 +1,6 @@
 """`posttrain eval` through the real CLI: option guards (usage errors naming the option), run-folder
-defaults (task, params, prompt template, reward, generation settings), the truncation warning, and
-the record of which model / checkpoint was evaluated."""
+defaults (task, params, prompt template, reward, generation settings, threads; a demo folder's RL
+policy), the truncation warning, and the record of which model / checkpoint was evaluated."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import json
 import warnings
 
 import pytest
+import torch
+from _train_helpers import CLI_TINY
 from typer.testing import CliRunner
 
 from posttrain.cli import app
@@ -182,3 +184,21 @@ def test_saved_sft_config_maps_to_the_eval_settings():
         "rollout": {"max_new_tokens": 40},
         "eval": {"k": 2, "samples": 4, "temperature": 0.7},
     }
+
+
+def test_eval_of_a_demo_folder_uses_its_rl_policy_and_the_runs_threads(tmp_path):
+    demo = tmp_path / "demo"
+    quick = [*CLI_TINY, "eval.at_start=false", "eval.at_end=false", "--no-progress"]
+    res = _invoke(["rl", *quick, f"out_dir={demo / 'rl'}", "steps=1", "threads=2"])
+    assert res.exit_code == 0, res.output
+    (demo / "summary.json").write_text("{}")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        res = _invoke(["eval", "--model", str(demo), "--n", "2", "--max-new-tokens", "2"])
+        assert res.exit_code == 0, res.output
+        assert torch.get_num_threads() == 2  # the run's threads, as training used
+    finally:
+        torch.set_num_threads(before)
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["n"] == 2

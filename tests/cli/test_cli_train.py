@@ -1,4 +1,5 @@
-"""CLI end to end through typer's CliRunner: rl (2 steps) -> eval -> plot, sft data errors, demo --quick."""
+"""CLI end to end through typer's CliRunner: rl (2 steps) -> eval -> plot, sft data errors (a row without
+its key, unknown chat roles), sft -> plot of its loss curve."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ TINY = CLI_TINY
 def _invoke(args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
-        return runner.invoke(app, args, catch_exceptions=False)
+        return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
 def test_rl_eval_plot_end_to_end(tmp_path):
@@ -89,6 +90,31 @@ def test_sft_bad_dataset_row_gives_clear_error(tmp_path):
     assert f"{data}: line 2: missing key 'completion'" in res.output
 
 
+@pytest.mark.parametrize(("role", "hint"), [("assitant", " (did you mean 'assistant'?)"), ("wizard", "")])
+def test_sft_refuses_unknown_chat_roles_naming_file_row_and_roles(tmp_path, role, hint):
+    msgs = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]
+    bad = [
+        {"role": "user", "content": "2+2="},
+        {"role": role, "content": "4"},
+        {"role": "assistant", "content": "4"},
+    ]
+    data = _rows(tmp_path / "chat.jsonl", [{"messages": msgs}, {"messages": bad}])
+    res = _sft(tmp_path, data)
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    roles = "accepted roles: system, user, assistant, tool, developer"
+    assert f"{data}: line 2: messages[1]: unknown 'role' {role!r}{hint}; {roles}" in res.output, res.output
+
+
+def _rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _sft(tmp_path, data, *extra):
+    args = ["sft", "model.name=tiny", "model.device=cpu", f"data={data}", "steps=1", "batch_size=2"]
+    return _invoke([*args, "threads=1", f"out_dir={tmp_path / 'sft'}", "--no-progress", *extra])
+
+
 def test_sft_from_jsonl_runs_and_saves(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text(
@@ -109,23 +135,24 @@ def test_sft_from_jsonl_runs_and_saves(tmp_path):
     assert (tmp_path / "s" / "model" / "model.safetensors").is_file()
 
 
+def test_plot_of_an_sft_run_shows_its_loss_curve(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    data = _rows(tmp_path / "d.jsonl", [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(4)])
+    assert _sft(tmp_path, data, "steps=3").exit_code == 0
+    titles: list[str] = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "savefig",
+        lambda self, *a, **k: titles.extend(ax.get_title() for ax in self.axes) or real(self, *a, **k),
+    )
+    res = _invoke(["plot", tmp_path / "sft"])
+    assert res.exit_code == 0, res.output
+    assert titles[0] == "loss (nats/token)"
+    assert (tmp_path / "sft" / "curves.png").stat().st_size > 0
+
+
 def test_plot_missing_metrics_is_an_error(tmp_path):
     res = _invoke(["plot", str(tmp_path)])
     assert res.exit_code == 2 and "metrics.jsonl" in res.output
-
-
-@pytest.mark.slow
-def test_demo_quick(tmp_path):
-    res = _invoke(
-        ["demo", "--quick", "--out", str(tmp_path / "demo"), "--objective", "cispo", "--no-progress"]
-    )
-    assert res.exit_code == 0, res.output
-    s = json.loads((tmp_path / "demo" / "summary.json").read_text())
-    for k in ("before", "after", "rl_steps", "wall_s", "objective"):
-        assert k in s
-    assert (
-        s["objective"] == "cispo" and 0 <= s["before"]["accuracy"] <= 1 and 0 <= s["after"]["accuracy"] <= 1
-    )
-    assert (tmp_path / "demo" / "curves.png").is_file()
-    res = _invoke(["demo", "--objective", "nope", "--out", str(tmp_path / "x")])
-    assert res.exit_code == 2 and "accepted" in res.output

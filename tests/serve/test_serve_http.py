@@ -1,11 +1,15 @@
-"""`posttrain serve` over real HTTP on 127.0.0.1: valid requests and usage, streaming, every 4xx,
-the body-size bound (declared and chunked), the in-flight bound under concurrent clients, the
-SILO-BENCH OpenAI client against it, and the bounded loopback load test."""
+"""`posttrain serve` over real HTTP on 127.0.0.1: valid requests and usage, streaming, every 4xx (a
+non-finite temperature named as such), the body-size bound (declared and chunked), the in-flight
+bound under concurrent clients, a client that goes away stopping its generation, "serving on" only
+once the model has loaded, and the bounded loopback load test. (The lab's HTTP clients against this
+server: lab/tests/benchmarks/silo/test_agents.py, lab/tests/recipes/patarm/test_judge_source.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import time
 
 import pytest
 
@@ -154,6 +158,14 @@ def test_malformed_json_and_bad_fields_are_400(srv):
     assert_error(post(srv, {"messages": img}), 400, match="messages.0.content")
 
 
+@pytest.mark.parametrize("value", ["NaN", "Infinity"])
+def test_a_non_finite_temperature_is_named_as_such(srv, value):
+    body = '{"messages": [{"role": "user", "content": "hi"}], "temperature": ' + value + "}"
+    r = post(srv, content=body, headers={"content-type": "application/json"})
+    e = assert_error(r, 400)
+    assert "temperature" in e["message"] and "finite number" in e["message"] and "<= 2" not in e["message"]
+
+
 def test_server_bounds_are_400_404_405(srv):
     assert_error(post(srv, {"messages": HI, "max_tokens": 129}), 400, match="at most 128")
     assert_error(post(srv, {"messages": HI, "n": 5}), 400, match="max_n")
@@ -204,41 +216,38 @@ def test_clients_beyond_the_limit_get_429_and_the_rest_are_served(cfg, model):
         )
 
 
-# ------------------------------------------------------------------------------ SILO and load test
-def test_silo_openai_client_runs_a_case_against_the_server(srv):
-    from posttrain_lab.benchmarks.silo.agents import OpenAIChatAgent
-    from posttrain_lab.benchmarks.silo.engine import EngineConfig, run_case
+def test_a_client_that_goes_away_stops_its_generation(caplog):
+    cfg = ServeConfig(model="tiny", port=0, max_tokens=3000, max_prompt_tokens=100)
+    model = ChatModel(cfg)
+    lengths = []
+    real = model.engine.generate
 
-    case = {
-        "case_id": "I-01_serve",
-        "agent_configs": [{"agent_id": i, "user_prompt": "find 7"} for i in range(2)],
-        "expected_output": {"per_agent_values": [7, 7]},
-    }
-    agent = OpenAIChatAgent(srv.base_url, "tiny", max_tokens=8, temperature=0.0, max_retries=0, timeout_s=60)
-    res = run_case(case, "bp", agent, EngineConfig(max_rounds=2))
-    assert res.rounds_executed >= 1 and len(res.answers) == 2
-    u = agent.usage_total
-    assert u["requests"] >= 2 and u["retries"] == 0 and u["prompt_tokens"] > 100
-    assert 0 < u["completion_tokens"] <= 8 * u["requests"]
+    def no_eos(prompts, n, params):  # the tiny model may stop early: make it run to max_tokens
+        out = real(prompts, n, dataclasses.replace(params, suppress_eos=True))
+        lengths.append(int(out.completion_ids.shape[1]))
+        return out
 
-
-def test_patarm_endpoint_judge_against_the_server(srv):
-    """The PaTaRM judge reward source over real HTTP against `posttrain serve`: every judgment is
-    answered (no failed calls, no timeouts); an untrained tiny model writes no score tag, so each is
-    counted unparsable (asked once more) and scored at the bottom of the scale, never raising."""
-    from posttrain.tasks.base import Example
-    from posttrain_lab.recipes.patarm.judge import EndpointJudge, JudgeRewardSource
-
-    judge = EndpointJudge(srv.base_url, "tiny", max_tokens=8, timeout_s=60, max_retries=0)
-    src = JudgeRewardSource(judge, rubric_style="none")
-    ex = Example(id="q0", prompt="2+2=", answer="4")
-    res = src.score(["4", "5"], [ex, ex])
-    assert res.timeouts == 0 and res.errors == 0 and not judge.last_errors
-    assert res.components["judge_failed"] == [0.0, 0.0]
-    assert res.rewards == [0.0, 0.0] and res.components["judge_parsed"] == [0.0, 0.0]
-    assert src.stats["calls"] >= 1 and src.stats["unparsable"] == 2
+    model.engine.generate = no_eos
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000}
+    with BackgroundServer(cfg, app=create_app(cfg, model)) as srv:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{srv.base_url}/chat/completions", json=body, timeout=0.5)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            health = httpx.get(srv.base_url.removesuffix("/v1") + "/health", timeout=10).json()
+            if health["cancelled"]:
+                break
+            time.sleep(0.1)
+        r = httpx.post(f"{srv.base_url}/chat/completions", json={**body, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200, r.text
+    assert health["cancelled"] == 1
+    assert lengths[0] < 3000  # stopped when the client left, not after all 3000 tokens
+    drops = [r for r in caplog.records if "client went away" in r.getMessage()]
+    assert len(drops) == 1  # one line per drop
+    assert [r.getMessage() for r in caplog.records if r.levelno >= 40] == []  # no tracebacks logged
 
 
+# ------------------------------------------------------------------------------------ load test
 def test_bench_serve_command_reports_throughput_and_latency(tmp_path):
     from typer.testing import CliRunner
 
@@ -288,3 +297,13 @@ def test_serve_cli_errors(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "uvicorn", None)
     r = CliRunner().invoke(app, ["serve", "tiny"])
     assert r.exit_code == 2 and 'install the serve extra (pip install -e ".[serve]")' in r.output
+
+
+def test_serving_is_announced_only_after_the_model_loaded(tmp_path):
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    res = CliRunner().invoke(app, ["serve", str(tmp_path / "no-such-model"), "--port", "0"])
+    assert res.exit_code == 2
+    assert "error: model" in res.output and "on http://" not in res.output  # no "serving ... on ..."

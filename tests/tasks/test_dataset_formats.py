@@ -1,7 +1,7 @@
 """Datasets as users have them: a `datasets` save_to_disk directory, parquet, arrow and JSON lines as a
 task (column mapping, dotted nested columns); TRL's formats (prompt as text or chat messages,
-prompt/completion, messages, preference chosen/rejected) and verl's RL parquet layout read as they
-are; bad rows named by file, row and column."""
+prompt/completion, messages) and verl's RL parquet layout read as they are; bad rows named by file,
+row and column. (TRL's preference format: lab/tests/recipes/patarm/test_core.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from posttrain.tasks import get_task
 from posttrain.tasks.base import ChatPrompt
 from posttrain.tasks.jsonl import DatasetError
 from posttrain.train.sft_data import SFTDataError, read_sft_file
-from posttrain_lab.recipes.patarm.data import PreferenceDataError, load_preferences
 
 datasets = pytest.importorskip("datasets")
 
@@ -181,37 +180,6 @@ def test_trl_sft_formats_from_every_source(tmp_path):
     (tmp_path / "mixed.jsonl").write_text(json.dumps(mixed[0]) + "\n")
     with pytest.raises(SFTDataError, match=r"mixed\.jsonl: line 1: 'completion' must be a list of messages"):
         read_sft_file(tmp_path / "mixed.jsonl")
-
-
-def test_trl_preference_formats(tmp_path):
-    u = [{"role": "user", "content": "1+1="}]
-    rows = [
-        {"prompt": "1+1=", "chosen": "2", "rejected": "3"},  # standard, text
-        {  # conversational with explicit prompt
-            "prompt": u,
-            "chosen": [{"role": "assistant", "content": "2"}],
-            "rejected": [{"role": "assistant", "content": "3"}],
-        },
-        {  # conversational with implicit prompt
-            "chosen": [*u, {"role": "assistant", "content": "2"}],
-            "rejected": [*u, {"role": "assistant", "content": "3"}],
-        },
-    ]
-    path = tmp_path / "pref.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    pairs = load_preferences(path)
-    assert [(p.prompt, p.chosen, p.rejected) for p in pairs] == [("1+1=", "2", "3")] * 3
-    datasets.Dataset.from_list(rows[2:]).save_to_disk(str(tmp_path / "prefdir"))
-    (p,) = load_preferences(tmp_path / "prefdir")
-    assert (p.prompt, p.chosen, p.rejected) == ("1+1=", "2", "3")
-    bad = [
-        {**rows[2], "rejected": [{"role": "user", "content": "other"}, {"role": "assistant", "content": "3"}]}
-    ]
-    path.write_text(json.dumps(bad[0]) + "\n")
-    with pytest.raises(
-        PreferenceDataError, match=r"pref\.jsonl:1: no 'prompt' field and 'chosen' / 'rejected'"
-    ):
-        load_preferences(path)
 
 
 def test_rl_cli_on_a_verl_parquet_end_to_end(tmp_path):

@@ -1,9 +1,8 @@
-"""CLI (`posttrain tasks ...`, `posttrain bench reward-pool`), Example hashing, split properties."""
+"""CLI (`posttrain tasks ...`), Example hashing, split properties."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -45,35 +44,6 @@ def test_cli_tasks_list_and_show() -> None:
 def test_split_sizes_must_be_non_negative_ints(task: str, key: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"task '{task}': {key} must be a non-negative integer, got"):
         get_task(task, **{key: value})
-
-
-def test_cli_bench_reward_pool(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    res = runner.invoke(
-        app,
-        [
-            "bench",
-            "reward-pool",
-            "--batch",
-            "16",
-            "--workers",
-            "1",
-            "--repeats",
-            "2",
-            "--timeout-s",
-            "0.5",
-            "--json",
-            str(out),
-        ],
-    )
-    assert res.exit_code == 0, res.output
-    data = json.loads(out.read_text())
-    pool_row = data["rows"][1]
-    assert data["rows"][0]["mode"] == "in-process" and pool_row["workers"] == 1
-    assert pool_row["recovery_timeouts"] == 1 and pool_row["recovery_s"] >= 0
-    assert pool_row["median_ms"] > 0
-    res = runner.invoke(app, ["bench", "reward-pool", "--workers", "0", "--repeats", "1"])
-    assert res.exit_code == 2 and "worker counts must be >= 1" in res.output
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

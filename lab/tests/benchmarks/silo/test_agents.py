@@ -1,6 +1,7 @@
 """Agents through the real engine and parser: scripted reference agents (all 30 tasks x 3 protocols),
 adversarial agents and junk, a tiny local HF model, and the OpenAI-compatible client against a real
-local HTTP server (scripted replies, 500 -> retry, timeout, 4xx, concurrency cap)."""
+local HTTP server (scripted replies, 500 -> retry, timeout, 4xx, concurrency cap) and against
+`posttrain serve` on the tiny preset."""
 
 from __future__ import annotations
 
@@ -364,3 +365,38 @@ def test_openai_client_concurrency_limit_is_shared():
         outs = asyncio.run(go())
     assert [o.text for o in outs] == ["ok"] * 6
     assert srv.max_inflight == 2
+
+
+@pytest.fixture(scope="module")
+def served_tiny():
+    """`posttrain serve` on the tiny preset over real HTTP (127.0.0.1, a free port); needs the serve extra."""
+    pytest.importorskip(
+        "fastapi", reason="the serve extra (fastapi) is not installed: pip install -e '.[serve]'"
+    )
+    pytest.importorskip(
+        "uvicorn", reason="the serve extra (uvicorn) is not installed: pip install -e '.[serve]'"
+    )
+    from posttrain.serve import ServeConfig
+    from posttrain.serve.app import create_app
+    from posttrain.serve.model import ChatModel
+    from posttrain.serve.server import BackgroundServer
+
+    cfg = ServeConfig(model="tiny", port=0, max_prompt_tokens=4000, max_tokens=128, default_max_tokens=8)
+    with BackgroundServer(cfg, app=create_app(cfg, ChatModel(cfg))) as srv:
+        yield srv
+
+
+def test_openai_client_runs_a_case_against_posttrain_serve(served_tiny):
+    case = {
+        "case_id": "I-01_serve",
+        "agent_configs": [{"agent_id": i, "user_prompt": "find 7"} for i in range(2)],
+        "expected_output": {"per_agent_values": [7, 7]},
+    }
+    agent = OpenAIChatAgent(
+        served_tiny.base_url, "tiny", max_tokens=8, temperature=0.0, max_retries=0, timeout_s=60
+    )
+    res = run_case(case, "bp", agent, EngineConfig(max_rounds=2))
+    assert res.rounds_executed >= 1 and len(res.answers) == 2
+    u = agent.usage_total
+    assert u["requests"] >= 2 and u["retries"] == 0 and u["prompt_tokens"] > 100
+    assert 0 < u["completion_tokens"] <= 8 * u["requests"]

@@ -226,6 +226,40 @@ def test_load_preferences_parquet(tmp_path):
     assert load_preferences(f)[0].chosen == "a"
 
 
+def test_trl_preference_formats(tmp_path):
+    """TRL's preference rows (text, conversational with an explicit or implicit prompt) from JSON lines
+    and a `datasets` folder; an implicit prompt whose two sides disagree is named."""
+    datasets = pytest.importorskip("datasets")
+    u = [{"role": "user", "content": "1+1="}]
+    rows = [
+        {"prompt": "1+1=", "chosen": "2", "rejected": "3"},  # standard, text
+        {  # conversational with explicit prompt
+            "prompt": u,
+            "chosen": [{"role": "assistant", "content": "2"}],
+            "rejected": [{"role": "assistant", "content": "3"}],
+        },
+        {  # conversational with implicit prompt
+            "chosen": [*u, {"role": "assistant", "content": "2"}],
+            "rejected": [*u, {"role": "assistant", "content": "3"}],
+        },
+    ]
+    path = tmp_path / "pref.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = load_preferences(path)
+    assert [(p.prompt, p.chosen, p.rejected) for p in pairs] == [("1+1=", "2", "3")] * 3
+    datasets.Dataset.from_list(rows[2:]).save_to_disk(str(tmp_path / "prefdir"))
+    (p,) = load_preferences(tmp_path / "prefdir")
+    assert (p.prompt, p.chosen, p.rejected) == ("1+1=", "2", "3")
+    bad = [
+        {**rows[2], "rejected": [{"role": "user", "content": "other"}, {"role": "assistant", "content": "3"}]}
+    ]
+    path.write_text(json.dumps(bad[0]) + "\n")
+    with pytest.raises(
+        PreferenceDataError, match=r"pref\.jsonl:1: no 'prompt' field and 'chosen' / 'rejected'"
+    ):
+        load_preferences(path)
+
+
 def test_near_miss_is_close_and_wrong():
     import random
 

@@ -1,5 +1,6 @@
 """The judge reward source under good, slow, failing and garbage judges; the endpoint path over a real
-loopback HTTP server (127.0.0.1 only, bounded); the PAR reward source and runner."""
+loopback HTTP server (127.0.0.1 only, bounded) and against `posttrain serve` on the tiny preset; the
+PAR reward source and runner."""
 
 from __future__ import annotations
 
@@ -284,6 +285,39 @@ def test_endpoint_whole_call_timeout_of_the_source():
         res = src.score(["x"], [_ex("q")])
         assert time.perf_counter() - t0 < 1.5
     assert res.timeouts == 1 and res.rewards == [0.0]
+
+
+@pytest.fixture(scope="module")
+def served_tiny():
+    """`posttrain serve` on the tiny preset over real HTTP (127.0.0.1, a free port); needs the serve extra."""
+    pytest.importorskip(
+        "fastapi", reason="the serve extra (fastapi) is not installed: pip install -e '.[serve]'"
+    )
+    pytest.importorskip(
+        "uvicorn", reason="the serve extra (uvicorn) is not installed: pip install -e '.[serve]'"
+    )
+    from posttrain.serve import ServeConfig
+    from posttrain.serve.app import create_app
+    from posttrain.serve.model import ChatModel
+    from posttrain.serve.server import BackgroundServer
+
+    cfg = ServeConfig(model="tiny", port=0, max_prompt_tokens=4000, max_tokens=128, default_max_tokens=8)
+    with BackgroundServer(cfg, app=create_app(cfg, ChatModel(cfg))) as srv:
+        yield srv
+
+
+def test_endpoint_judge_against_posttrain_serve(served_tiny):
+    """The PaTaRM judge reward source over real HTTP against `posttrain serve`: every judgment is
+    answered (no failed calls, no timeouts); an untrained tiny model writes no score tag, so each is
+    counted unparsable (asked once more) and scored at the bottom of the scale, never raising."""
+    judge = EndpointJudge(served_tiny.base_url, "tiny", max_tokens=8, timeout_s=60, max_retries=0)
+    src = JudgeRewardSource(judge, rubric_style="none")
+    ex = Example(id="q0", prompt="2+2=", answer="4")
+    res = src.score(["4", "5"], [ex, ex])
+    assert res.timeouts == 0 and res.errors == 0 and not judge.last_errors
+    assert res.components["judge_failed"] == [0.0, 0.0]
+    assert res.rewards == [0.0, 0.0] and res.components["judge_parsed"] == [0.0, 0.0]
+    assert src.stats["calls"] >= 1 and src.stats["unparsable"] == 2
 
 
 # --------------------------------------------------------------------------------------- PAR source

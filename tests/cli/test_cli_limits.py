@@ -1,5 +1,8 @@
-"""What a new user hit (issue 30), through the real CLI: config-time bounds (group size, length),
-tokenizer/model mismatch, ..."""
+"""Limits checked before a run starts, through the real CLI (each refusal exits 2 with a message naming
+the setting, no traceback, and leaves no run folder): groups of one completion for group-relative
+advantages, ``max_new_tokens`` against the model's context, a tokenizer that does not fit the model,
+SFT rows and RL prompts longer than the context (refused naming file and line, or truncated / skipped
+and counted only when asked), and empty splits (refused before the model loads)."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def _refused(res, *needles):
         assert n in res.output, res.output
 
 
-# ------------------------------------------------------------------------ 8. groups of one completion
+# ------------------------------------------------------------------------ groups of one completion
 @pytest.mark.parametrize("adv", ["grpo", "dr_grpo", "rloo"])
 def test_group_size_one_is_refused_for_group_relative_advantages(tmp_path, adv):
     res = _invoke(
@@ -48,7 +51,7 @@ def test_group_size_one_is_accepted_with_a_batch_baseline(tmp_path):
     assert cfg.rollout.group_size == 1
 
 
-# ------------------------------------------------------------------------ 4. max_new_tokens vs context
+# ------------------------------------------------------------------------ max_new_tokens vs context
 def test_max_new_tokens_beyond_the_models_context_is_refused_at_config_time(tmp_path):
     res = _invoke(["rl", *QUICK, f"out_dir={tmp_path / 'r'}", "rollout.max_new_tokens=1e9"])
     _refused(res, "rollout.max_new_tokens", "does not fit the context of model 'tiny' (4096 tokens")
@@ -68,7 +71,7 @@ def test_context_of_a_model_directory_is_read_from_its_config(tmp_path):
     assert model_context_length(str(tmp_path / "missing")) is None
 
 
-# ------------------------------------------------------------------------ 5. tokenizer/model mismatch
+# ------------------------------------------------------------------------ tokenizer/model mismatch
 def _bpe_tokenizer(size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -151,7 +154,7 @@ def test_a_matching_saved_model_still_loads(tmp_path):
     assert len(t2) == m2.get_input_embeddings().weight.shape[0]
 
 
-# ------------------------------------------------------------------------ 3. length bounds at load
+# ------------------------------------------------------------------------ length bounds at load
 def _sft(tmp_path, data, *extra):
     return _invoke(
         [
@@ -223,7 +226,7 @@ def test_rl_prompt_longer_than_the_context_is_refused_or_skipped(tmp_path):
     assert "rows longer than 4093 tokens: 1 skipped (rollout.overlong_prompts=skip)" in res.output
 
 
-# ------------------------------------------------------------------------ 9 / 10. early failures
+# ------------------------------------------------------------------------ empty splits
 PLUGINS = str(Path(__file__).resolve().parents[1] / "helpers")
 
 
@@ -260,114 +263,3 @@ def test_empty_splits_are_refused_before_the_model_loads(
     assert "EOFError" not in res.output
     assert loads == []  # refused before any model was loaded
     assert not run.exists()  # and nothing was left behind (no config.yaml)
-
-
-def test_a_run_that_failed_before_its_first_step_is_replaced_by_a_rerun(tmp_path):
-    run = tmp_path / "r"
-    run.mkdir()
-    (run / "config.yaml").write_text("seed: 9\n")  # what a run that died in its first evaluation leaves
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.1}) + "\n")
-    res = _invoke(["rl", *QUICK, f"out_dir={run}", "steps=1", "--resume"])
-    _refused(res, "nothing to resume", "start a new run without --resume")
-    res = _invoke(["rl", *QUICK, f"out_dir={run}", "steps=1"])  # no --overwrite needed: no step was taken
-    assert res.exit_code == 0, res.output
-    assert "seed: 0" in (run / "config.yaml").read_text()
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
-    res = _invoke(["rl", *QUICK, f"out_dir={run}", "steps=1"])  # a run with a step is still protected
-    _refused(res, "already holds a run")
-
-
-# ------------------------------------------------------------------------ 11. unknown chat roles
-@pytest.mark.parametrize(("role", "hint"), [("assitant", " (did you mean 'assistant'?)"), ("wizard", "")])
-def test_sft_refuses_unknown_chat_roles_naming_file_row_and_roles(tmp_path, role, hint):
-    msgs = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]
-    bad = [
-        {"role": "user", "content": "2+2="},
-        {"role": role, "content": "4"},
-        {"role": "assistant", "content": "4"},
-    ]
-    data = _rows(tmp_path / "chat.jsonl", [{"messages": msgs}, {"messages": bad}])
-    res = _sft(tmp_path, data)
-    _refused(
-        res,
-        f"{data}: line 2: messages[1]: unknown 'role' {role!r}{hint}; accepted roles: system, user, assistant, tool, developer",
-    )
-
-
-# ------------------------------------------------------------------------ 6. plot of an SFT run
-def test_plot_of_an_sft_run_shows_its_loss_curve(tmp_path, monkeypatch):
-    import matplotlib.figure
-
-    data = _rows(tmp_path / "d.jsonl", [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(4)])
-    assert _sft(tmp_path, data, "steps=3").exit_code == 0
-    titles: list[str] = []
-    real = matplotlib.figure.Figure.savefig
-    monkeypatch.setattr(
-        matplotlib.figure.Figure,
-        "savefig",
-        lambda self, *a, **k: titles.extend(ax.get_title() for ax in self.axes) or real(self, *a, **k),
-    )
-    res = _invoke(["plot", tmp_path / "sft"])
-    assert res.exit_code == 0, res.output
-    assert titles[0] == "loss (nats/token)"
-    assert (tmp_path / "sft" / "curves.png").stat().st_size > 0
-
-
-# ------------------------------------------------------------------------ 15. smaller things
-def test_a_misspelled_section_suggests_the_section():
-    from posttrain.train.config import RLConfig
-    from posttrain.utils.config import ConfigError, build_config
-
-    with pytest.raises(ConfigError, match=r"unknown key 'optimiser' \(did you mean 'optimizer'\?\)"):
-        build_config(RLConfig, None, ["optimiser.lr=1e-5"])
-    with pytest.raises(ConfigError, match=r"unknown key 'optimizer.lrr' \(did you mean 'optimizer.lr'\?\)"):
-        build_config(RLConfig, None, ["optimizer.lrr=1e-5"])
-
-
-def test_rl_prints_heldout_accuracy_and_says_when_eval_n_exceeds_the_split(tmp_path):
-    run = tmp_path / "r"
-    res = _invoke(["rl", *CLI_TINY, "--no-progress", f"out_dir={run}", "steps=1", "eval.n=50"])
-    assert res.exit_code == 0, res.output
-    assert "note: task 'arithmetic' has only 10 held-out examples; eval.n=50 evaluates all 10" in res.output
-    assert "eval at step 0: held-out accuracy " in res.output and "(greedy pass@1, n=10)" in res.output
-    assert "eval at step 1: held-out accuracy " in res.output
-
-
-def test_eval_of_a_demo_folder_uses_its_rl_policy_and_the_runs_threads(tmp_path):
-    import torch
-
-    demo = tmp_path / "demo"
-    res = _invoke(["rl", *QUICK, f"out_dir={demo / 'rl'}", "steps=1", "threads=2"])
-    assert res.exit_code == 0, res.output
-    (demo / "summary.json").write_text("{}")
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        res = _invoke(["eval", "--model", demo, "--n", "2", "--max-new-tokens", "2"])
-        assert res.exit_code == 0, res.output
-        assert torch.get_num_threads() == 2  # the run's threads, as training used
-    finally:
-        torch.set_num_threads(before)
-    out = json.loads(res.output.strip().splitlines()[-1])
-    assert out["n"] == 2
-
-
-def test_warnings_on_the_command_line_are_one_line(tmp_path):
-    import subprocess
-    import sys
-
-    exe = str(Path(sys.executable).with_name("posttrain"))
-    args = [
-        exe,
-        "rl",
-        *CLI_TINY,
-        "--no-progress",
-        f"out_dir={tmp_path / 'r'}",
-        "steps=1",
-        "eval.at_start=false",
-    ]
-    args += ["eval.at_end=false", "rollout.max_new_tokens=1", "rollout.suppress_eos=true"]  # warns: truncated
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert "warning: step 1: 100% of completions hit rollout.max_new_tokens=1" in proc.stderr
-    assert "warnings.warn(" not in proc.stderr and "DegenerateSettingWarning" not in proc.stderr
