@@ -1,4 +1,5 @@
-"""The multi-turn runner (masks, turn indices, log-probs, truncation) and the ``duca`` estimator fed by it."""
+"""The multi-turn runner (masks, turn indices, log-probs, truncation, a turn cut at the token cap marked
+as a format violation) and the ``duca`` estimator fed by it."""
 
 from __future__ import annotations
 
@@ -275,3 +276,30 @@ def test_registered_runner_with_hf_engine_and_chat_template(tok):
     s1 = [s.seed for s in r.last_sessions]
     r2.run(exs, [2, 2], SamplingParams(temperature=1.0, max_new_tokens=4))
     assert [s.seed for s in r2.last_sessions] == s1
+
+
+def test_a_turn_cut_at_the_token_cap_is_a_format_violation(tok):
+    exs = SalesTask(n_train=2, n_heldout=1).split("train")
+    runner = MultiTurnRunner(ScriptedEngine(tok), PromptFormatter(tok), env="sales", user_turn=USER)
+    fmt = runner.criteria.index("format")
+    eps = runner.run(exs[:1], [1], SamplingParams(max_new_tokens=5))  # every turn is cut
+    n = int(eps.advantage_inputs["num_turns"][0])
+    assert n >= 1 and runner.last_sessions[0].turns_cut == n
+    assert eps.advantage_inputs["turn_rewards"][0, :n, fmt].tolist() == [-1.0] * n
+    assert runner.eval_metrics(eps)["format_rate"] == 1.0
+    # a turn that ends with its own EOS is not marked; cut_violation=None marks nothing
+    eps = runner.run(exs[:1], [1], SamplingParams(max_new_tokens=64))
+    assert runner.last_sessions[0].turns_cut == 0
+    assert (
+        eps.advantage_inputs["turn_rewards"][0, :, fmt].tolist()
+        == [0.0] * eps.advantage_inputs["turn_rewards"].shape[1]
+    )
+    off = MultiTurnRunner(
+        ScriptedEngine(tok), PromptFormatter(tok), env="sales", user_turn=USER, cut_violation=None
+    )
+    eps = off.run(exs[:1], [1], SamplingParams(max_new_tokens=5))
+    assert eps.advantage_inputs["turn_rewards"][0, :, fmt].max() == 0.0
+    with pytest.raises(ValueError, match="cut_violation 'tone'"):
+        MultiTurnRunner(
+            ScriptedEngine(tok), PromptFormatter(tok), env="sales", user_turn=USER, cut_violation="tone"
+        )

@@ -1,4 +1,5 @@
-"""The environment interface and the built-in rule-based ``sales`` customer."""
+"""The environment interface and the rule-based ``sales`` customer: a turn naming several products
+does not convert, a fitting offer converts with probability ``accept_prob``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import pytest
 
 from posttrain.envs import ENVS, Env, StepResult, check_step, env_factory, list_envs
 from posttrain.tasks.base import Example
-from posttrain_lab.recipes.duca.sales import CATALOG, CRITERIA, SalesEnv, SalesTask, ScriptedSeller
+from posttrain_lab.recipes.duca.sales import (
+    CATALOG,
+    CRITERIA,
+    SalesEnv,
+    SalesTask,
+    ScriptedSeller,
+    matching_products,
+)
 
 SCRIPT = [
     "Hello! How can I help?",
@@ -176,3 +184,42 @@ def test_check_step_enforces_the_contract():
         assert isinstance(env_factory("test-never-done")(), _NeverDone)
     finally:
         ENVS._items.pop("test-never-done")
+
+
+def test_naming_the_whole_catalogue_does_not_convert():
+    catalogue = "We have Aero, Titan, Lumo, Zenith, Echo, Sonic, Snap and Vista."
+    for need, budget in (("laptop", 700), ("phone", 300), ("camera", 1500)):
+        env = SalesEnv()
+        env.reset(_ex(need, budget), seed=0)
+        res = env.step(catalogue)
+        assert not res.done and not env.converted and "just one" in res.observation
+        assert env.summary()["multi_offer_turns"] == 1
+        old = SalesEnv(multi_offer="allow")  # the exploit: name everything, one product fits
+        old.reset(_ex(need, budget), seed=0)
+        assert old.step(catalogue).done and old.converted
+    # the same product twice is one offer
+    env = SalesEnv()
+    env.reset(_ex(), seed=0)
+    assert env.step("The Aero is light. Aero it is.").done
+    with pytest.raises(ValueError, match="multi_offer"):
+        SalesEnv(multi_offer="maybe")
+
+
+def test_a_fitting_offer_converts_only_sometimes_with_accept_prob():
+    good = matching_products("laptop", 700)[0]
+    first = []
+    for seed in range(200):
+        env = SalesEnv(accept_prob=0.4, conversion_reward=10.0)
+        env.reset(_ex(), seed=seed)
+        res = env.step(f"I recommend the {good}.")
+        first.append(res.done)
+        if res.done:
+            assert res.session_reward == 10.0
+        else:
+            assert good in res.observation and not env.converted
+    assert 0.3 < sum(first) / len(first) < 0.5
+    env = SalesEnv()  # default 1.0: always
+    env.reset(_ex(), seed=0)
+    assert env.step(f"I recommend the {good}.").session_reward == 1.0
+    with pytest.raises(ValueError, match="accept_prob"):
+        SalesEnv(accept_prob=0.0)
