@@ -1,10 +1,13 @@
-"""Policy losses: float64 gradcheck (directly, or against the paper's potential), padding-poison and
-micro-batch invariance (hypothesis)."""
+"""Policy losses: float64 gradcheck (directly, or against the paper's potential) for every registered
+loss, so a new loss without a gradcheck case fails here; padding-poison and micro-batch invariance
+(hypothesis)."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -74,11 +77,29 @@ def phi_maspo(x, a, old):
     return -a * torch.where(gated, p_gate, r)
 
 
-def _direct(name, **params):
-    def f(logp, old, adv, mask):
-        return get_policy_loss(name)(logp, old, adv, mask, agg="token-sum", **params)[0]
+def gspo_batch():
+    """Sequences on each side of GSPO's narrow sequence clip (A<0 ∧ s>1; A>0 ∧ s<1; inside), one padded."""
+    lr = torch.tensor([[0.1, 0.05, 0.15, 0.1], [-0.3, -0.1, 0.0, 0.0], [1e-5, -1e-5, 2e-5, 0.0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    old = torch.full_like(lr, -1.5)
+    adv = torch.tensor([-1.0, 2.0, 0.5], dtype=F64)
+    return old + lr, old, adv, mask
 
-    return f
+
+class Case(NamedTuple):
+    """A gradcheck of registered loss `loss`: `fn(logp, old, adv, mask)` on the batch `batch()`."""
+
+    loss: str
+    fn: Callable[..., torch.Tensor]
+    batch: Callable[[], tuple[torch.Tensor, ...]] = region_batch
+    eps: float = 1e-6
+
+
+def _direct(name, agg="token-sum", **params):
+    def f(logp, old, adv, mask):
+        return get_policy_loss(name)(logp, old, adv, mask, agg=agg, **params)[0]
+
+    return Case(name, f)
 
 
 def _potential(name, phi, **params):
@@ -88,14 +109,16 @@ def _potential(name, phi, **params):
         pot = torch.where(mask, phi(x, adv, old), torch.zeros_like(logp)).sum()
         return straight_through(pot, loss)
 
-    return f
+    return Case(name, f)
 
 
+#: case id -> Case. Every registered loss needs at least one (the gate below).
 GRADCHECK_CASES = {
     "ppo": _direct("ppo"),
     "ppo-no-dual": _direct("ppo", clip_c=None),
     "dapo": _direct("dapo"),
     "sapo": _direct("sapo"),
+    "gspo": Case("gspo", _direct("gspo", agg=None).fn, gspo_batch, 1e-7),  # seq-mean-token-mean
     "cispo": _potential("cispo", lambda x, a, old: phi_cispo(x, a)),
     "cispo-lo0.2": _potential("cispo", lambda x, a, old: phi_cispo(x, a, lo=0.2), clip_low=0.2),
     "dgpo": _potential("dgpo", lambda x, a, old: phi_dgpo(x, a)),
@@ -105,12 +128,48 @@ GRADCHECK_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(GRADCHECK_CASES))
-def test_gradcheck_float64_every_region(case):
-    logp, old, adv, mask = region_batch()
-    f = GRADCHECK_CASES[case]
+def _gradcheck_cases(name: str) -> list[str]:
+    cases = [k for k, c in GRADCHECK_CASES.items() if c.loss == name]
+    if not cases:
+        pytest.fail(
+            f"policy loss {name!r} is registered but has no float64 gradcheck: add a Case to "
+            "GRADCHECK_CASES in tests/algos/test_algos_loss_properties.py (directly, or against its potential)"
+        )
+    return cases
+
+
+def _gradcheck(c: Case) -> bool:
+    logp, old, adv, mask = c.batch()
     x = logp.clone().requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda lp: f(lp, old, adv, mask), (x,), eps=1e-6, atol=1e-6, rtol=1e-5)
+    return torch.autograd.gradcheck(
+        lambda lp: c.fn(lp, old, adv, mask), (x,), eps=c.eps, atol=1e-6, rtol=1e-5, raise_exception=False
+    )
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_gradcheck_float64_every_region(name):
+    failed = [case for case in _gradcheck_cases(name) if not _gradcheck(GRADCHECK_CASES[case])]
+    assert not failed, f"gradcheck fails for {failed}"
+
+
+def test_a_loss_registered_without_a_gradcheck_fails_the_gate():
+    """A newly registered loss joins `list_policy_losses()` (the gate's parameters at collection);
+    without a Case the gate fails for it. The root conftest restores the registry afterwards."""
+    from posttrain.algos import Terms, register_policy_loss
+
+    def core(batch) -> Terms:
+        ratio = torch.exp(batch.log_ratio)
+        none = torch.zeros_like(batch.valid)
+        return Terms(-batch.adv * ratio, ratio.detach(), ratio.detach(), none, none)
+
+    register_policy_loss("test-unchecked", validate=lambda name, params: None)(core)
+    assert "test-unchecked" in list_policy_losses()
+    with pytest.raises(pytest.fail.Exception, match="'test-unchecked' is registered but has no float64"):
+        test_gradcheck_float64_every_region("test-unchecked")
+
+
+def test_gradcheck_cases_name_only_registered_losses():
+    assert {c.loss for c in GRADCHECK_CASES.values()} <= set(LOSSES)
 
 
 def test_potential_gradcheck_detects_a_wrong_gradient():
@@ -126,16 +185,13 @@ def test_potential_gradcheck_detects_a_wrong_gradient():
     assert not torch.autograd.gradcheck(wrong, (x,), eps=1e-6, atol=1e-6, raise_exception=False)
 
 
-def test_gradcheck_gspo_sequence_objective():
+def test_gspo_sequence_objective_gradient_closed_form():
     """GSPO's loss value under seq-mean-token-mean is Σ_i max(−A s_i, −A clip(s_i))/S, whose true
-    gradient is what autograd gives through the sg-trick (∂/∂logp_t = −A·s_i/(|y_i|·S))."""
-    lr = torch.tensor([[0.1, 0.05, 0.15, 0.1], [-0.3, -0.1, 0.0, 0.0], [1e-5, -1e-5, 2e-5, 0.0]], dtype=F64)
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
-    old = torch.full_like(lr, -1.5)
-    adv = torch.tensor([-1.0, 2.0, 0.5], dtype=F64)
-    x = (old + lr).requires_grad_(True)
+    gradient (gradcheck: the gate above) is what autograd gives through the sg-trick
+    (∂/∂logp_t = −A·s_i/(|y_i|·S))."""
+    logp, old, adv, mask = gspo_batch()
+    x = logp.clone().requires_grad_(True)
     fn = get_policy_loss("gspo")
-    assert torch.autograd.gradcheck(lambda lp: fn(lp, old, adv, mask)[0], (x,), eps=1e-7, atol=1e-6)
     # all three sequences are on an unclipped side (A<0 ∧ s>1; A>0 ∧ s<1; inside), so
     # ∂/∂logp_t = −A_i·s_i/(|y_i|·S) on valid tokens, with S = 3 sequences
     (g,) = torch.autograd.grad(fn(x, old, adv, mask)[0], x)

@@ -1,4 +1,6 @@
-"""Policy losses: spec reference tables (every row), gradient weights per region, gradcheck, errors."""
+"""Policy losses: spec reference tables (every row), gradient weights per region, errors, and a
+registry-driven gate: every registered loss has closed-form reference values (``CLOSED_FORM``), so a
+new loss without them fails here (its float64 gradcheck: test_algos_loss_properties.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,18 @@ import pytest
 import torch
 
 from posttrain.algos import (
+    Terms,
     get_policy_loss,
     list_policy_losses,
     policy_loss_default_agg,
     policy_loss_defaults,
+    register_policy_loss,
 )
 
 F64 = torch.float64
+#: The losses the library itself registers; installed packages may add more through the
+#: ``posttrain.policy_losses`` entry point group, so the registry is a superset.
+BUILTIN = {"cispo", "dapo", "dgpo", "gspo", "maspo", "ppo", "sapo"}
 
 
 def rows(name, a, r, pi_old=0.05, **params):
@@ -45,10 +52,10 @@ def close(x, y, tol=1e-4):
 
 
 def test_registry_names_and_aliases():
-    assert list_policy_losses() == ["cispo", "dapo", "dgpo", "gspo", "maspo", "ppo", "sapo"]
+    assert BUILTIN.issubset(list_policy_losses())
     assert get_policy_loss("grpo") is get_policy_loss("ppo")
     assert get_policy_loss("vanilla") is get_policy_loss("ppo")
-    with pytest.raises(KeyError, match=r"unknown policy loss 'dgpoo'.*Did you mean 'dgpo'.*Known: cispo"):
+    with pytest.raises(KeyError, match=r"unknown policy loss 'dgpoo'.*Did you mean 'dgpo'.*Known: .*cispo"):
         get_policy_loss("dgpoo")
     with pytest.raises(ValueError, match="Known:"):
         policy_loss_defaults("nope")
@@ -498,3 +505,88 @@ def test_gspo_sequence_ratio_uses_unclamped_token_log_ratios() -> None:
     adv = torch.tensor([-1.0], dtype=torch.float64)  # A<0, s_i = e > 1 - eps_low: not clipped
     _, metrics = get_policy_loss("gspo")(logp, old, adv, mask)
     assert float(metrics["seq_ratio_mean"]) == pytest.approx(math.e, rel=1e-12)
+
+
+# ---------------------------------------------------------------- every registered loss: closed form
+
+# One row per token, token-sum, π_old per row: (A, r, π_old, params, ℓ, ∂ℓ/∂logp). The rows of the
+# papers' tables above are reused; dapo, gspo and cispo get theirs here.
+Row = tuple[float, float, float, dict, float, float]
+DAPO_ROWS: list[Row] = [  # ε_low 0.2, ε_high 0.28 (clip-higher), dual clip c = 10
+    (+1, 1.25, 0.05, {}, -1.25, -1.25),  # inside for ε_high = 0.28 (ppo clips it)
+    (+1, 1.3, 0.05, {}, -1.28, 0.0),  # clipped upper
+    (-1, 0.7, 0.05, {}, 0.8, 0.0),  # clipped lower
+    (-1, 5.0, 0.05, {}, 5.0, 5.0),  # r < c = 10: unclipped (ppo's c = 3 dual-clips it)
+    (-1, 12.0, 0.05, {}, 10.0, 0.0),  # dual-clipped at c = 10
+]
+GSPO_ROWS: list[Row] = [  # one token: s = r; ε_low 3e-4, ε_high 4e-4
+    (+1, 1.0001, 0.05, {}, -1.0001, -1.0001),  # inside
+    (+1, 1.1, 0.05, {}, -1.0004, 0.0),  # clipped upper
+    (-1, 1.1, 0.05, {}, 1.1, 1.1),  # A < 0, s > 1: the unclipped side
+    (-1, 0.9, 0.05, {}, 0.9997, 0.0),  # clipped lower
+]
+CISPO_ROWS: list[Row] = [  # ℓ = −A·sg(clip(r, 1−ε_low, 1+ε_high))·logp, logp = log(π_old·r)
+    (+1, 1.5, 0.05, {}, -1.2 * math.log(0.075), -1.2),  # weight clipped at 1.2, never 0
+    (-1, 0.5, 0.05, {"clip_low": 0.2}, 0.8 * math.log(0.025), 0.8),
+    (-1, 0.5, 0.05, {}, 0.5 * math.log(0.025), 0.5),  # default ε_low = 10: no lower clip
+    (+2, 1.1, 0.5, {}, -2.0 * 1.1 * math.log(0.55), -2.2),
+]
+
+#: name -> (tolerance per unit |A|, rows). A loss registered without an entry fails
+#: test_every_registered_loss_matches_its_closed_form_values.
+CLOSED_FORM: dict[str, tuple[float, list[Row]]] = {
+    "ppo": (1e-12, [(a, r, 0.05, {}, loss, grad) for a, r, loss, grad, _ in PPO_TABLE]),
+    "dapo": (1e-12, DAPO_ROWS),
+    "gspo": (1e-12, GSPO_ROWS),
+    "cispo": (1e-12, CISPO_ROWS),
+    "sapo": (1e-4, [(a, r, 0.05, {}, loss, -a * g) for a, r, loss, g in SAPO_TABLE]),
+    "dgpo": (
+        1e-5,
+        [(a, r, 0.05, {"dgpo_n": n, "dgpo_m": m}, loss, -a * g) for n, m, a, r, loss, g, _ in DGPO_TABLE],
+    ),
+    "maspo": (1e-4, [(a, r, pi, {}, -a * g, -a * g) for pi, a, r, _, _, _, g in MASPO_TABLE]),
+}
+
+
+def _reference_rows(name: str) -> tuple[float, list[Row]]:
+    if name not in CLOSED_FORM:
+        pytest.fail(
+            f"policy loss {name!r} is registered but has no closed-form reference values: "
+            "add (A, r, π_old, params, ℓ, ∂ℓ/∂logp) rows to CLOSED_FORM in tests/algos/test_algos_policy_losses.py"
+        )
+    return CLOSED_FORM[name]
+
+
+@pytest.mark.parametrize("name", list_policy_losses())
+def test_every_registered_loss_matches_its_closed_form_values(name):
+    """Per row: the loss value and its gradient against hand-derived values, both signs of A."""
+    tol, table = _reference_rows(name)
+    assert {a > 0 for a, *_ in table} == {True, False}, f"{name}: give rows with A > 0 and A < 0"
+    for a, r, pi_old, params, loss, grad in table:
+        got_loss, got_grad, _ = rows(name, [a], [r], pi_old=pi_old, **params)
+        t = tol * max(1.0, abs(a))
+        close(got_loss, [loss], t)
+        close(got_grad, [grad], t)
+
+
+def test_closed_form_table_names_only_registered_losses():
+    assert set(CLOSED_FORM) <= set(list_policy_losses())
+
+
+def _dummy_core(batch, *, gain: float = 1.0) -> Terms:
+    ratio = torch.exp(batch.log_ratio)
+    none = torch.zeros_like(batch.valid)
+    return Terms(-gain * batch.adv * ratio, (gain * ratio).detach(), ratio.detach(), none, none)
+
+
+def test_a_loss_registered_without_reference_values_fails_the_gate():
+    """Registering a loss makes it part of `list_policy_losses()`, which parametrises the gate above
+    at collection; without CLOSED_FORM rows the gate fails for it (the registry is restored after
+    this test by the root conftest's snapshot fixture)."""
+    register_policy_loss("test-unreferenced", validate=lambda name, params: None)(_dummy_core)
+    assert "test-unreferenced" in list_policy_losses()
+    with pytest.raises(
+        pytest.fail.Exception, match="'test-unreferenced' is registered but has no closed-form"
+    ):
+        test_every_registered_loss_matches_its_closed_form_values("test-unreferenced")
+    test_every_registered_loss_matches_its_closed_form_values("ppo")  # a covered name passes
