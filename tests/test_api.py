@@ -1,4 +1,5 @@
-"""The flat Python API: names from `posttrain`, objects accepted wherever names are, one root error."""
+"""The flat Python API: names from `posttrain` (the README's import line works), objects accepted
+wherever names are, one root error."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ import warnings
 import pytest
 
 import posttrain
-from posttrain.hooks import DynamicSamplingFilter, UniformSampler
-from posttrain_lab.recipes.e3.hooks import E3Temperature
+from posttrain.hooks import ConstantTemperature, DynamicSamplingFilter, UniformSampler
+
+
+def test_the_flat_import_line_works():
+    from posttrain import Example, PosttrainError, RLConfig, RLTrainer, SFTConfig, SFTTrainer, Task
+
+    assert issubclass(PosttrainError, Exception)
+    assert all(isinstance(c, type) for c in (Example, RLConfig, RLTrainer, SFTConfig, SFTTrainer, Task))
 
 
 def test_flat_names_are_the_library_classes():
@@ -81,7 +88,7 @@ def test_hook_objects_replace_configured_names(tmp_path):
     task = get_task("arithmetic", digits=1, ops="+", n_train=8, n_heldout=4)
     sampler = UniformSampler(task.split("train"), seed=3)
     filt = DynamicSamplingFilter(max_rounds=2)
-    ctl = E3Temperature()
+    ctl = ConstantTemperature(value=0.9)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tr = trainer_cls(
@@ -98,4 +105,4 @@ def test_hook_objects_replace_configured_names(tmp_path):
             tr.close()
     assert tr.task is task and tr.sampler is sampler and tr.group_filter is filt and tr.controllers == [ctl]
     assert reward.calls >= 4  # the lambda (unpicklable) was scored in-process
-    assert m["filter/rounds"] >= 1 and "controller/temperature" in m
+    assert m["filter/rounds"] >= 1 and m["controller/temperature"] == 0.9
