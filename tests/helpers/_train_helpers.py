@@ -36,7 +36,7 @@ class Constant:
 
 
 class Broken:
-    """A reward plug-in with a bug: raises on every call (issue 30, item 2)."""
+    """A reward plug-in with a bug: raises on every call (reward failures are shown, counted, stop a run)."""
 
     name = "broken"
 
@@ -80,7 +80,7 @@ CLI_TINY = [
 
 
 # RLConfig overrides for in-process trainer tests: tiny preset, 1-digit sums, 4 prompts x 4 completions
-# of 3 tokens, in-process rewards (test_rl_loop, test_audit_mutants).
+# of 3 tokens, in-process rewards (test_rl_loop, test_step_signals).
 RL_BASE = [
     "model.name=tiny",
     "model.device=cpu",

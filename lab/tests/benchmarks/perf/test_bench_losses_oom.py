@@ -1,4 +1,4 @@
-"""`posttrain bench losses` killed for memory says so (issue 30, item 12)."""
+"""`posttrain bench losses`: a child killed for memory is reported as such, not as a crash."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`posttrain bench silo` progress stops at 100 % (issue 30, item 14: it showed `210/60 (350%)`)."""
+"""`posttrain bench silo` progress counts cases and stops at 100 % (counting agents once showed
+`210/60 (350%)`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 27: a PAR rule that rewards discrimination, evaluation as the benchmarks define it, thinking
-judges, and the two mutants that used to pass every tests/rm test.
+"""A PAR rule that rewards discrimination, evaluation as the benchmarks define it, thinking judges,
+and two wrong versions of the code that the other PaTaRM tests let pass.
 
 Mutants verified by hand (applied to the source, the named test failed, reverted):
 * ``PARRunner.judge_prompt`` with chosen and rejected swapped

@@ -34,7 +34,7 @@ def test_forgetting_cli(tmp_path, base_dir):
         ]
     )  # fmt: skip
     res = json.loads((out / "forgetting.json").read_text())
-    # issue 28 item 8: the verdict moves with the restoration lr; its sensitivity is reported beside it
+    # the verdict moves with the restoration lr; its sensitivity is reported beside it
     main, other = res["sensitivity"]
     assert main["lr"] == pytest.approx(1e-3) and other["lr"] == pytest.approx(3e-4)
     assert main["transition_step"] == res["transition_step"]

@@ -18,7 +18,7 @@ QTEXT = "Considered holy by three religions is _____\nA. Jerusalem\nB. Baghdad\n
 
 def test_base_prompt_bytes():
     """The authors shuffle the dev set with random.seed(42) before taking k shots: for 2 dev items the
-    permutation is [1, 0], so D2 comes first (issue 28 item 5); dev_seed=None keeps the file order."""
+    permutation is [1, 0], so D2 comes first; dev_seed=None keeps the file order."""
     d1 = "2+2=?\nA. 3\nB. 4\nAnswer:B. 4\n\n"
     d2 = "Capital of France?\nA. Paris\nB. Rome\nC. Oslo\nAnswer:A. Paris\n\n"
     got = probe_prompt(Q, domain="history", style="base", dev=[D1, D2], shots=2)
@@ -34,7 +34,7 @@ def test_base_prompt_bytes():
 
 
 def test_few_shot_examples_follow_the_authors_seed_42_shuffle():
-    """Issue 28 item 5: ``my_domain_eval.main`` runs ``random.seed(42)``, shuffles ``range(len(devs))``
+    """The authors' ``my_domain_eval.main`` runs ``random.seed(42)``, shuffles ``range(len(devs))``
     and takes the first k; for 10 dev items the 5 shots are items [7, 3, 2, 8, 5]. The permutation is
     recomputed here with the global ``random`` module exactly as the authors call it."""
     import random

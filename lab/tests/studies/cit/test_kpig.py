@@ -240,7 +240,7 @@ def _replay_run(select: str):
 
 
 def test_kpig_replay_goes_to_the_task_whose_ig_dropped():
-    """Issue 28 item 4, mutant: the runner calling ``kpig_allocation(ig_now, ig_at_learning, ...)``
+    """Wrong version guarded: the runner calling ``kpig_allocation(ig_now, ig_at_learning, ...)``
     (arguments swapped: replays the task whose IG rose). The whole budget (0.3 x 10 rows = 3) must go
     to lookup (IG 1.0 -> 0.58), none to compare (IG 0.5 -> 0.9)."""
     run, memory = _replay_run("random")
@@ -251,7 +251,7 @@ def test_kpig_replay_goes_to_the_task_whose_ig_dropped():
 
 
 def test_largest_drop_replays_the_rows_whose_ig_dropped_most():
-    """Issue 28 item 4, mutant: ``select: largest_drop`` sorting the per-row IG drops ascending
+    """Wrong version guarded: ``select: largest_drop`` sorting the per-row IG drops ascending
     (replays the rows the model still listens to). The 3 rows must be memory rows 1, 4, 2 (drops 0.9,
     0.7, 0.5), in that order."""
     run, memory = _replay_run("largest_drop")

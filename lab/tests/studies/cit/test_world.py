@@ -51,7 +51,7 @@ def _words(s: str) -> set[str]:
 
 
 def test_p_score_rewrites_use_wordings_no_method_trained_on():
-    """Issue 28 item 1: the P-score's held-out rewrites must not reuse the phrasings the kpig arm's
+    """The P-score's held-out rewrites must not reuse the phrasings the kpig arm's
     diversified training rows use (rule templates + CONCRETE), or only kpig has seen them. Every word a
     held-out rewrite adds to an instruction is a word no training rewrite adds (over every training
     row of every task, every template); the train-rules diagnostic set does overlap (the check bites)."""

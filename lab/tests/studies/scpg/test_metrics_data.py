@@ -167,7 +167,7 @@ def _sgcp_json(sent: str, passive: bool) -> str:
 
 
 def test_sgcp_release_layout_ref_is_the_reference_tgt_the_exemplar(tmp_path):
-    """Issue 28 item 9: SGCP ships val/test as ref.txt = reference paraphrase, tgt.txt = exemplar, with
+    """SGCP ships val/test as ref.txt = reference paraphrase, tgt.txt = exemplar, with
     JSON parses (src/dataloader.py IterableValParaphraseDataset; eval.py -r ref.txt -t tgt.txt). Rows
     written by hand in that layout load with the reference as the target (convention "sgcp", the
     default) and inverted with convention "dsmt" (the DSMT code's data). Mutant caught: tgt/ref swapped
@@ -205,7 +205,7 @@ def test_sgcp_release_layout_ref_is_the_reference_tgt_the_exemplar(tmp_path):
 
 
 def test_sgcp_ted_drops_every_S_node_and_traces():
-    """Issue 28 item 10: SGCP's eval_utils.build_tree drops every S node (not only the root) and deleaf
+    """SGCP's eval_utils.build_tree drops every S node (not only the root) and deleaf
     drops all-trace subtrees; posttrain's default TED keeps them."""
     cleft = Tree.from_bracketed(
         "(ROOT (S (NP (PRP it)) (VP (VBD was) (NP (NP (DT the) (NN cat)) (SBAR (WHNP (WDT that))"
@@ -232,7 +232,7 @@ def test_sgcp_ted_drops_every_S_node_and_traces():
 
 
 def test_sgcp_bleu_is_lowercased_multi_bleu():
-    """Issue 28 item 10: SGCP scores BLEU with multi-bleu.perl -lc: lowercased, no smoothing (0 when a
+    """SGCP scores BLEU with multi-bleu.perl -lc: lowercased, no smoothing (0 when a
     precision is 0), corpus-level counts, 2 decimals; posttrain's default is case-sensitive sacrebleu."""
     import math
 
