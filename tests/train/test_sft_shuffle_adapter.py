@@ -18,7 +18,7 @@ from posttrain.models import (
     load_model_and_tokenizer,
     sequence_logprobs,
 )
-from posttrain.rollout import HFEngine, SamplingParams
+from posttrain.rollout import HFEngine, SamplingParams, generate_completions
 from posttrain.utils.data import EpochShuffler
 
 
@@ -96,10 +96,10 @@ def test_causal_lm_adapter_wraps_loading_logprobs_generate_and_save(tmp_path):
     assert bool((logp[loss_mask == 0] == 0).all()) and bool((logp[loss_mask == 1] < 0).all())
 
     greedy = SamplingParams(temperature=0.0, max_new_tokens=5, logprobs=False)
-    batch = lm.generate([[5, 6], [7, 8, 9]], greedy)
+    batch = generate_completions(lm, [[5, 6], [7, 8, 9]], greedy)
     ref = HFEngine(lm.model, lm.tokenizer).generate([[5, 6], [7, 8, 9]], [1, 1], greedy)
     assert torch.equal(batch.completion_ids, ref.completion_ids)
-    assert len(lm.generate([[5, 6]], greedy, n_per_prompt=[3])) == 3
+    assert len(generate_completions(lm, [[5, 6]], greedy, n_per_prompt=[3])) == 3
 
     lm.save(tmp_path / "m")
     back = load_adapter(str(tmp_path / "m"), device="cpu")

@@ -126,7 +126,7 @@ def run_smol_demo(
 
     from posttrain.models import load_model_and_tokenizer
     from posttrain.tasks import get_task
-    from posttrain.train.checkpoint import save_model_dir
+    from posttrain.models.saving import save_model_dir
     from posttrain.train.config import RLConfig
     from posttrain.train.plot import plot_run
     from posttrain.train.rl import RLTrainer

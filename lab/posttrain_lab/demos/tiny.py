@@ -59,7 +59,7 @@ def run_demo(
     from importlib.resources import files
 
     from posttrain.models import load_model_and_tokenizer
-    from posttrain.train.checkpoint import save_model_dir
+    from posttrain.models.saving import save_model_dir
     from posttrain.train.config import RLConfig
     from posttrain.train.plot import plot_run
     from posttrain.train.rl import RLTrainer

@@ -26,7 +26,7 @@ def export(
         fail("posttrain export needs --merge (the only export so far): posttrain export --merge RUN OUT")
     from posttrain.models.loading import ModelSpecError
     from posttrain.models.lora import merged_model
-    from posttrain.train.checkpoint import save_model_dir
+    from posttrain.models.saving import save_model_dir
 
     try:
         model, tokenizer = merged_model(source, dtype=dtype)

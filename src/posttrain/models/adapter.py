@@ -1,7 +1,8 @@
 """Model adapters: the one object through which a trainer touches a model.
 
-A trainer needs four things from a model: load it, score tokens (per-token log-probs and entropies under
-a loss mask), sample completions, and save it. :class:`ModelAdapter` is that interface;
+A trainer needs three things from a model: load it, score tokens (per-token log-probs and entropies under
+a loss mask) and save it; sampling completions is the rollout layer's job (its engines take the
+adapter's model and tokenizer). :class:`ModelAdapter` is that interface;
 :class:`CausalLMAdapter` implements it for decoder-only Hugging Face models (every preset and every
 local ``AutoModelForCausalLM`` directory). SFT goes through it, so another kind of model plugs in by
 implementing the protocol and registering a loader, without forking the training loop::
@@ -10,8 +11,8 @@ implementing the protocol and registering a loader, without forking the training
 
     lm = load_adapter("tiny", seed=0)                      # == CausalLMAdapter.load("tiny", seed=0)
     logp, entropy = lm.logprobs(input_ids, attention_mask, loss_mask)   # (B, T) each
-    batch = lm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_new_tokens=8))
     lm.save("runs/x/model")
+    # sampling is the rollout layer's: posttrain.rollout.generate_completions(lm, [[5, 6, 7]], params)
 
 Data layout (shared by every adapter)
 ------------------------------------
@@ -25,7 +26,7 @@ A sequence-to-sequence adapter (:class:`posttrain.models.seq2seq.Seq2SeqAdapter`
 the same grid and splits each row itself: the tokens before the row's first ``loss_mask`` position are
 the encoder input, the rest the decoder sequence (teacher forcing), and the decoder's per-token
 log-probs are written back at their grid positions, so SFT trains it unchanged. It decodes with beam
-search; RL rollouts (``engine`` / ``generate``) are decoder-only for now. Multi-turn rows (several loss
+search; RL rollouts are decoder-only for now. Multi-turn rows (several loss
 spans per row) are refused.
 """
 
@@ -38,6 +39,7 @@ import torch
 
 from posttrain.models.loading import load_model_and_tokenizer, pick_device
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE, sequence_logprobs
+from posttrain.models.saving import save_model_dir
 from posttrain.utils.registry import Registry
 
 
@@ -65,31 +67,10 @@ class ModelAdapter(Protocol):
         """(logp, entropy), each (B, T), nonzero only where ``loss_mask`` is 1; differentiable."""
         ...
 
-    def engine(self, *, seed: int = 0, max_batch_size: int | None = None) -> Any:
-        """A :class:`~posttrain.rollout.RolloutEngine` sampling from this model's current weights."""
-        ...
-
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        params: Any,
-        *,
-        n_per_prompt: list[int] | None = None,
-        seed: int = 0,
-    ) -> Any:
-        """Sample completions (``SamplingParams``) -> :class:`~posttrain.rollout.RolloutBatch`."""
-        ...
-
     def save(self, path: str | Path) -> Path:
         """Write the model and tokenizer (safetensors, Hugging Face layout) atomically to ``path``."""
         ...
 
-
-#: What an adapter borrows from higher layers (generation engine, atomic model-dir writer), listed
-#: lazily so that ``posttrain.models`` imports neither ``rollout`` nor ``train`` (layers point down).
-SERVICES: Registry[Any] = Registry("model-adapter service")
-SERVICES.register_lazy("hf-engine", "posttrain.rollout.hf:HFEngine")
-SERVICES.register_lazy("save-model-dir", "posttrain.train.checkpoint:save_model_dir")
 
 ADAPTERS: Registry[type] = Registry("model adapter", group="posttrain.model_adapters")
 """Adapter classes by kind; each has a ``load(spec, *, dtype, device, seed)`` class method. A plug-in
@@ -106,7 +87,7 @@ ADAPTERS.accept(_adapter_class, "a model adapter class with a load(spec, *, dtyp
 @ADAPTERS.register("causal-lm")
 class CausalLMAdapter:
     """Decoder-only language model (``AutoModelForCausalLM``): log-probs by
-    :func:`~posttrain.models.sequence_logprobs`, sampling by :class:`~posttrain.rollout.HFEngine`."""
+    :func:`~posttrain.models.sequence_logprobs`; sampled by the rollout engines (``rollout.engine``)."""
 
     kind = "causal-lm"
 
@@ -148,24 +129,8 @@ class CausalLMAdapter:
             chunk_size=chunk_size,
         )
 
-    def engine(self, *, seed: int = 0, max_batch_size: int | None = None) -> Any:
-        HFEngine = SERVICES.get("hf-engine")
-
-        return HFEngine(self.model, self.tokenizer, seed=seed, max_batch_size=max_batch_size)
-
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        params: Any,
-        *,
-        n_per_prompt: list[int] | None = None,
-        seed: int = 0,
-    ) -> Any:
-        n = [1] * len(prompt_ids) if n_per_prompt is None else n_per_prompt
-        return self.engine(seed=seed).generate(prompt_ids, n, params)
-
     def save(self, path: str | Path) -> Path:
-        return SERVICES.get("save-model-dir")(self.model, self.tokenizer, path)
+        return save_model_dir(self.model, self.tokenizer, path)
 
 
 def load_adapter(

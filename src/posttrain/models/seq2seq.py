@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
-from posttrain.models.adapter import ADAPTERS, SERVICES
+from posttrain.models.adapter import ADAPTERS
 from posttrain.models.loading import ModelSpecError, pick_device, resolve_dtype, resolve_model_dir
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
+from posttrain.models.saving import save_model_dir
 
 
 @dataclass(frozen=True)
@@ -251,16 +252,6 @@ class Seq2SeqAdapter:
         m = loss_mask.to(logp.dtype)
         return logp * m, entropy * m
 
-    def engine(self, *, seed: int = 0, max_batch_size: int | None = None) -> Any:
-        raise NotImplementedError(
-            "Seq2SeqAdapter: RL rollout engines are decoder-only; use beam_search() for seq2seq generation"
-        )
-
-    def generate(self, prompt_ids: list[list[int]], params: Any, *, n_per_prompt=None, seed: int = 0) -> Any:
-        raise NotImplementedError(
-            "Seq2SeqAdapter: RolloutBatch generation is decoder-only; use beam_search() for seq2seq generation"
-        )
-
     @torch.no_grad()
     def beam_search(
         self,
@@ -311,4 +302,4 @@ class Seq2SeqAdapter:
         return [" ".join(o.split()) for o in outs]
 
     def save(self, path: str | Path) -> Path:
-        return SERVICES.get("save-model-dir")(self.model, self.tokenizer, path)
+        return save_model_dir(self.model, self.tokenizer, path)

@@ -11,7 +11,7 @@ from posttrain.rollout.base import (
 )
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter, SingleTurnRunner
 from posttrain.rollout.fast import FastEngine
-from posttrain.rollout.hf import HFEngine
+from posttrain.rollout.hf import HFEngine, generate_completions
 from posttrain.rollout.registry import (
     ENGINES,
     REWARD_SOURCES,
@@ -37,6 +37,7 @@ __all__ = [
     "FastEngine",
     "FunctionRewardSource",
     "HFEngine",
+    "generate_completions",
     "PromptFormatter",
     "RewardHandle",
     "RewardSource",

@@ -210,3 +210,24 @@ def _cancel_criteria(cancel: Any) -> Any:
             )
 
     return StoppingCriteriaList([_Cancelled()])
+
+
+def generate_completions(
+    lm: Any,
+    prompt_ids: list[list[int]],
+    params: SamplingParams,
+    *,
+    n_per_prompt: list[int] | None = None,
+    seed: int = 0,
+) -> RolloutBatch:
+    """Sample completions from a causal-LM adapter (``lm.model``, ``lm.tokenizer``) with the HF engine:
+    ``n_per_prompt[i]`` completions of prompt i (one each by default). Studies and evaluations that need
+    a :class:`RolloutBatch` outside a trainer use this; a sequence-to-sequence adapter decodes with its
+    own ``beam_search`` instead."""
+    if getattr(lm, "kind", "causal-lm") != "causal-lm":
+        raise ValueError(
+            f"generate_completions: RL rollouts are decoder-only; a {lm.kind!r} adapter decodes with its own "
+            "beam_search()"
+        )
+    n = [1] * len(prompt_ids) if n_per_prompt is None else n_per_prompt
+    return HFEngine(lm.model, lm.tokenizer, seed=seed).generate(prompt_ids, n, params)

@@ -196,7 +196,7 @@ def compare(
     import yaml
 
     from posttrain.models import load_model_and_tokenizer
-    from posttrain.train.checkpoint import save_model_dir
+    from posttrain.models.saving import save_model_dir
     from posttrain.train.config import load_rl_config
     from posttrain.train.rl import RLTrainer
 

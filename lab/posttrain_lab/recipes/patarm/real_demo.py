@@ -401,7 +401,7 @@ def run_judge_arm(
         cfg.task.chat_template = s.chat_template
         cfg.model.precision = s.precision
         cfg.eval.at_end = False
-        from posttrain.train.checkpoint import save_model_dir
+        from posttrain.models.saving import save_model_dir
 
         with SFTTrainer(cfg, model, tok, pairs=_traces(s, train)) as tr:  # frees its AdamW state on exit
             sm = tr.train()
@@ -449,7 +449,7 @@ def _par_arm(
     seed: int,
     progress: bool | None,
 ) -> dict[str, Any]:
-    from posttrain.train.checkpoint import save_model_dir
+    from posttrain.models.saving import save_model_dir
     from posttrain.train.config import RLConfig
     from posttrain.train.rl import RLTrainer
     from posttrain.utils.config import build_config

@@ -117,7 +117,7 @@ def model_explanations(
 ) -> list[str]:
     """Explanations sampled from ``model`` (T = 0.7, top-p 0.8), one per (question, target)."""
     from posttrain.models import CausalLMAdapter
-    from posttrain.rollout.base import SamplingParams
+    from posttrain.rollout import SamplingParams, generate_completions
 
     lm = CausalLMAdapter(model, tokenizer)
     params = SamplingParams(
@@ -130,7 +130,7 @@ def model_explanations(
             [int(i) for i in tokenizer.encode(explanation_prompt(q, t, domain), add_special_tokens=False)]
             for q, t in chunk
         ]
-        batch = lm.generate(ids, params, seed=seed + s)
+        batch = generate_completions(lm, ids, params, seed=seed + s)
         for r in range(len(chunk)):
             toks = batch.completion_ids[r][batch.completion_mask[r].bool()].tolist()
             out.append(_fenced(tokenizer.decode(toks, skip_special_tokens=True)))

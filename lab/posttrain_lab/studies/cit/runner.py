@@ -208,7 +208,7 @@ def generate_outputs(lm: Any, cfg: CITConfig, examples: list[InstructionExample]
     """Greedy outputs (decoded, stripped) for ``examples``."""
     import torch
 
-    from posttrain.rollout import PromptFormatter, SamplingParams
+    from posttrain.rollout import PromptFormatter, SamplingParams, generate_completions
 
     fmt = PromptFormatter(lm.tokenizer, chat=cfg.sft.task.chat_template)
     params = SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens)
@@ -219,7 +219,7 @@ def generate_outputs(lm: Any, cfg: CITConfig, examples: list[InstructionExample]
         with torch.no_grad():
             for s in range(0, len(examples), cfg.eval.batch_size):
                 chunk = examples[s : s + cfg.eval.batch_size]
-                batch = lm.generate([fmt.encode(prompt_text(e, cfg.prompt_format)) for e in chunk], params)
+                batch = generate_completions(lm, [fmt.encode(prompt_text(e, cfg.prompt_format)) for e in chunk], params)
                 for row, m in zip(batch.completion_ids, batch.completion_mask, strict=True):
                     ids = [int(i) for i, k in zip(row, m, strict=True) if k]
                     outs.append(lm.tokenizer.decode(ids, skip_special_tokens=True).strip())

@@ -3,6 +3,7 @@ import torch
 
 from posttrain.models import ADAPTERS, Seq2SeqAdapter, load_adapter
 from posttrain.models.seq2seq import build_t5_preset, build_word_tokenizer
+from posttrain.rollout import SamplingParams, generate_completions
 from posttrain_lab.studies.scpg.trees import Tree
 from posttrain_lab.studies.scpg.vocab import (
     add_node_tokens,
@@ -94,8 +95,8 @@ def test_adapter_logprobs_match_t5_loss(tiny):
         assert float(-logp[r][lm[r] == 1].mean().detach()) == pytest.approx(float(out.loss), rel=1e-5)
     with pytest.raises(ValueError, match="several loss spans"):
         ad.logprobs(ids[:1], am[:1], torch.tensor([[0, 1, 0, 1, 1, 1]]))
-    with pytest.raises(NotImplementedError, match="beam_search"):
-        ad.engine()
+    with pytest.raises(ValueError, match="beam_search"):
+        generate_completions(ad, [[5, 6]], SamplingParams(max_new_tokens=2))
 
 
 def test_preset_load_save_reload(tmp_path):
