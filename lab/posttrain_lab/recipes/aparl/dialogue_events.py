@@ -41,6 +41,7 @@ from typing import Any
 
 from posttrain.tasks.base import Example, Task, check_split_sizes, register_task
 from posttrain.tasks.jsonl import DatasetError, read_raw_rows
+from posttrain.utils.errors import InvalidValueError
 
 #: The 20 event types (short labels: the tiny presets are character-level).
 EVENTS: tuple[str, ...] = (
@@ -248,9 +249,11 @@ def classification_scores(preds: Sequence[str | None], golds: Sequence[str]) -> 
     Macro-F1 is the unweighted mean of per-label F1 over the labels that occur as gold or as a valid
     prediction (an invalid prediction is a miss for its gold label and a false positive for none)."""
     if len(preds) != len(golds):
-        raise ValueError(f"classification_scores: {len(preds)} predictions for {len(golds)} gold labels")
+        raise InvalidValueError(
+            f"classification_scores: {len(preds)} predictions for {len(golds)} gold labels"
+        )
     if not golds:
-        raise ValueError("classification_scores: no examples")
+        raise InvalidValueError("classification_scores: no examples")
     labels = sorted({*golds, *(p for p in preds if p is not None)})
     f1s = []
     for lab in labels:
@@ -291,15 +294,17 @@ class DialogueEventsTask(Task):
         super().__init__()
         check_split_sizes("dialogue-events", n_train=n_train, n_heldout=n_heldout, n_ood=n_ood)
         if not isinstance(window, int) or window < 1:
-            raise ValueError(f"task 'dialogue-events': window must be an integer >= 1, got {window!r}")
+            raise InvalidValueError(f"task 'dialogue-events': window must be an integer >= 1, got {window!r}")
         if not isinstance(max_noise, int) or max_noise < 0:
-            raise ValueError(f"task 'dialogue-events': max_noise must be an integer >= 0, got {max_noise!r}")
+            raise InvalidValueError(
+                f"task 'dialogue-events': max_noise must be an integer >= 0, got {max_noise!r}"
+            )
         if path is None and ood_business not in BUSINESSES:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'dialogue-events': ood_business must be one of {', '.join(BUSINESSES)}, got {ood_business!r}"
             )
         if not 0 < heldout_fraction < 1:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'dialogue-events': heldout_fraction must lie in (0, 1), got {heldout_fraction!r}"
             )
         self.n_train, self.n_heldout, self.n_ood, self.seed = n_train, n_heldout, n_ood, seed
@@ -353,7 +358,7 @@ class DialogueEventsTask(Task):
         while len(out) < n:
             tries += 1
             if tries > 50 * n + 1000:
-                raise ValueError(
+                raise InvalidValueError(
                     f"task 'dialogue-events': cannot draw {n} distinct {tag} dialogues (lower n_{tag} or raise window)"
                 )
             business = businesses[len(out) % len(businesses)] if tries % 2 else rng.choice(businesses)

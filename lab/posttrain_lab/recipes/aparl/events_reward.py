@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from posttrain.rewards.base import DEFAULT_STOP, cut_at_stop, register_reward
 from posttrain.tasks.base import Example
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.aparl.dialogue_events import EVENTS, event_reward
 
 
@@ -21,7 +22,9 @@ class EventLabelReward:
 
     def __init__(self, format_penalty: float = 1.0, labels: list[str] | None = None) -> None:
         if not format_penalty >= 0:
-            raise ValueError(f"reward 'event_label': format_penalty must be >= 0, got {format_penalty!r}")
+            raise InvalidValueError(
+                f"reward 'event_label': format_penalty must be >= 0, got {format_penalty!r}"
+            )
         self.format_penalty = float(format_penalty)
         self.labels = tuple(labels) if labels else None
 

@@ -34,6 +34,7 @@ from posttrain.hooks.base import (
     RunInfo,
     UniformSampler,
 )
+from posttrain.utils.errors import InvalidValueError
 
 UNSEEN = -100.0  # rank of a question not seen yet (the authors' marker; allocation weight 0)
 #: How an unranked question counts once ranks exist (:meth:`E3Sampler.rank_of`).
@@ -67,18 +68,20 @@ def allocate_rollouts(
     ``B·g_min <= total <= B·g_max`` fails or ``leftover`` is unknown.
     """
     if leftover not in LEFTOVER_RULES:
-        raise ValueError(
+        raise InvalidValueError(
             f"allocate_rollouts: leftover must be one of {', '.join(LEFTOVER_RULES)}, got {leftover!r}"
         )
     b = len(difficulty)
     if g_min < 1 or g_min > g_max:
-        raise ValueError(f"allocate_rollouts: need 1 <= g_min <= g_max, got g_min={g_min}, g_max={g_max}")
+        raise InvalidValueError(
+            f"allocate_rollouts: need 1 <= g_min <= g_max, got g_min={g_min}, g_max={g_max}"
+        )
     if b == 0:
         if total:
-            raise ValueError(f"allocate_rollouts: total={total} rollouts for an empty batch")
+            raise InvalidValueError(f"allocate_rollouts: total={total} rollouts for an empty batch")
         return []
     if not b * g_min <= total <= b * g_max:
-        raise ValueError(
+        raise InvalidValueError(
             f"allocate_rollouts: total={total} is outside [{b}·g_min, {b}·g_max] = [{b * g_min}, {b * g_max}]"
         )
     k = [max(float(d), 0.0) for d in difficulty]
@@ -116,9 +119,9 @@ def e3_temperature_step(tau: float, entropy: float, target_entropy: float, vocab
 
     Below the target entropy the temperature rises, above it falls; at the target it stays."""
     if vocab_size < 3:
-        raise ValueError(f"e3_temperature_step: vocab_size must be >= 3, got {vocab_size}")
+        raise InvalidValueError(f"e3_temperature_step: vocab_size must be >= 3, got {vocab_size}")
     if not (tau > 0 and entropy > 0 and target_entropy > 0):
-        raise ValueError(
+        raise InvalidValueError(
             f"e3_temperature_step: tau, entropy and target_entropy must be > 0, got {tau}, {entropy}, "
             f"{target_entropy}"
         )
@@ -183,22 +186,24 @@ class E3Sampler(UniformSampler):
     def validate_params(params: dict[str, Any]) -> None:
         g_min, g_max, widen = params.get("g_min", 4), params.get("g_max", 12), params.get("widen", 2)
         if not isinstance(g_min, int) or g_min < 1:
-            raise ValueError(f"g_min must be an integer >= 1, got {g_min!r}")
+            raise InvalidValueError(f"g_min must be an integer >= 1, got {g_min!r}")
         if not isinstance(g_max, int) or g_max < g_min:
-            raise ValueError(f"g_max must be an integer >= g_min ({g_min}), got {g_max!r}")
+            raise InvalidValueError(f"g_max must be an integer >= g_min ({g_min}), got {g_max!r}")
         if not isinstance(widen, int) or widen < 0:
-            raise ValueError(f"widen must be an integer >= 0, got {widen!r}")
+            raise InvalidValueError(f"widen must be an integer >= 0, got {widen!r}")
         if params.get("leftover", "hardest-first") not in LEFTOVER_RULES:
-            raise ValueError(
+            raise InvalidValueError(
                 f"leftover must be one of {', '.join(LEFTOVER_RULES)}, got {params.get('leftover')!r}"
             )
         if params.get("unseen", "hardest") not in UNSEEN_RULES:
-            raise ValueError(f"unseen must be one of {', '.join(UNSEEN_RULES)}, got {params.get('unseen')!r}")
+            raise InvalidValueError(
+                f"unseen must be one of {', '.join(UNSEEN_RULES)}, got {params.get('unseen')!r}"
+            )
 
     def bounds(self, group_size: int) -> tuple[int, int]:
         """[G_min, G_max] of the current epoch."""
         if not self.g_min <= group_size <= self.g_max:
-            raise ValueError(
+            raise InvalidValueError(
                 f"hooks.sampler 'e3': rollout.group_size={group_size} must lie in "
                 f"[g_min, g_max] = [{self.g_min}, {self.g_max}]"
             )
@@ -301,12 +306,14 @@ class E3Temperature(Controller):
         eta = params.get("eta", 0.9)
         lo, hi = params.get("min_temperature", 0.05), params.get("max_temperature", 5.0)
         if init is not None and not (isinstance(init, int | float) and init > 0):
-            raise ValueError(f"init must be a temperature > 0 (or null: rollout.temperature), got {init!r}")
+            raise InvalidValueError(
+                f"init must be a temperature > 0 (or null: rollout.temperature), got {init!r}"
+            )
         if not (isinstance(eta, int | float) and 0 < eta <= 1):
-            raise ValueError(f"eta must lie in (0, 1], got {eta!r}")
+            raise InvalidValueError(f"eta must lie in (0, 1], got {eta!r}")
         mid = lo if init is None else init
         if not (isinstance(lo, int | float) and isinstance(hi, int | float) and 0 < lo <= mid <= hi):
-            raise ValueError(
+            raise InvalidValueError(
                 f"min_temperature / max_temperature must satisfy 0 < min_temperature <= init <= "
                 f"max_temperature, got {lo!r}, {init!r}, {hi!r}"
             )
@@ -328,9 +335,13 @@ class E3Temperature(Controller):
 
     def update(self, metrics: dict[str, float], step: int) -> dict[str, float]:
         if "entropy_pre_update" not in metrics:
-            raise ValueError("controller 'e3-temperature': the step reported no 'entropy_pre_update' metric")
+            raise InvalidValueError(
+                "controller 'e3-temperature': the step reported no 'entropy_pre_update' metric"
+            )
         if self.vocab_size is None:
-            raise ValueError("controller 'e3-temperature': bind(RunInfo) was not called by the trainer")
+            raise InvalidValueError(
+                "controller 'e3-temperature': bind(RunInfo) was not called by the trainer"
+            )
         h = float(metrics["entropy_pre_update"])
         if self.h_init is None:  # init_steps = 1: the first step's entropy is the target
             self.h_init = h
