@@ -103,6 +103,7 @@ def test_hook_objects_replace_configured_names(tmp_path):
             m = tr.step()
         finally:
             tr.close()
-    assert tr.task is task and tr.sampler is sampler and tr.group_filter is filt and tr.controllers == [ctl]
+    assert tr.task is task and tr.collector.sampler is sampler and tr.collector.group_filter is filt
+    assert tr.controllers == [ctl]
     assert reward.calls >= 4  # the lambda (unpicklable) was scored in-process
     assert m["filter/rounds"] >= 1 and m["controller/temperature"] == 0.9

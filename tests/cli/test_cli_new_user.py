@@ -243,12 +243,12 @@ def test_params_given_on_the_command_line_stay_strict():
 
 @pytest.mark.parametrize("value", ["abc", "-0.2"])
 def test_bad_objective_param_is_a_config_error_before_any_model_loads(tmp_path, monkeypatch, value):
-    import posttrain.train.rl as rl
+    import posttrain.train.builder as builder
 
     def boom(*a, **k):
         raise AssertionError("the model was loaded before the config was checked")
 
-    monkeypatch.setattr(rl, "load_adapter", boom)
+    monkeypatch.setattr(builder, "load_adapter", boom)
     res = _invoke(["rl", "--config", CFG, f"objective.params.clip_low={value}", f"out_dir={tmp_path / 'r'}"])
     assert res.exit_code == 2, res.output
     assert "objective.params.clip_low" in res.output and "must be a number >= 0" in res.output

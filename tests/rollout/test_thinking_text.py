@@ -1,7 +1,7 @@
 """Text that closes or continues a thinking block (posttrain.rollout.episodes): ``assistant_prefix``
 goes after the chat template's generation prompt, with one ``<think>`` tag whether or not the
 template opened it; rollout, SFT and ``posttrain eval`` build their formatters from the same
-``task.assistant_prefix``; the continue-thinking ratio counts completions that keep thinking."""
+``task.assistant_prefix`` (the continue-thinking ratio is ASRR's metric, tested with its recipe)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import json
 import pytest
 
 from posttrain.rollout import PromptFormatter
-from posttrain.rollout.episodes import continue_thinking_ratio
 from posttrain.train.config import load_rl_config
 
 TINY = ["model.name=tiny", "model.device=cpu", "reward.num_workers=0"]
@@ -71,10 +70,3 @@ def test_trainer_sft_and_eval_share_the_assistant_prefix(tmp_path):
     ]
     st = SFTTrainer(build_config(SFTConfig, None, sft))
     assert st.formatter.assistant_prefix == CLOSED
-
-
-def test_continue_thinking_ratio():
-    texts = ["4", "Wait, let me check: 2+2=4", "</think> 4", "The answer is 4"]
-    assert continue_thinking_ratio(texts) == 0.5
-    assert continue_thinking_ratio(texts, ["answer"]) == 0.25
-    assert continue_thinking_ratio([]) == 0.0

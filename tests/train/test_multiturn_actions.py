@@ -88,7 +88,7 @@ class TwoTurnRunner(EpisodeRunner):
 def two_turn_trainer(tmp_path, *extra) -> RLTrainer:
     cfg = load_rl_config(None, [*BASE, f"out_dir={tmp_path / 'run'}", *extra])
     tr = RLTrainer(cfg, reward_source=FunctionRewardSource(Constant(), num_workers=0))
-    tr.runner = TwoTurnRunner(tr.engine, tr.formatter)
+    tr.collector.runner = TwoTurnRunner(tr.engine, tr.formatter)
     return tr
 
 

@@ -1,17 +1,20 @@
 """Config-time checks of an RL config (each fails a plausible wrong config before any model loads):
 ``rollout.top_p < 1`` is refused wherever the rollout's sampling log-probs are used, a ratio objective
-with one on-policy update per step warns that its clip never acts, and every RL config the library
-ships says how many updates a step makes."""
+with one on-policy update per step warns that its clip never acts, every RL config the library
+ships says how many updates a step makes, and a key or name removed in 0.2.0 fails naming its
+replacement."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from importlib.resources import files
 
 import pytest
 
-from posttrain.train.config import SingleUpdateWarning, load_rl_config
-from posttrain.utils.config import load_yaml
+from posttrain.train.config import REMOVED_KEYS, REMOVED_NAMES, SingleUpdateWarning, load_rl_config
+from posttrain.train.sft import SFTConfig
+from posttrain.utils.config import ConfigError, build_config, load_yaml
 
 TINY = ["model.name=tiny", "model.device=cpu", "reward.num_workers=0"]
 
@@ -53,3 +56,39 @@ def test_shipped_rl_configs_say_how_many_updates_per_step():
     for p in rl:
         data = load_yaml(str(p))
         assert "minibatches" in data and "ppo_epochs" in data, p.name
+
+
+# ------------------------------------------------------------------------------- removed in 0.2.0
+@pytest.mark.parametrize(
+    ("override", "key", "replacement"),
+    [
+        ("hooks.shaper={name: none}", "hooks.shaper", "hooks.shapers=[{name: ..."),
+        ('task.continue_thinking_markers=["wait"]', "task.continue_thinking_markers", "params: {markers:"),
+        ("hooks.sampler={name: dapo, params: {max_rounds: 2}}", "hooks.sampler.name 'dapo'", "hooks.filter="),
+        ("hooks.sampler.name=dapo", "hooks.sampler.name 'dapo'", "name: dynamic-sampling"),
+    ],
+)
+def test_a_removed_key_or_name_is_a_config_error_naming_its_replacement(override, key, replacement):
+    """Without the table the first two were "unknown key" errors that do not say where the setting
+    went, and the third an unknown (or, with an old install, a stale) sampler name."""
+    with pytest.raises(ConfigError) as err:
+        load_rl_config(None, [*TINY, override])
+    msg = str(err.value)
+    assert f"{key} was removed in 0.2.0" in msg and replacement in msg, msg
+    assert override in msg  # the error says where the value came from
+
+
+def test_every_removed_key_and_name_is_refused():
+    """Each entry of the removal tables is enforced (an entry whose section never runs the check would
+    pass silently)."""
+    for key in REMOVED_KEYS:
+        with pytest.raises(ConfigError, match=rf"{re.escape(key)} was removed"):
+            load_rl_config(None, [*TINY, f"{key}=1"])
+    for (key, name), _ in REMOVED_NAMES.items():
+        with pytest.raises(ConfigError, match=rf"{re.escape(key)}\.name '{name}' was removed"):
+            load_rl_config(None, [*TINY, f"{key}.name={name}"])
+
+
+def test_sft_configs_refuse_the_removed_task_key_too():
+    with pytest.raises(ConfigError, match=r"task\.continue_thinking_markers was removed"):
+        build_config(SFTConfig, None, ["task.continue_thinking_markers=[wait]"])

@@ -17,9 +17,12 @@ from _train_helpers import Constant, FirstCharDigit, SleepyReward
 from posttrain.algos import agg_loss, get_advantage, get_policy_loss, list_policy_losses
 from posttrain.hooks import (
     CONTROLLERS,
+    GROUP_FILTERS,
     REPLAY_BUFFERS,
     SAMPLERS,
     Controller,
+    GroupDecision,
+    GroupFilter,
     PromptPlan,
     PromptSampler,
     ReplayBuffer,
@@ -158,7 +161,7 @@ def test_entropy_bonus_gradient_is_minus_coef_times_entropy_gradient(tmp_path):
     tr2.model.load_state_dict(model.state_dict())
     from posttrain.rollout import SamplingParams
 
-    eps, _, _ = tr2._rollout(SamplingParams(max_new_tokens=3))
+    eps, _, _ = tr2.collector.collect(tr2.step_idx, SamplingParams(max_new_tokens=3))
     ids, am, rm = eps.batch.model_inputs()
     _, ent = sequence_logprobs(tr2.model, ids, am, response_mask=rm)
     p = eps.batch.prompt_ids.shape[1]
@@ -451,11 +454,11 @@ def test_replay_buffer_trajectories_join_groups_with_is_weights(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m1 = tr.step()
-        stored = tr.replay.stored
+        stored = tr.collector.replay.stored
         model, opt = _copy_model_and_optimizer(tr)
         no_w_model, no_w_opt = _copy_model_and_optimizer(tr)
         reward.given.clear()
-        tr.replay.calls.clear()
+        tr.collector.replay.calls.clear()
         m2 = tr.step()
     assert m1["replayed"] == 0 and m2["replayed"] == 1
     assert m2["num_sequences"] == m1["num_sequences"]  # replayed slot replaces one fresh sample
@@ -471,7 +474,7 @@ def test_replay_buffer_trajectories_join_groups_with_is_weights(tmp_path):
     assert (expected_w > 2).all()  # far from 1: a loss that ignores the weights cannot match
 
     # the weights the trainer computed for the replayed row (its last row, the only replayed one)
-    (call,) = tr.replay.calls
+    (call,) = tr.collector.replay.calls
     logp_seen, past_seen, mask_seen, w_seen = call
     n = len(stored.completion_ids)
     torch.testing.assert_close(past_seen[-1, :n], past)
@@ -527,11 +530,8 @@ def test_resume_gives_identical_weights(tmp_path):
     assert steps == [1, 2, 3, 4]
 
 
-class _KeepMixed(PromptSampler):
-    """DAPO-style dynamic sampling through the hook: keep only groups with reward variance, resample."""
-
-    filters_groups = True
-    max_rounds = 3
+class _InOrder(PromptSampler):
+    """The training examples in order, counting the rounds it plans."""
 
     def __init__(self, examples, *, seed=0):
         self.examples, self.i = examples, 0
@@ -543,25 +543,34 @@ class _KeepMixed(PromptSampler):
         self.rounds_seen += 1
         return PromptPlan(picked, [group_size] * num_prompts)
 
-    def keep_groups(self, outcomes):
-        return [not o.zero_variance for o in outcomes]
+
+class _KeepMixed(GroupFilter):
+    """DAPO-style dynamic sampling through the filter slot: keep only groups with reward variance."""
+
+    max_rounds = 3
+
+    def decide(self, outcomes, need):
+        return [GroupDecision(not o.zero_variance, "zero_variance") for o in outcomes]
 
 
-def test_group_filtering_sampler_resamples_and_keeps_only_informative_groups(tmp_path):
-    """Mutant tried: the loop ignores `keep_groups` (keeps every group) -> 1 round, zero_var_frac 0.5.
-    (The old test asserted zero_var_frac only inside an `if` that may be false.)"""
-    tr = trainer(tmp_path, "hooks.sampler.name=test-keep-mixed", reward=Constant())
+FILTERED = ["hooks.sampler.name=test-in-order", "hooks.filter.name=test-keep-mixed"]
+
+
+def test_group_filter_resamples_and_keeps_only_informative_groups(tmp_path):
+    """Mutant tried: the loop ignores the filter's decisions (keeps every group) -> 1 round,
+    zero_var_frac 0.5. (The old test asserted zero_var_frac only inside an `if` that may be false.)"""
+    tr = trainer(tmp_path, *FILTERED, reward=Constant())
     with pytest.warns(DegenerateSettingWarning, match="kept no group"):
         m = tr.step()
     # a constant reward never gives variance: 3 rounds, then the last round is used as is
-    assert m["sampling_rounds"] == 3 and tr.sampler.rounds_seen == 3 and m["num_groups"] == 4
+    assert m["sampling_rounds"] == 3 and tr.collector.sampler.rounds_seen == 3 and m["num_groups"] == 4
     # every other group (in order of appearance) has reward variance: rounds of 4, 2 and 1 prompts keep
     # 2, 1 and 1 groups
-    tr = RLTrainer(cfg(tmp_path, "hooks.sampler.name=test-keep-mixed"), reward_source=_EveryOtherGroupMixed())
+    tr = RLTrainer(cfg(tmp_path, *FILTERED), reward_source=_EveryOtherGroupMixed())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m = tr.step()
-    assert m["sampling_rounds"] == 3 and tr.sampler.rounds_seen == 3
+    assert m["sampling_rounds"] == 3 and tr.collector.sampler.rounds_seen == 3
     assert m["num_groups"] == 4 and m["num_sequences"] == 16
     assert m["zero_var_frac"] == 0.0  # every kept group is informative
     assert m["reward_mean"] == 0.5
@@ -587,8 +596,8 @@ class _ParityWithComponents(RewardSource):
         return _Ready(ScoredBatch(rewards=r, components={"parity": r, "one": [1.0] * len(r)}))
 
 
-def test_group_filtering_sampler_keeps_reward_components(tmp_path):
-    tr = RLTrainer(cfg(tmp_path, "hooks.sampler.name=test-keep-mixed"), reward_source=_ParityWithComponents())
+def test_group_filter_keeps_reward_components(tmp_path):
+    tr = RLTrainer(cfg(tmp_path, *FILTERED), reward_source=_ParityWithComponents())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m = tr.step()
@@ -616,7 +625,7 @@ class _SelfScoringRunner(EpisodeRunner):
 
 def test_runner_supplied_rewards_bypass_the_reward_source(tmp_path):
     tr = RLTrainer(cfg(tmp_path), reward_source=_RefuseToScore())
-    tr.runner = _SelfScoringRunner(tr.runner)
+    tr.collector.runner = _SelfScoringRunner(tr.collector.runner)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m = tr.step()
@@ -628,7 +637,7 @@ def test_replay_into_self_scored_episodes_is_refused_not_silently_dropped(tmp_pa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         tr.step()  # fills the replay buffer
-        tr.runner = _SelfScoringRunner(tr.runner)
+        tr.collector.runner = _SelfScoringRunner(tr.collector.runner)
         with pytest.raises(ValueError, match=r"hooks\.replay"):
             tr.step()
 
@@ -651,12 +660,13 @@ def test_resuming_a_finished_run_does_not_rewrite_its_checkpoint(tmp_path):
 @pytest.fixture(autouse=True, scope="module")
 def _module_hooks():
     """This module's test hooks, registered for its tests only (restored afterwards)."""
-    saved = [(r, r.snapshot()) for r in (CONTROLLERS, REPLAY_BUFFERS, SAMPLERS)]
+    saved = [(r, r.snapshot()) for r in (CONTROLLERS, REPLAY_BUFFERS, SAMPLERS, GROUP_FILTERS)]
     SAMPLERS.register("test-variable")(_VariableSampler)
     CONTROLLERS.register("test-half")(_HalfTemperature)
     REPLAY_BUFFERS.register("test-first")(_ReplayFirst)
     REPLAY_BUFFERS.register("test-first-shifted")(_ReplayFirstShifted)
-    SAMPLERS.register("test-keep-mixed")(_KeepMixed)
+    SAMPLERS.register("test-in-order")(_InOrder)
+    GROUP_FILTERS.register("test-keep-mixed")(_KeepMixed)
     yield
     for reg, state in saved:
         reg.restore(state)
@@ -682,7 +692,7 @@ def test_replay_is_weights_use_the_old_policy_with_two_minibatches(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         tr.step()
-        stored = tr.replay.stored
+        stored = tr.collector.replay.stored
         model, opt = _copy_model_and_optimizer(tr)
         twice_model, twice_opt = _copy_model_and_optimizer(tr)
         reward.given.clear()

@@ -13,7 +13,14 @@ from _train_helpers import FirstCharDigit
 from posttrain.algos import get_policy_loss
 from posttrain.algos.advantages import ADVANTAGES, register_advantage
 from posttrain.algos.policy_losses import LOSS_INPUTS, POLICY_LOSSES, Terms, register_policy_loss
-from posttrain.hooks import REPLAY_BUFFERS, SAMPLERS, PromptPlan, PromptSampler, ReplayBuffer, Trajectory
+from posttrain.hooks import (
+    GROUP_FILTERS,
+    REPLAY_BUFFERS,
+    GroupDecision,
+    GroupFilter,
+    ReplayBuffer,
+    Trajectory,
+)
 from posttrain.rollout import EpisodeRunner, FunctionRewardSource
 from posttrain.train import rl as rl_module
 from posttrain.train.config import load_rl_config
@@ -227,25 +234,18 @@ class _BonusRunner(EpisodeRunner):
         return ep
 
 
-class _KeepEveryOther(PromptSampler):
-    filters_groups = True
+class _KeepEveryOther(GroupFilter):
+    """Keeps every other group of a round (the 2nd, 4th, ...), for at most 2 rounds."""
+
     max_rounds = 2
 
-    def __init__(self, examples, *, seed=0):
-        self.examples, self.i = examples, 0
-
-    def plan(self, step, num_prompts, group_size):
-        picked = [self.examples[(self.i + j) % len(self.examples)] for j in range(num_prompts)]
-        self.i += num_prompts
-        return PromptPlan(picked, [group_size] * num_prompts)
-
-    def keep_groups(self, outcomes):
-        return [i % 2 == 1 for i in range(len(outcomes))]
+    def decide(self, outcomes, need):
+        return [GroupDecision(i % 2 == 1, "kept" if i % 2 else "odd") for i in range(len(outcomes))]
 
 
 def test_advantage_inputs_survive_group_filtering(tmp_path, turn_bonus_advantage):
-    tr = make(tmp_path, "hooks.sampler.name=test-every-other", "advantage.name=test-turn-bonus")
-    tr.runner = _BonusRunner(tr.runner)
+    tr = make(tmp_path, "hooks.filter.name=test-every-other", "advantage.name=test-turn-bonus")
+    tr.collector.runner = _BonusRunner(tr.collector.runner)
     ctx = _quiet()
     try:
         ro = tr.rollout()
@@ -291,7 +291,7 @@ class _ReplayWithInputs(ReplayBuffer):
 
 def test_advantage_inputs_survive_replay(tmp_path, turn_bonus_advantage):
     tr = make(tmp_path, "hooks.replay.name=test-replay-inputs", "advantage.name=test-turn-bonus")
-    tr.runner = _BonusRunner(tr.runner)
+    tr.collector.runner = _BonusRunner(tr.collector.runner)
     ctx = _quiet()
     try:
         tr.step()
@@ -310,7 +310,7 @@ def test_advantage_inputs_survive_replay(tmp_path, turn_bonus_advantage):
 
 def test_replayed_trajectory_without_the_runners_inputs_is_refused(tmp_path, turn_bonus_advantage):
     tr = make(tmp_path, "hooks.replay.name=test-first-plain", "advantage.name=test-turn-bonus")
-    tr.runner = _BonusRunner(tr.runner)
+    tr.collector.runner = _BonusRunner(tr.collector.runner)
     ctx = _quiet()
     try:
         tr.step()
@@ -358,14 +358,14 @@ def test_missing_sampling_logprobs_are_refused_when_needed(tmp_path, test_losses
     ctx = _quiet()
     try:
         ok = make(tmp_path)  # nobody needs them: the step runs, without the rollout_logp_diff check
-        ok.runner = _NoLogprobsRunner(ok.runner)
+        ok.collector.runner = _NoLogprobsRunner(ok.collector.runner)
         assert "rollout_logp_diff" not in ok.step()
         rep = make(tmp_path, "hooks.replay.name=test-first-plain")
-        rep.runner = _NoLogprobsRunner(rep.runner)
+        rep.collector.runner = _NoLogprobsRunner(rep.collector.runner)
         with pytest.raises(ValueError, match=r"hooks\.replay 'test-first-plain' \(needs_logprobs\)"):
             rep.step()
         loss = make(tmp_path, "objective.name=test-entropy-rollout")
-        loss.runner = _NoLogprobsRunner(loss.runner)
+        loss.collector.runner = _NoLogprobsRunner(loss.collector.runner)
         with pytest.raises(ValueError, match=r"objective 'test-entropy-rollout' \(input 'rollout_logp'\)"):
             loss.step()
     finally:
@@ -408,8 +408,8 @@ def test_replayed_trajectory_keeps_its_action_mask(tmp_path):
 @pytest.fixture(autouse=True, scope="module")
 def _module_hooks():
     """This module's test hooks, registered for its tests only (restored afterwards)."""
-    saved = [(r, r.snapshot()) for r in (REPLAY_BUFFERS, SAMPLERS)]
-    SAMPLERS.register("test-every-other")(_KeepEveryOther)
+    saved = [(r, r.snapshot()) for r in (REPLAY_BUFFERS, GROUP_FILTERS)]
+    GROUP_FILTERS.register("test-every-other")(_KeepEveryOther)
     REPLAY_BUFFERS.register("test-replay-inputs")(_ReplayWithInputs)
     REPLAY_BUFFERS.register("test-first-plain")(_ReplayPlain)
     REPLAY_BUFFERS.register("test-replay-env")(_ReplayWithEnvTokens)

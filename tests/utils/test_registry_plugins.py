@@ -63,8 +63,7 @@ def test_rl_and_eval_cli_with_plugin_engine_runner_source_loss_advantage_hook(pl
             "objective.params={gain: 2.0}",
             "advantage.name=my_plugins:centered",
             "advantage.params={shift: 0.5}",
-            "hooks.shaper.name=my_plugins:ClipShaper",
-            "hooks.shaper.params={low: 0.0, high: 0.1}",
+            "hooks.shapers=[{name: 'my_plugins:ClipShaper', params: {low: 0.0, high: 0.1}}]",
             "--no-progress",
         ]
     )
@@ -153,15 +152,15 @@ def test_rl_cli_with_plugin_task_and_reward(plugins, tmp_path):
         ),
         ("rollout.runner.name=my_plugins:nope", ["rollout.runner", "has no attribute 'nope'"]),
         ("reward.source.name=my_plugins:NOT_A_CLASS", ["reward.source", "is a int", "factory"]),
-        ("hooks.shaper.name=my_plugins:StartsWithDigit", ["hooks.shaper", "GroupRewardShaper"]),
+        ("hooks.shapers=[{name: 'my_plugins:StartsWithDigit'}]", ["hooks.shapers", "GroupRewardShaper"]),
         ("objective.name=my_plugins:ClipShaper", ["objective.name", "register_policy_loss"]),
         ("advantage.name=my_plugins:plugin_reinforce", ["advantage.name", "register_advantage"]),
         ("task.name=my_plugins:StartsWithDigit", ["task.name", "subclass of posttrain.tasks.Task"]),
         ("reward.name=my_plugins:CountTask", ["reward.name", "__call__"]),
         ("rollout.engine.params={tagg: x}", ["rollout.engine", "'tagg'", "accepted: eos_token_ids"]),
         (
-            "hooks.shaper={name: 'my_plugins:ClipShaper', params: {lo: 1}}",
-            ["hooks.shaper", "'lo' (did you mean 'low'?)", "accepted: low, high"],
+            "hooks.shapers=[{name: 'my_plugins:ClipShaper', params: {lo: 1}}]",
+            ["hooks.shapers", "'lo' (did you mean 'low'?)", "accepted: low, high"],
         ),
         ("hooks.sampler.params={seed: 3}", ["hooks.sampler", "'seed'", "set by the trainer"]),
         (

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.stats import mean_se
 from posttrain_lab.recipes.asrr.hooks import NO_THINKING_PREFIX
 
@@ -49,10 +50,8 @@ _E3 = [
     "hooks.sampler={name: e3, params: {g_min: 4, g_max: 12, widen: 2}}",
     "hooks.controllers=[{name: e3-temperature, params: {anneal: true}}]",
 ]
-_ASRR = [
-    f"task.assistant_prefix={json.dumps(NO_THINKING_PREFIX)}",
-    "hooks.shaper={name: asrr, params: {beta: 0.5, window: 24, tau: 1.0}}",
-]
+_PREFIX = f"task.assistant_prefix={json.dumps(NO_THINKING_PREFIX)}"
+_ASRR = [_PREFIX, "hooks.shapers=[{name: asrr, params: {beta: 0.5, window: 24, tau: 1.0}}]"]
 
 #: Arm name -> config overrides on top of the base (``configs/demo.yaml`` + the bench's settings).
 ARMS: dict[str, list[str]] = {
@@ -64,18 +63,23 @@ ARMS: dict[str, list[str]] = {
     "dapo": [
         "objective.name=dapo",
         "objective.agg=token-mean",
-        "hooks.sampler={name: dapo, params: {max_rounds: 10}}",
-        "hooks.shaper={name: dapo-overlong, params: {max_length: 72, buffer: 16}}",
+        "hooks.filter={name: dynamic-sampling, params: {max_rounds: 10}}",
+        "hooks.shapers=[{name: dapo-overlong, params: {max_length: 72, buffer: 16}}]",
     ],
     "e3-asrr-dgpo": ["objective.name=dgpo", *_E3, *_ASRR],
     # ASRR's control: the No-Thinking prefix alone, without the length penalty (on a model that was not
-    # trained with the prefix, the prefix itself changes accuracy and length)
-    "nothink": ["objective.name=ppo", _ASRR[0]],
+    # trained with the prefix, the prefix itself changes accuracy and length). The ASRR shaper with
+    # beta 0 changes no reward and reports the Continue-Thinking ratio, which is ASRR's metric
+    "nothink": ["objective.name=ppo", _PREFIX, "hooks.shapers=[{name: asrr, params: {beta: 0.0}}]"],
     # replay and curriculum (docs/replay-and-curriculum.md; NexGRPO and APARL are proposed designs)
     "nexgrpo": ["objective.name=ppo", "hooks.replay={name: nexgrpo}"],
     "random-failure": ["objective.name=ppo", "hooks.replay={name: random-failure}"],
     "success": ["objective.name=ppo", "hooks.replay={name: success}"],
-    "aparl": ["objective.name=ppo", "hooks.sampler={name: aparl, params: {max_rounds: 10}}"],
+    "aparl": [
+        "objective.name=ppo",
+        "hooks.sampler.name=aparl",
+        "hooks.filter={name: dynamic-sampling, params: {max_rounds: 10}}",  # APARL's inner loop
+    ],
 }
 
 #: ``--task``: the task overrides of every run. dialogue-events adds in-domain / OOD accuracy and
@@ -122,7 +126,7 @@ def warm_start_pairs(task: Any, mode: str = "mixed") -> list[tuple[str, str]] | 
     if mode == "scratchpad":
         return None
     if mode != "mixed":
-        raise ValueError(f"warm start must be one of {', '.join(WARM_STARTS)}, got {mode!r}")
+        raise InvalidValueError(f"warm start must be one of {', '.join(WARM_STARTS)}, got {mode!r}")
     out: list[tuple[str, str]] = []
     for ex in task.split("train"):
         long, short = task.reference_completion(ex, "long"), task.reference_completion(ex, "short")
@@ -185,27 +189,33 @@ class AblationSettings:
     def __post_init__(self) -> None:
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or not self.arms:
-            raise ValueError(f"--arms: unknown arm(s) {unknown or '(none)'}; choose from {', '.join(ARMS)}")
+            raise InvalidValueError(
+                f"--arms: unknown arm(s) {unknown or '(none)'}; choose from {', '.join(ARMS)}"
+            )
         if not self.seeds:
-            raise ValueError("--seeds: give at least one seed")
+            raise InvalidValueError("--seeds: give at least one seed")
         if self.task not in TASKS:
-            raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
+            raise InvalidValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.warm_start not in WARM_STARTS:
-            raise ValueError(f"--warm-start must be one of {', '.join(WARM_STARTS)}, got {self.warm_start!r}")
+            raise InvalidValueError(
+                f"--warm-start must be one of {', '.join(WARM_STARTS)}, got {self.warm_start!r}"
+            )
         if self.jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
+            raise InvalidValueError(f"--jobs must be >= 1, got {self.jobs}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise ValueError(f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
+            raise InvalidValueError(f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
         if self.minibatches < 1:
-            raise ValueError(f"--minibatches must be >= 1, got {self.minibatches}")
+            raise InvalidValueError(f"--minibatches must be >= 1, got {self.minibatches}")
         if self.real and self.task in ("arithmetic", "dialogue-events"):
-            raise ValueError(
+            raise InvalidValueError(
                 f"--task {self.task} is for the tiny model; with --model {self.model} use word_problems or instructions"
             )
         if not self.real and self.task in ("word_problems", "instructions"):
-            raise ValueError(f"--task {self.task} needs a real model (--model smollm2-135m)")
+            raise InvalidValueError(f"--task {self.task} needs a real model (--model smollm2-135m)")
         if not 4 <= self.group_size <= 12:
-            raise ValueError(f"--group-size must lie in [4, 12] (E3's budget bounds), got {self.group_size}")
+            raise InvalidValueError(
+                f"--group-size must lie in [4, 12] (E3's budget bounds), got {self.group_size}"
+            )
 
 
 REAL_REPLAY_START_STEP = 2
@@ -353,7 +363,7 @@ def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
         return
     shown = _settings_mismatch(json.loads(path.read_text()), s)
     if shown:
-        raise ValueError(
+        raise InvalidValueError(
             f"{path}: the runs in {out} were made with other settings ({shown}); use another --out"
         )
 
@@ -370,7 +380,7 @@ def _finished_results(s: AblationSettings, runs: Path, say: Callable[[str], None
                 # results written since 2026-12-02 carry their settings; older ones rely on settings.json
                 shown = _settings_mismatch(res["settings"], s) if "settings" in res else ""
                 if shown:
-                    raise ValueError(f"{p}: made with other settings ({shown})")
+                    raise InvalidValueError(f"{p}: made with other settings ({shown})")
                 # the gate is re-judged with today's rules from the run's logged steps where they are
                 # kept (a result written before a gate rule was fixed keeps no stale verdict)
                 rows_path = runs / f"{arm}-s{seed}" / "metrics.jsonl"
@@ -450,7 +460,7 @@ def _scored_episodes(trainer: Any, examples: list[Any], n: int, params: Any) -> 
     """``n`` completions per example from the trainer's evaluation runner (same engine, formatter and
     precision as its evaluation), scored by its reward source: (episodes, right per completion)."""
     eps = trainer.eval_runner().run(examples, [n] * len(examples), params)
-    scored = trainer.reward_source.score(eps.texts, eps.examples)
+    scored = trainer.collector.reward_source.score(eps.texts, eps.examples)
     return eps, [float(r) >= trainer.cfg.reward.success_threshold for r in scored.rewards]
 
 
@@ -762,7 +772,7 @@ def summarise_run(
     steps = [r for r in rows if r.get("kind") == "step"]
     evals = evals if evals is not None else [r for r in rows if r.get("kind") == "eval"]
     if not steps or not evals:
-        raise ValueError("ablation run logged no step or no eval rows")
+        raise InvalidValueError("ablation run logged no step or no eval rows")
     ent = [float(r["entropy_pre_update"]) for r in steps]
     target = ent[0]  # E3's target: the first step's entropy (also the reference for the other arms)
     warm = max(1, math.ceil(warmup_frac * len(steps)))

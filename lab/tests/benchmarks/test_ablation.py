@@ -216,8 +216,9 @@ def test_summary_measures_entropy_drift_after_warmup_and_claims_use_it():
 
 
 def test_summary_counts_the_rollouts_a_dynamic_sampling_filter_drew():
-    """The summary's rollout budget counts extra rounds whether a sampler or a standalone group filter
-    drew them (the trainer logs the latter under ``filter/``); plain arms count their batch."""
+    """The summary's rollout budget counts the extra rounds a group filter drew (``filter/``; runs logged
+    before 0.2.0, when a sampler could own the filter, under ``sampler/``); plain arms count their
+    batch."""
     plain = summarise_run(_rows([1.0, 1.0]))
     rows = _rows([1.0, 1.0])
     rows[1]["filter/rollouts_generated"] = 20.0
@@ -239,10 +240,27 @@ def test_prefix_arms_start_from_their_own_precheck():
         cfg = build_config(RLConfig, None, arm_overrides(s, arm, 3, Path("r")))
         keys[arm] = _precheck_key(3, cfg)
     assert keys == {"grpo": "3", "dgpo": "3", "asrr": "3-prefix", "nothink": "3-prefix"}
-    # the control differs from ASRR only by the length penalty
-    assert set(ARMS["asrr"]) - set(ARMS["nothink"]) == {
-        o for o in ARMS["asrr"] if o.startswith("hooks.shaper")
-    }
+    # the control differs from ASRR only by the length penalty: the same prefix, the ASRR shaper with
+    # beta 0 (rewards unchanged; it still reports ASRR's Continue-Thinking ratio)
+    only = (set(ARMS["asrr"]) - set(ARMS["nothink"])) | (set(ARMS["nothink"]) - set(ARMS["asrr"]))
+    assert len(only) == 2 and all(o.startswith("hooks.shapers=") for o in only)
+    ctl = build_config(RLConfig, None, arm_overrides(s, "nothink", 3, Path("r"))).hooks.shapers
+    assert [(x.name, x.params) for x in ctl] == [("asrr", {"beta": 0.0})]
+
+
+def test_arms_use_the_one_way_for_filters_and_shapers():
+    """DAPO's and APARL's dynamic sampling is the group filter slot (no sampler owns a filter), every
+    shaper goes in ``hooks.shapers``, and the bench's round cap reaches the filter."""
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import build_config
+    from posttrain_lab.benchmarks.ablation import arm_overrides
+
+    assert not [o for arm in ARMS.values() for o in arm if o.startswith(("hooks.shaper=", "hooks.shaper."))]
+    s = AblationSettings.quick()
+    for arm in ("dapo", "aparl"):
+        cfg = build_config(RLConfig, None, arm_overrides(s, arm, 0, Path("r")))
+        assert cfg.hooks.filter.name == "dynamic-sampling" and cfg.hooks.filter.params == {"max_rounds": 2}
+        assert cfg.hooks.sampler.params == {}
 
 
 def test_maspo_gate_reads_its_soft_gate_not_clipfrac():
@@ -311,7 +329,7 @@ def test_precheck_reports_what_rl_samples_mixed_groups_counted_per_prompt():
     tr = NS(
         cfg=cfg,
         eval_runner=lambda: Runner(),
-        reward_source=NS(score=lambda texts, exs: NS(rewards=[float(t) for t in texts])),
+        collector=NS(reward_source=NS(score=lambda texts, exs: NS(rewards=[float(t) for t in texts]))),
     )
     r = sampled_verdicts(tr, ["a", "b", "c", "d"])
     assert seen == {"ns": [3, 3, 3, 3], "temperature": 0.7, "max_new": 5}

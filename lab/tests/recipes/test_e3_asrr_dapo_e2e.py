@@ -11,12 +11,13 @@ import pytest
 import torch
 from _train_helpers import Constant, FirstCharDigit
 
+from posttrain.hooks import DynamicSamplingWarning
 from posttrain.models import sequence_logprobs
 from posttrain.rollout import FunctionRewardSource
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 from posttrain_lab.recipes.asrr.hooks import NO_THINKING_PREFIX, NO_THINKING_TEMPLATE, ASRRShaper
-from posttrain_lab.recipes.dapo.hooks import DAPOOverlongShaper, DynamicSamplingWarning
+from posttrain_lab.recipes.dapo.hooks import DAPOOverlongShaper
 from posttrain_lab.recipes.e3.hooks import e3_temperature_step
 
 RECIPES = Path(__file__).resolve().parents[2] / "posttrain_lab" / "recipes"
@@ -60,12 +61,14 @@ def test_e3_ranks_at_epoch_end_widen_bounds_and_vary_group_sizes(tmp_path):
     ms = steps(tr, 3)  # 8 questions, 4 per step: epoch 0 = steps 1-2; step 3 uses ranks and 2/6 bounds
     assert [m["sampler/g_min"] for m in ms] == [4, 4, 2] and [m["sampler/g_max"] for m in ms] == [4, 4, 6]
     assert ms[0]["group_size_min"] == ms[0]["group_size_max"] == 4
-    assert len(tr.sampler.ranks) == 8 and all(0 <= r < 1 for r in tr.sampler.ranks.values())
+    assert len(tr.collector.sampler.ranks) == 8 and all(
+        0 <= r < 1 for r in tr.collector.sampler.ranks.values()
+    )
     assert ms[2]["num_sequences"] == 16  # the rollout budget is unchanged
     # step 3's groups follow the ranks: harder (lower mean reward) questions got at least as many
-    stats = tr.sampler.stats
+    stats = tr.collector.sampler.stats
     sizes = {}
-    plan = tr.sampler.plan(99, 4, 4)
+    plan = tr.collector.sampler.plan(99, 4, 4)
     for ex, n in zip(plan.examples, plan.n_per_prompt, strict=True):
         sizes[ex.id] = n
     means = {k: v[0] / v[1] for k, v in stats.items()}
@@ -120,14 +123,15 @@ def test_e3_group_size_outside_bounds_is_an_error_naming_the_keys(tmp_path):
         ("hooks.sampler={name: e3, params: {g_min: 8, g_max: 4}}", "g_max"),
         ("hooks.sampler={name: e3, params: {widen: -1}}", "widen"),
         ("hooks.controllers=[{name: e3-temperature, params: {eta: 1.5}}]", "eta"),
-        ("hooks.shaper={name: asrr, params: {tau: 1.5}}", "tau"),
-        ("hooks.shaper={name: asrr, params: {window: -5}}", "window"),
-        ("hooks.sampler={name: dapo, params: {max_rounds: 0}}", "max_rounds"),
-        ("hooks.shaper={name: dapo-overlong, params: {max_length: 8, buffer: 16}}", "buffer"),
+        ("hooks.shapers=[{name: asrr, params: {tau: 1.5}}]", "tau"),
+        ("hooks.shapers=[{name: asrr, params: {window: -5}}]", "window"),
+        ("hooks.shapers=[{name: asrr, params: {markers: wait}}]", "markers"),
+        ("hooks.filter={name: dynamic-sampling, params: {max_rounds: 0}}", "max_rounds"),
+        ("hooks.shapers=[{name: dapo-overlong, params: {max_length: 8, buffer: 16}}]", "buffer"),
     ],
 )
 def test_bad_hook_settings_are_config_errors_naming_the_key(tmp_path, override, key):
-    with pytest.raises(ValueError, match=rf"hooks\.(sampler|controllers|shaper)[\s\S]*{key}"):
+    with pytest.raises(ValueError, match=rf"hooks\.(sampler|controllers|shapers|filter)[\s\S]*{key}"):
         cfg(tmp_path, override)
 
 
@@ -148,7 +152,7 @@ def test_asrr_shaper_penalises_long_correct_rollouts_only_in_solved_groups():
 
 def test_asrr_no_thinking_template_is_used_in_rollout_and_evaluation(tmp_path):
     tr = trainer(
-        tmp_path, f"task.assistant_prefix={json.dumps(NO_THINKING_PREFIX)}", "hooks.shaper.name=asrr"
+        tmp_path, f"task.assistant_prefix={json.dumps(NO_THINKING_PREFIX)}", "hooks.shapers=[{name: asrr}]"
     )
     assert tr.formatter.full_text("1+1=?\n").endswith(NO_THINKING_PREFIX)
     assert NO_THINKING_TEMPLATE.endswith(NO_THINKING_PREFIX)  # the deprecated user-text form
@@ -173,21 +177,25 @@ def test_dapo_overlong_shaper_adds_the_soft_penalty():
     assert out.tolist() == pytest.approx([1.0, 1.0, 0.5, 0.0])
 
 
-def test_dapo_sampler_trains_only_on_groups_with_reward_variance(tmp_path):
-    tr = trainer(tmp_path, "hooks.sampler={name: dapo, params: {max_rounds: 20}}")
+DAPO_FILTER = "hooks.filter={name: dynamic-sampling, params: {max_rounds: %d}}"
+
+
+def test_dapo_dynamic_sampling_trains_only_on_groups_with_reward_variance(tmp_path):
+    tr = trainer(tmp_path, DAPO_FILTER % 20)
     (m,) = steps(tr, 1)
     assert m["zero_var_frac"] == 0.0 and m["num_groups"] == 4
-    assert m["sampling_rounds"] == m["sampler/rounds"] and m["sampler/cap_hit"] == 0.0
+    assert m["sampling_rounds"] == m["filter/rounds"] and m["filter/cap_hit"] == 0.0
     # every round samples group_size completions for each still-missing group: more than the 16 kept
-    assert m["sampler/rollouts_generated"] >= 16 + 4 * (m["sampler/rounds"] - 1)
+    assert m["filter/rollouts_generated"] >= 16 + 4 * (m["filter/rounds"] - 1)
+    assert not [k for k in m if k.startswith("sampler/")]  # the uniform sampler reports nothing
 
 
-def test_dapo_sampler_warns_when_the_round_cap_is_hit(tmp_path):
-    tr = trainer(tmp_path, "hooks.sampler={name: dapo, params: {max_rounds: 2}}", reward=Constant())
+def test_dapo_dynamic_sampling_warns_when_the_round_cap_is_hit(tmp_path):
+    tr = trainer(tmp_path, DAPO_FILTER % 2, reward=Constant())
     with pytest.warns(DynamicSamplingWarning, match="max_rounds=2"), warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m = tr.step()
-    assert m["sampler/cap_hit"] == 1.0 and m["sampling_rounds"] == 2 and m["sampler/rollouts_generated"] == 32
+    assert m["filter/cap_hit"] == 1.0 and m["sampling_rounds"] == 2 and m["filter/rollouts_generated"] == 32
 
 
 # ------------------------------------------------------------------------------- configs + resume
@@ -196,7 +204,8 @@ def test_dapo_sampler_warns_when_the_round_cap_is_hit(tmp_path):
 )
 def test_shipped_config_runs_one_step(tmp_path, recipe, name):
     # the overlong penalty's max_length must follow rollout.max_new_tokens (checked at config time)
-    overlong = ["hooks.shaper.params.max_length=6", "hooks.shaper.params.buffer=2"] if name == "dapo" else []
+    shaper = "hooks.shapers=[{name: dapo-overlong, params: {max_length: 6, buffer: 2}}]"
+    overlong = [shaper] if name == "dapo" else []
     tr = trainer(
         tmp_path,
         'task.params={digits: 1, ops: "+", n_train: 8, n_heldout: 8, format: scratchpad}',
@@ -212,7 +221,7 @@ def test_shipped_config_runs_one_step(tmp_path, recipe, name):
 def test_resume_with_e3_asrr_dapo_state_gives_identical_weights(tmp_path):
     extra = [
         *E3,
-        "hooks.shaper={name: asrr, params: {window: 2}}",
+        "hooks.shapers=[{name: asrr, params: {window: 2}}]",
         "checkpoint.every=2",
         "checkpoint.final=false",
         "eval.at_end=false",
@@ -229,7 +238,8 @@ def test_resume_with_e3_asrr_dapo_state_gives_identical_weights(tmp_path):
     full = run("a", 4)
     run("b", 2)
     resumed = run("b", 4, resume=True)
-    assert resumed.sampler.ranks == full.sampler.ranks and resumed.sampler.stats == full.sampler.stats
+    rs, fs = resumed.collector.sampler, full.collector.sampler
+    assert rs.ranks == fs.ranks and rs.stats == fs.stats
     assert resumed.controllers[0].tau == full.controllers[0].tau
     for (n, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
         assert torch.equal(a, b), n

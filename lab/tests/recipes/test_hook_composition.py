@@ -3,7 +3,8 @@ two shapers (ASRR, then the DAPO overlong penalty) in one run.
 
 Contracts checked (``posttrain.hooks.base``): the replay buffer's ``mix`` and ``draw`` run exactly once
 per step, before the first rollout round, even when the filter samples more rounds; the shapers apply
-in list order and each one changes the rewards the advantage estimator receives."""
+in list order and each one changes the rewards the advantage estimator receives; a shaper's own metric
+(ASRR's Continue-Thinking ratio) reaches the step's metrics beside the others'."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from posttrain.hooks import GROUP_FILTERS, DynamicSamplingFilter, KeepAll
 from posttrain.rollout import FunctionRewardSource
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import RLTrainer
+from posttrain.utils.config import ConfigError
 from posttrain_lab.recipes.asrr.hooks import ASRRShaper
 from posttrain_lab.recipes.dapo.hooks import DAPOOverlongShaper
 from posttrain_lab.recipes.e3.hooks import E3Sampler
@@ -80,19 +82,20 @@ def _trainer(tmp_path, *extra):
 
 def test_e3_sampler_dapo_filter_nexgrpo_replay_and_two_shapers_compose(tmp_path):
     tr = _trainer(tmp_path, *COMPOSED)
-    assert isinstance(tr.sampler, E3Sampler) and isinstance(tr.group_filter, DynamicSamplingFilter)
-    assert isinstance(tr.replay, NexGRPOReplay)
+    c = tr.collector
+    assert isinstance(c.sampler, E3Sampler) and isinstance(c.group_filter, DynamicSamplingFilter)
+    assert isinstance(c.replay, NexGRPOReplay)
     assert [type(s) for s in tr.shapers] == [ASRRShaper, DAPOOverlongShaper]
 
     calls: list[tuple[str, int]] = []
     for name in ("mix", "draw"):
-        orig = getattr(tr.replay, name)
+        orig = getattr(c.replay, name)
 
         def spy(plan, step, _orig=orig, _name=name):
             calls.append((_name, step))
             return _orig(plan, step)
 
-        setattr(tr.replay, name, spy)
+        setattr(c.replay, name, spy)
     seen: list[torch.Tensor] = []
     adv_fn = tr.adv_fn
 
@@ -119,6 +122,7 @@ def test_e3_sampler_dapo_filter_nexgrpo_replay_and_two_shapers_compose(tmp_path)
     assert [m["filter/rounds"] for m in ms] == rounds
     assert all(m["zero_var_frac"] == 0.0 or m["filter/cap_hit"] == 1.0 for m in ms)
     assert any(m["replayed"] > 0 for m in ms)  # NexGRPO put stored failures into groups
+    assert all(0.0 <= m["continue_thinking_frac"] <= 1.0 for m in ms)  # ASRR's own metric, via its hook
 
     # each shaper changed the rewards, in order, and the advantage saw the composition
     for m, sc, adv_in in zip(ms, scores, seen, strict=True):
@@ -150,22 +154,18 @@ def test_composition_is_the_shapers_applied_in_order(tmp_path):
     assert not torch.allclose(sc.shaped, overlong.shape(sc.raw.clone(), b.group_ids, **kw))
 
 
-def test_old_single_shaper_key_still_works_and_runs_first(tmp_path):
+def test_the_shapers_list_is_the_one_way_to_compose_shapers():
     cfg = load_rl_config(
         None,
         [
-            "hooks.shaper={name: asrr}",
             "rollout.max_new_tokens=6",  # the overlong max_length must equal the length limit
-            "hooks.shapers=[{name: dapo-overlong, params: {max_length: 6, buffer: 4}}]",
+            "hooks.shapers=[{name: asrr}, {name: dapo-overlong, params: {max_length: 6, buffer: 4}}]",
         ],
     )
-    assert [s.name for s in cfg.hooks.shaper_specs()] == ["asrr", "dapo-overlong"]
-    assert load_rl_config(None, []).hooks.shaper_specs() == []
-
-
-def test_a_sampler_with_its_own_filter_refuses_a_second_one(tmp_path):
-    with pytest.raises(ValueError, match="filters groups itself"):
-        _trainer(tmp_path, "hooks.sampler={name: dapo}", "hooks.filter={name: dynamic-sampling}")
+    assert [s.name for s in cfg.hooks.shapers] == ["asrr", "dapo-overlong"]
+    assert load_rl_config(None, []).hooks.shapers == []
+    with pytest.raises(ConfigError, match=r"hooks\.shaper was removed in 0\.2\.0; use hooks\.shapers"):
+        load_rl_config(None, ["hooks.shaper={name: asrr}"])
 
 
 def test_filter_registry_and_noop_default():

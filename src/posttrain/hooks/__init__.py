@@ -5,8 +5,9 @@ The interfaces and trivial defaults live in :mod:`posttrain.hooks.base`; method 
 in packages that declare them as entry points of these registries' groups, so naming
 ``hooks.sampler.name: e3`` in a config works while the library never names them. Each registry
 also accepts a plug-in ``package.module:Name`` naming a subclass of its interface (e.g.
-``hooks.shaper.name: my_lab.shaping:LengthPenalty``) and reads the entry points of its group
-(``posttrain.samplers``, ``posttrain.controllers``, ``posttrain.replay_buffers``, ``posttrain.shapers``).
+``hooks.shapers: [{name: my_lab.shaping:LengthPenalty}]``) and reads the entry points of its group
+(``posttrain.samplers``, ``posttrain.controllers``, ``posttrain.replay_buffers``, ``posttrain.shapers``,
+``posttrain.group_filters``). Every interface is a :class:`Hook` (own metrics, config-time checks).
 """
 
 from posttrain.hooks.base import (
@@ -21,6 +22,7 @@ from posttrain.hooks.base import (
     GroupFilter,
     GroupOutcome,
     GroupRewardShaper,
+    Hook,
     IdentityShaper,
     KeepAll,
     Knobs,
@@ -31,8 +33,9 @@ from posttrain.hooks.base import (
     RunInfo,
     Trajectory,
     UniformSampler,
+    hook_metrics,
 )
-from posttrain.hooks.filters import DynamicSamplingFilter, DynamicSamplingWarning, SamplerKeepFilter
+from posttrain.hooks.filters import DynamicSamplingFilter, DynamicSamplingWarning
 from posttrain.utils.registry import subclass_of
 
 for _reg, _base in (
@@ -58,6 +61,7 @@ __all__ = [
     "GroupFilter",
     "GroupOutcome",
     "GroupRewardShaper",
+    "Hook",
     "IdentityShaper",
     "KeepAll",
     "Knobs",
@@ -66,7 +70,7 @@ __all__ = [
     "PromptSampler",
     "ReplayBuffer",
     "RunInfo",
-    "SamplerKeepFilter",
     "Trajectory",
     "UniformSampler",
+    "hook_metrics",
 ]

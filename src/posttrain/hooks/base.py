@@ -7,8 +7,8 @@ registering under a name, then selecting it in the config (``hooks.sampler.name`
 interface           called                                  methods it is for (paper)
 ==================  ======================================  ==============================================
 PromptSampler       before rollout: which prompts, how      E3 per-prompt budgets (arXiv:2505.18573,
-                    many completions each; after rewards:   Alg. 1), APARL curriculum (arXiv:2507.01327),
-                    keep/resample groups; observe outcomes  DAPO dynamic sampling (arXiv:2503.14476)
+                    many completions each; observe each     Alg. 1), APARL curriculum (arXiv:2507.01327)
+                    filtered round and the step's outcomes
 Controller          before each step (set knobs) and        E3 entropy-targeting temperature (arXiv:
                     after it (update from metrics)          2505.18573, Eq. 4): the knob is used for
                                                             rollout AND training logits
@@ -24,40 +24,54 @@ GroupRewardShaper   after rewards, before the advantage,    ASRR accuracy-gated 
                     is a list applied in order
 ==================  ======================================  ==============================================
 
-How the slots compose in one step (the contract the trainer keeps, tested in
-``tests/train/test_hook_composition.py``):
+How the slots compose in one step (the contract the trainer keeps, tested in ``tests/hooks`` and
+``tests/train``):
 
 1. controllers ``apply`` the knobs (temperature);
 2. the sampler ``plan``\s round 1; the replay buffer ``mix``\es and ``draw``\s **exactly once per
    step, on round 1's plan, before any sampling round** (later rounds of a filtering step are fresh
    samples only, so a buffer never sees the same step twice);
-3. each round is rolled out; with a group filter the loop waits for rewards, the filter decides per
+3. each round is rolled out; with a group filter the loop waits for rewards, the sampler's
+   ``observe_round`` sees the round's groups (also those about to be dropped), the filter decides per
    group (keep / drop + reason) and, while fewer than ``rollout.prompts_per_step`` groups are kept and
    fewer than ``max_rounds`` rounds were drawn, the sampler plans another round;
 4. the shapers map raw rewards to the rewards the advantage sees, in list order;
 5. after the update, every hook that defines ``observe`` sees the step; every hook that defines
    ``observe_eval(result, step)`` sees each held-out evaluation (curricula); controllers ``update``.
 
-State for checkpoints: ``state_dict()`` returns JSON-serialisable data (no pickle anywhere).
-Samplers may report numbers about their latest plan via ``metrics()`` (logged as ``sampler/<key>``);
-controllers get the vocabulary size and configured steps once via ``bind(RunInfo)`` and read the
-step's metrics (``entropy_pre_update``: no-grad entropy of the sampling policy at τ) in ``update``.
-A hook class may define ``validate_params(params)`` (raise ValueError naming the key): the config
-calls it when it is loaded, so bad values are config errors. Implementations of the methods above:
-:mod:`posttrain_lab.recipes.e3.hooks`, :mod:`posttrain_lab.recipes.asrr.hooks`, :mod:`posttrain_lab.recipes.dapo.hooks`
-(``docs/sampling-methods.md``).
+Every interface is a :class:`Hook`, which gives three optional methods:
+
+* ``step_metrics(episodes)``: numbers the hook measures on the step's episodes (texts, batch), merged
+  into the step's metrics under the hook's own keys (ASRR's ``continue_thinking_frac``), so the loop
+  computes no method's metric itself; ``eval_metrics(episodes)`` does the same for the greedy
+  completions of each held-out evaluation. A key the loop logs itself is refused.
+* ``validate_config(params, config)``: checks the hook's params against the whole run config when it
+  loads (DAPO's overlong penalty needs ``max_length == rollout.max_new_tokens``), for every configured
+  hook; it raises ``ValueError`` (an :class:`~posttrain.utils.errors.InvalidValueError`) whose message
+  starts with the param's name.
+
+A hook class may also define ``validate_params(params)`` (raise ``InvalidValueError`` naming the key):
+the config calls it when it is loaded, before the params are matched with the constructor, so bad
+values are config errors. State for checkpoints: ``state_dict()`` returns JSON-serialisable data (no
+pickle anywhere). Samplers may report numbers about their latest plan via ``metrics()`` (logged as
+``sampler/<key>``); controllers get the vocabulary size and configured steps once via
+``bind(RunInfo)`` and read the step's metrics (``entropy_pre_update``: no-grad entropy of the sampling
+policy at τ) in ``update``. Implementations of the methods above live in packages that declare them
+as entry points of these registries' groups (``docs/sampling-methods.md``).
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from posttrain.utils.data import EpochShuffler
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 from posttrain.utils.registry import Registry
 
 SAMPLERS: Registry[type[PromptSampler]] = Registry("prompt sampler", group="posttrain.samplers")
@@ -77,11 +91,11 @@ class PromptPlan:
 
     def __post_init__(self) -> None:
         if len(self.examples) != len(self.n_per_prompt):
-            raise ValueError(
+            raise InvalidValueError(
                 f"PromptPlan: {len(self.examples)} examples but {len(self.n_per_prompt)} group sizes"
             )
         if any(n < 0 for n in self.n_per_prompt):
-            raise ValueError(f"PromptPlan: negative group size in {self.n_per_prompt}")
+            raise InvalidValueError(f"PromptPlan: negative group size in {self.n_per_prompt}")
 
 
 @dataclass
@@ -146,43 +160,84 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         if len(self.completion_ids) != len(self.logp_past):
-            raise ValueError("Trajectory: completion_ids and logp_past must have the same length")
+            raise InvalidValueError("Trajectory: completion_ids and logp_past must have the same length")
         if self.action_mask is not None and len(self.action_mask) != len(self.completion_ids):
-            raise ValueError("Trajectory: action_mask must have one entry per completion token")
+            raise InvalidValueError("Trajectory: action_mask must have one entry per completion token")
 
 
 # ---------------------------------------------------------------------------------------- interfaces
-class PromptSampler(ABC):
-    """Chooses prompts and per-prompt completion budgets.
+class Hook:
+    """What every hook slot shares: optional metrics of its own and a config-time check.
 
-    A sampler that comes with its own group filter (DAPO's, APARL's inner loop) returns it from
-    :meth:`group_filter`; otherwise ``hooks.filter`` chooses one (or none).
+    The loop merges each hook's :meth:`step_metrics` into the step's metrics and its
+    :meth:`eval_metrics` into each held-out evaluation (:func:`hook_metrics`), so a method's numbers
+    come from the method's hook and the loop names no method."""
 
-    Pre-0.2 interface, still honoured: ``filters_groups = True`` with :meth:`keep_groups` and
-    ``max_rounds`` makes the sampler's keep rule the step's filter.
-    """
+    def step_metrics(self, episodes: Any) -> dict[str, float]:
+        """Numbers about the step's episodes (``posttrain.rollout.Episodes``: texts, batch, examples)
+        this hook reports, logged under these keys; default none."""
+        return {}
 
-    filters_groups: bool = False
-    max_rounds: int = 1
+    def eval_metrics(self, episodes: Any) -> dict[str, float]:
+        """Numbers about the greedy completions of a held-out evaluation (``Episodes``), added to the
+        evaluation's result under these keys; default none."""
+        return {}
+
+    @classmethod
+    def validate_config(cls, params: dict[str, Any], config: Any) -> None:
+        """Check ``params`` against the run's whole config (``RLConfig``) when it loads; raise an
+        :class:`~posttrain.utils.errors.InvalidValueError` whose message starts with the param's name
+        (the config puts the hook's key in front). Default: nothing to check."""
+
+
+def hook_metrics(
+    hooks: Iterable[Hook | None],
+    episodes: Any,
+    *,
+    kind: Literal["step", "eval"],
+    reserved: Collection[str] = (),
+) -> dict[str, float]:
+    """Every hook's :meth:`Hook.step_metrics` (``kind="step"``) or :meth:`Hook.eval_metrics`
+    (``"eval"``) on ``episodes``, merged in hook order (None entries skipped). A key in ``reserved``
+    (one the loop logs itself) or reported by two hooks is a :class:`PosttrainRuntimeError`: neither
+    may silently overwrite the other."""
+    out: dict[str, float] = {}
+    for hook in hooks:
+        if hook is None:
+            continue
+        got = hook.step_metrics(episodes) if kind == "step" else hook.eval_metrics(episodes)
+        for key, value in got.items():
+            if key in reserved or key in out:
+                who = "the loop" if key in reserved else "another hook"
+                raise PosttrainRuntimeError(
+                    f"{type(hook).__name__}.{kind}_metrics: key {key!r} is already logged by {who}; "
+                    "give the hook's metric its own name"
+                )
+            out[key] = value
+    return out
+
+
+class PromptSampler(Hook, ABC):
+    """Chooses prompts and per-prompt completion budgets. Keeping or dropping groups is the group
+    filter's job (``hooks.filter``); a sampler that needs to see every round's groups, also those the
+    filter drops, defines :meth:`observe_round`."""
 
     @abstractmethod
     def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan: ...
 
-    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+    def bind(self, run: RunInfo) -> None:
         """Called once by the trainer before the first step (policy, prompt encoder, configured steps)."""
 
-    def group_filter(self) -> GroupFilter | None:
-        """The group filter this sampler needs (None: whatever ``hooks.filter`` says)."""
-        return None
+    def observe_round(self, outcomes: list[GroupOutcome], step: int) -> None:
+        """With an active group filter: the groups of each sampling round of ``step``, before the filter
+        decides (so also the groups it drops). Without one nothing calls it (one round, seen by
+        :meth:`observe`)."""
 
-    def keep_groups(self, outcomes: list[GroupOutcome]) -> list[bool]:
-        return [True] * len(outcomes)
-
-    def observe_eval(self, result: dict[str, Any], step: int) -> None:  # noqa: B027 - optional hook
+    def observe_eval(self, result: dict[str, Any], step: int) -> None:
         """The trainer's held-out evaluation (``accuracy`` ...) after ``step`` steps (curricula)."""
 
-    def observe(self, outcomes: list[GroupOutcome], step: int) -> None:  # noqa: B027 - optional hook
-        """Statistics after each step (difficulty ranks, curriculum)."""
+    def observe(self, outcomes: list[GroupOutcome], step: int) -> None:
+        """Statistics after each step (difficulty ranks, curriculum): the groups the step trained on."""
 
     def metrics(self) -> dict[str, float]:
         """Numbers about the latest step's plan, logged as ``sampler/<key>`` (e.g. budgets, rounds)."""
@@ -191,14 +246,14 @@ class PromptSampler(ABC):
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
 
-class Controller(ABC):
+class Controller(Hook, ABC):
     """Updates a knob from the metrics of the finished step; applies it before the next one."""
 
-    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+    def bind(self, run: RunInfo) -> None:
         """Called once by the trainer before the first step (vocabulary size, configured steps)."""
 
     @abstractmethod
@@ -211,11 +266,11 @@ class Controller(ABC):
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
 
-class ReplayBuffer(ABC):
+class ReplayBuffer(Hook, ABC):
     """Offers stored trajectories to put into groups next to fresh samples (off-policy)."""
 
     #: True when the buffer needs the per-token sampling log-probs of fresh rollouts in :meth:`observe`
@@ -223,7 +278,7 @@ class ReplayBuffer(ABC):
     #: come without log-probs, instead of failing inside the buffer.
     needs_logprobs: bool = False
 
-    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+    def bind(self, run: RunInfo) -> None:
         """Called once by the trainer before the first step (e.g. the policy, for embeddings)."""
 
     def mix(self, plan: PromptPlan, step: int) -> PromptPlan:
@@ -240,7 +295,7 @@ class ReplayBuffer(ABC):
         """For each prompt of the plan, the trajectories to include in its group (at most its size;
         the loop samples the rest fresh)."""
 
-    def observe(self, episodes: Any, rewards: torch.Tensor, correct: torch.Tensor, step: int) -> None:  # noqa: B027
+    def observe(self, episodes: Any, rewards: torch.Tensor, correct: torch.Tensor, step: int) -> None:
         """See the scored episodes of a step (store failures, update statistics)."""
 
     def is_weights(self, logp: torch.Tensor, logp_past: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -253,7 +308,7 @@ class ReplayBuffer(ABC):
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
 
@@ -266,7 +321,7 @@ class GroupDecision:
     reason: str = "kept"
 
 
-class GroupFilter(ABC):
+class GroupFilter(Hook, ABC):
     """Keeps or drops whole groups once their rewards are known (DAPO-style dynamic sampling).
 
     ``max_rounds``: at most this many sampling rounds per step; ``oversample``: a round asks the
@@ -280,13 +335,13 @@ class GroupFilter(ABC):
     #: False for the no-op filter: the loop then does one round and does not wait for rewards
     active: bool = True
 
-    def bind(self, run: RunInfo) -> None:  # noqa: B027 - optional hook
+    def bind(self, run: RunInfo) -> None:
         """Called once by the trainer before the first step."""
 
-    def start_step(self, step: int, requested: int) -> None:  # noqa: B027 - optional hook
+    def start_step(self, step: int, requested: int) -> None:
         """A new step that wants ``requested`` groups."""
 
-    def start_round(self, plan: PromptPlan) -> None:  # noqa: B027 - optional hook
+    def start_round(self, plan: PromptPlan) -> None:
         """The plan of the round about to be rolled out."""
 
     @abstractmethod
@@ -300,11 +355,11 @@ class GroupFilter(ABC):
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
 
-class GroupRewardShaper(ABC):
+class GroupRewardShaper(Hook, ABC):
     """Maps raw rewards to shaped rewards with whole-group statistics visible."""
 
     @abstractmethod
@@ -330,7 +385,7 @@ class UniformSampler(PromptSampler):
 
     def __init__(self, examples: list[Any], *, seed: int = 0) -> None:
         if not examples:
-            raise ValueError("UniformSampler: the training split is empty")
+            raise InvalidValueError("UniformSampler: the training split is empty")
         self.examples = examples
         self.seed = seed
         self._shuffler = EpochShuffler(len(examples), seed=seed, order="seeded")
@@ -361,7 +416,7 @@ class ConstantTemperature(Controller):
 
     def __init__(self, *, value: float = 1.0) -> None:
         if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"constant-temperature: value must be > 0, got {value}")
+            raise InvalidValueError(f"constant-temperature: value must be > 0, got {value}")
         self.value = value
 
     def apply(self, knobs: Knobs, step: int) -> None:

@@ -8,9 +8,10 @@
   ``max_num_gen_batches`` = 10). On hitting the cap the step trains on what it kept and a
   :class:`DynamicSamplingWarning` says so (a ``[proposed]`` choice: verl raises when unlimited is off).
 
-It lives in the core because more than one method uses it: DAPO (``hooks.sampler: dapo`` is the
-uniform sampler with this filter) and APARL's inner loop (``hooks.sampler: aparl``), and any sampler
-can be combined with it through ``hooks.filter``.
+It lives in the core because more than one method uses it: DAPO's dynamic sampling is this filter
+(``hooks.filter: {name: dynamic-sampling}``, beside the ``dapo`` loss) and so is APARL's inner loop
+(beside its curriculum sampler); any sampler combines with it through ``hooks.filter``, the one place
+a group filter is chosen.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import warnings
 from typing import Any
 
 from posttrain.hooks.base import GROUP_FILTERS, GroupDecision, GroupFilter, GroupOutcome, PromptPlan
+from posttrain.utils.errors import InvalidValueError
 
 
 class DynamicSamplingWarning(RuntimeWarning):
@@ -55,9 +57,9 @@ class DynamicSamplingFilter(GroupFilter):
     def validate_params(params: dict[str, Any]) -> None:
         r, o = params.get("max_rounds", 10), params.get("oversample", 1.0)
         if not (isinstance(r, int) and not isinstance(r, bool) and r >= 1):
-            raise ValueError(f"max_rounds must be an integer >= 1, got {r!r}")
+            raise InvalidValueError(f"max_rounds must be an integer >= 1, got {r!r}")
         if not (isinstance(o, int | float) and not isinstance(o, bool) and o >= 1):
-            raise ValueError(f"oversample must be a number >= 1, got {o!r}")
+            raise InvalidValueError(f"oversample must be a number >= 1, got {o!r}")
 
     def start_step(self, step: int, requested: int) -> None:
         self._requested = requested
@@ -94,18 +96,3 @@ class DynamicSamplingFilter(GroupFilter):
 
     def metrics(self) -> dict[str, float]:
         return dict(self._stats)
-
-
-class SamplerKeepFilter(GroupFilter):
-    """Adapter for a prompt sampler written against the pre-0.2 interface (``filters_groups = True``
-    with ``keep_groups(outcomes)`` and ``max_rounds``): its own keep rule becomes the step's filter."""
-
-    oversample = 1.0
-
-    def __init__(self, sampler: Any) -> None:
-        self.sampler = sampler
-        self.max_rounds = int(getattr(sampler, "max_rounds", 1))
-
-    def decide(self, outcomes: list[GroupOutcome], need: int) -> list[GroupDecision]:
-        keep = self.sampler.keep_groups(outcomes)
-        return [GroupDecision(bool(k), "kept" if k else "sampler") for k in keep]

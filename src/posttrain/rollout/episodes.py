@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from posttrain.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from posttrain.utils.errors import InvalidValueError
 
 
 class PromptFormatter:
@@ -45,7 +46,7 @@ class PromptFormatter:
         self, tokenizer: Any, *, template: str = "{prompt}", chat: bool = False, assistant_prefix: str = ""
     ) -> None:
         if "{prompt}" not in template:
-            raise ValueError(f"prompt template must contain '{{prompt}}', got {template!r}")
+            raise InvalidValueError(f"prompt template must contain '{{prompt}}', got {template!r}")
         self.tokenizer = tokenizer
         self.template = template
         self.chat = chat
@@ -110,23 +111,6 @@ def _dedupe_opening_tag(head: str, prefix: str) -> str:
     return prefix
 
 
-#: Default markers of reasoning resumed after a No-Thinking prefix (case-insensitive substrings).
-CONTINUE_THINKING_MARKERS = ("</think>", "<think>", "wait", "hmm", "let me", "step by step")
-
-
-def continue_thinking_ratio(
-    texts: list[str], markers: tuple[str, ...] | list[str] = CONTINUE_THINKING_MARKERS
-) -> float:
-    """ASRR's Continue-Thinking ratio (arXiv:2505.15400, §4): the share of completions generated after
-    the No-Thinking prefix that resume reasoning, detected as containing any of ``markers``
-    (case-insensitive). The paper does not publish its detector; the markers are a choice, set them
-    per task (``task.continue_thinking_markers``). Empty list of texts: 0."""
-    if not texts:
-        return 0.0
-    low = [m.lower() for m in markers]
-    return sum(any(m in t.lower() for m in low) for t in texts) / len(texts)
-
-
 def cat_row_inputs(
     parts: list[Mapping[str, torch.Tensor]], widths: list[int], *, where: str = "advantage_inputs"
 ) -> dict[str, torch.Tensor]:
@@ -141,7 +125,7 @@ def cat_row_inputs(
     keys = set(parts[0])
     for j, p in enumerate(parts):
         if set(p) != keys:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{where}: part {j} has keys {sorted(p)} but part 0 has {sorted(keys)}; every merged "
                 "set of episodes must carry the same advantage inputs"
             )
@@ -157,7 +141,7 @@ def cat_row_inputs(
             ]
         if len({tuple(v.shape[1:]) for v in vals}) > 1:
             shapes = ", ".join(str(tuple(v.shape)) for v in vals)
-            raise ValueError(
+            raise InvalidValueError(
                 f"{where}[{k!r}]: cannot stack shapes {shapes}: a per-token input must have the completion "
                 f"width {widths} of its part in dim 1, any other input the same trailing shape"
             )
@@ -183,17 +167,19 @@ class Episodes:
     def __post_init__(self) -> None:
         n = len(self.batch)
         if len(self.texts) != n or len(self.examples) != n:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Episodes: {n} sequences but {len(self.texts)} texts / {len(self.examples)} examples"
             )
         if self.replayed is None:
             self.replayed = torch.zeros(n, dtype=torch.bool)
         if self.rewards is not None and tuple(self.rewards.shape) != (n,):
-            raise ValueError(f"Episodes: rewards must have shape ({n},), got {tuple(self.rewards.shape)}")
+            raise InvalidValueError(
+                f"Episodes: rewards must have shape ({n},), got {tuple(self.rewards.shape)}"
+            )
         for k, v in self.advantage_inputs.items():
             if not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] != n:
                 got = f"shape {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
-                raise ValueError(
+                raise InvalidValueError(
                     f"Episodes: advantage_inputs[{k!r}] must be a tensor with one row per sequence "
                     f"({n} rows), got {got}"
                 )

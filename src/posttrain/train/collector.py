@@ -8,8 +8,9 @@ their rewards, through the hook slots in the order :mod:`posttrain.hooks.base` f
 
 and :class:`ImportanceWeights` providers give the per-token weights a policy loss multiplies in
 (replayed rows: the buffer's ``is_weights``; fresh rows: the engine's sampler/trainer-mismatch
-correction). The trainer keeps the collector's components as its own attributes (``trainer.runner =
-...`` still swaps the runner).
+correction). The collector is built complete, from parts built before it
+(:func:`posttrain.train.builder.build_rl_parts`); its components are reached as
+``trainer.collector.sampler`` etc. (``trainer.collector.runner = ...`` swaps the runner).
 """
 
 from __future__ import annotations
@@ -34,35 +35,38 @@ from posttrain.rollout import (
 from posttrain.rollout.episodes import cat_row_inputs
 from posttrain.rollout.reward_source import RewardHandle, _Ready
 from posttrain.train import dist
+from posttrain.utils.errors import InvalidValueError
 
 
 class RolloutCollector:
     """Owns a step's rollout: ``sampler``, ``replay``, ``group_filter`` (None = one round, rewards
     still being scored when :meth:`collect` returns), ``runner``, ``reward_source``; ``engine``,
-    ``formatter`` and ``tokenizer`` rebuild replayed trajectories as rows; ``warn(key, msg, force=)``
-    reports a degenerate step."""
+    ``formatter`` and ``tokenizer`` rebuild replayed trajectories as rows; ``warn(key, msg, step=,
+    force=)`` reports a degenerate step. Every component is given when it is built."""
 
     def __init__(
         self,
         *,
-        prompts_per_step: int,
-        group_size: int,
-        success_threshold: float,
+        sampler: PromptSampler,
+        replay: ReplayBuffer,
+        group_filter: GroupFilter | None,
+        runner: EpisodeRunner,
+        reward_source: RewardSource,
         formatter: PromptFormatter,
         tokenizer: Any,
         engine: RolloutEngine,
+        prompts_per_step: int,
+        group_size: int,
+        success_threshold: float,
         warn: Callable[..., None],
     ) -> None:
+        self.sampler, self.replay, self.group_filter = sampler, replay, group_filter
+        self.runner, self.reward_source = runner, reward_source
+        self.formatter, self.tokenizer, self.engine = formatter, tokenizer, engine
         self.prompts_per_step = prompts_per_step
         self.group_size = group_size
         self.success_threshold = success_threshold
-        self.formatter, self.tokenizer, self.engine = formatter, tokenizer, engine
         self.warn = warn
-        self.sampler: PromptSampler | None = None
-        self.replay: ReplayBuffer | None = None
-        self.group_filter: GroupFilter | None = None
-        self.runner: EpisodeRunner | None = None
-        self.reward_source: RewardSource | None = None
 
     def collect(self, step: int, params: SamplingParams) -> tuple[Episodes, RewardHandle, int]:
         """Sample the step's episodes.
@@ -71,7 +75,8 @@ class RolloutCollector:
         per step, on the first round's plan, before any rollout. Without a group filter: that one
         round, rewards still being scored. With one (DAPO dynamic sampling, arXiv:2503.14476): rounds
         until ``rollout.prompts_per_step`` groups are kept or the filter's ``max_rounds`` is reached;
-        later rounds are fresh samples only; rewards are known when this returns."""
+        the sampler's ``observe_round`` sees each round's groups before the filter decides; later
+        rounds are fresh samples only; rewards are known when this returns."""
         filt = self.group_filter
         need, kept_parts, kept_scores, rounds = self.prompts_per_step, [], [], 0
         if filt is not None:
@@ -99,7 +104,9 @@ class RolloutCollector:
             res = handle.result()
             last = (episodes, res)
             raw = torch.tensor(res.rewards, dtype=torch.float32)
-            decisions = filt.decide(self.outcomes(episodes, raw), need)
+            outcomes = self.outcomes(episodes, raw)
+            self.sampler.observe_round(outcomes, step)
+            decisions = filt.decide(outcomes, need)
             gids = torch.unique(episodes.batch.group_ids)
             keep_ids = gids[torch.tensor([d.keep for d in decisions], dtype=torch.bool)]
             rows = torch.isin(episodes.batch.group_ids, keep_ids).nonzero().flatten()
@@ -113,6 +120,7 @@ class RolloutCollector:
             self.warn(
                 "no_groups_kept",
                 "the group filter kept no group in any round; training on the last round",
+                step=step,
                 force=True,
             )
             kept_parts, kept_scores = [last[0]], [last[1]]
@@ -132,10 +140,12 @@ class RolloutCollector:
     ) -> Episodes:
         """Fresh episodes for the plan, plus the replayed trajectories merged into the same groups."""
         if len(replayed) != len(plan.examples):
-            raise ValueError(f"replay buffer returned {len(replayed)} lists for {len(plan.examples)} prompts")
+            raise InvalidValueError(
+                f"replay buffer returned {len(replayed)} lists for {len(plan.examples)} prompts"
+            )
         fresh = [n - len(r) for n, r in zip(plan.n_per_prompt, replayed, strict=True)]
         if any(f < 0 for f in fresh):
-            raise ValueError("replay buffer returned more trajectories than a group's size")
+            raise InvalidValueError("replay buffer returned more trajectories than a group's size")
         if not any(replayed):
             return self.runner.run(plan.examples, fresh, params)
         new = self.runner.run(plan.examples, fresh, params) if sum(fresh) else None
@@ -143,7 +153,7 @@ class RolloutCollector:
         if new is None:
             return past
         if new.rewards is not None:
-            raise ValueError(
+            raise InvalidValueError(
                 "hooks.replay: replayed trajectories cannot join episodes that the episode runner scored "
                 "itself (rewards); use a replay buffer only with runners whose episodes are scored by the "
                 "reward source"

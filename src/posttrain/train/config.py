@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from posttrain.utils.config import StrictModel, check_choice
+from posttrain.utils.errors import InvalidValueError
 
 
 class ComponentSpec(StrictModel):
@@ -50,7 +51,7 @@ def _check_spec(
     try:
         registry.check(v.name)
     except ValueError as e:
-        raise ValueError(f"name: {e}") from None
+        raise InvalidValueError(f"name: {e}") from None
     try:
         check_params(
             registry.kind,
@@ -61,7 +62,7 @@ def _check_spec(
             reserved=reserved,
         )
     except ValueError as e:
-        raise ValueError(f"params: {e}") from None
+        raise InvalidValueError(f"params: {e}") from None
     return v
 
 
@@ -69,6 +70,42 @@ def _registry_name(value: str, registry: Any) -> str:
     """A registry key/alias or an importable ``package.module:Name`` (ValueError otherwise; pydantic
     puts the key in front of the message)."""
     return registry.check(value)
+
+
+#: Config keys removed in 0.2.0 -> what replaces them. A config that still sets one fails with a
+#: ConfigError naming both (:func:`refuse_removed`), instead of an "unknown key" without the way out.
+REMOVED_KEYS: dict[str, str] = {
+    "hooks.shaper": "hooks.shapers, a list applied in order: hooks.shapers=[{name: ..., params: {...}}]",
+    "task.continue_thinking_markers": (
+        "the params of the shaper that reports Continue-Thinking, "
+        "hooks.shapers=[{name: asrr, params: {markers: [...]}}]"
+    ),
+}
+#: Registered names removed in 0.2.0, as (config key, name) -> what replaces them.
+REMOVED_NAMES: dict[tuple[str, str], str] = {
+    ("hooks.sampler", "dapo"): (
+        "DAPO's dynamic sampling is a group filter: keep hooks.sampler.name=uniform (the default) and set "
+        "hooks.filter={name: dynamic-sampling, params: {max_rounds: ..., oversample: ...}}"
+    ),
+}
+
+
+def refuse_removed(section: str, data: Any) -> Any:
+    """``data`` (the raw values of config section ``section``) unchanged, or an InvalidValueError when
+    it uses a key of :data:`REMOVED_KEYS` or a name of :data:`REMOVED_NAMES`, naming the replacement."""
+    if not isinstance(data, dict):
+        return data
+    for key, instead in REMOVED_KEYS.items():
+        where, _, field = key.rpartition(".")
+        if where == section and field in data:
+            raise InvalidValueError(f"{key} was removed in 0.2.0; use {instead}")
+    for (key, name), instead in REMOVED_NAMES.items():
+        where, _, field = key.rpartition(".")
+        spec = data.get(field) if where == section else None
+        given = spec.get("name") if isinstance(spec, dict) else getattr(spec, "name", None)
+        if given == name:
+            raise InvalidValueError(f"{key}.name {name!r} was removed in 0.2.0; {instead}")
+    return data
 
 
 #: The attention and MLP projections of Llama / Qwen2 / Qwen3 / Mistral decoder layers.
@@ -92,7 +129,7 @@ class LoRAConfig(StrictModel):
     @classmethod
     def _non_empty(cls, v: list[str]) -> list[str]:
         if not v:
-            raise ValueError("must name at least one module (e.g. q_proj, v_proj)")
+            raise InvalidValueError("must name at least one module (e.g. q_proj, v_proj)")
         return v
 
 
@@ -152,7 +189,7 @@ class ModelConfig(StrictModel):
         from posttrain.models.loading import DTYPE_NAMES
 
         if self.precision == "bf16" and DTYPE_NAMES[self.dtype.lower()] != "float32":
-            raise ValueError(
+            raise InvalidValueError(
                 f"model.precision 'bf16' keeps fp32 master weights and needs model.dtype float32, got "
                 f"{self.dtype!r} (for pure bf16 weights set dtype bfloat16 and precision fp32)"
             )
@@ -169,18 +206,20 @@ class TaskConfig(StrictModel):
     """Wrap prompts with the tokenizer's chat template (instruction-tuned checkpoints)."""
     assistant_prefix: str = ""
     """Text that opens the assistant turn, after the chat template's generation prompt (ASRR's
-    No-Thinking prefix, arXiv:2505.15400 Fig. 4); the same in rollout, SFT and evaluation."""
-    continue_thinking_markers: list[str] = Field(
-        default_factory=lambda: ["</think>", "<think>", "wait", "hmm", "let me", "step by step"]
-    )
-    """With an ``assistant_prefix``: completions containing any of these (case-insensitive) count as
-    Continue-Thinking (logged as ``continue_thinking_frac`` per step and ``continue_thinking`` per eval)."""
+    No-Thinking prefix, arXiv:2505.15400 Fig. 4); the same in rollout, SFT and evaluation. General:
+    any method or prompt format may open the turn (a metric about what follows it belongs to the
+    method's hook, e.g. ``Hook.step_metrics``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        return refuse_removed("task", data)
 
     @field_validator("prompt_template")
     @classmethod
     def _has_field(cls, v: str) -> str:
         if "{prompt}" not in v:
-            raise ValueError("must contain the field '{prompt}'")
+            raise InvalidValueError("must contain the field '{prompt}'")
         return v
 
     @field_validator("name")
@@ -198,7 +237,7 @@ class TaskConfig(StrictModel):
         try:
             check_params("task", self.name, TASKS.get(self.name), self.params)
         except ValueError as e:
-            raise ValueError(f"task.params: {e}") from None
+            raise InvalidValueError(f"task.params: {e}") from None
         return self
 
 
@@ -250,7 +289,7 @@ class RewardConfig(StrictModel):
         try:
             check_params("reward", self.name, REWARDS.get(self.name), self.params)
         except ValueError as e:
-            raise ValueError(f"reward.params: {e}") from None
+            raise InvalidValueError(f"reward.params: {e}") from None
         return self
 
 
@@ -326,7 +365,7 @@ class ObjectiveConfig(StrictModel):
         accepted = policy_loss_defaults(self.name)
         unknown = sorted(set(self.params) - set(accepted))
         if unknown:
-            raise ValueError(
+            raise InvalidValueError(
                 f"objective.params: unknown key(s) {', '.join(unknown)} for objective {self.name!r}; "
                 f"accepted: {', '.join(sorted(accepted)) or '(none)'}"
             )
@@ -335,7 +374,7 @@ class ObjectiveConfig(StrictModel):
         except (TypeError, ValueError) as e:
             bad = [k for k in sorted(self.params) if f" {k} must" in str(e)]
             key = f"objective.params.{bad[0]}" if bad else "objective.params"
-            raise ValueError(f"{key}: {e} (defaults of {self.name!r}: {accepted})") from None
+            raise InvalidValueError(f"{key}: {e} (defaults of {self.name!r}: {accepted})") from None
         return self
 
     @classmethod
@@ -383,7 +422,7 @@ class AdvantageConfig(StrictModel):
         try:
             check_advantage_params(self.name, self.params)
         except ValueError as e:
-            raise ValueError(f"advantage.params: {e}") from None
+            raise InvalidValueError(f"advantage.params: {e}") from None
         return self
 
 
@@ -437,7 +476,7 @@ class EvalConfig(StrictModel):
     @model_validator(mode="after")
     def _k_le_samples(self) -> EvalConfig:
         if self.k > 1 and self.samples < self.k:
-            raise ValueError(f"eval.samples ({self.samples}) must be >= eval.k ({self.k})")
+            raise InvalidValueError(f"eval.samples ({self.samples}) must be >= eval.k ({self.k})")
         return self
 
     def batch_cap(self, rollout_cap: int | None = None) -> int:
@@ -479,27 +518,32 @@ class CheckpointConfig(StrictModel):
 
 
 def _hook(registry_attr: str, v: ComponentSpec) -> ComponentSpec:
+    """A hook's spec: its name is known, its param VALUES pass the class's own
+    ``validate_params(params)`` (when it has one: so a removed param can say where it went), then its
+    param names match the constructor."""
     import posttrain.hooks as hooks
 
     registry = getattr(hooks, registry_attr)
-    if registry_attr == "SAMPLERS":  # the trainer passes the training examples and the run's seed
-        _check_spec(v, registry, skip_positional=1, reserved=("seed",))
-    else:
-        _check_spec(v, registry)
-    # a hook may check its parameter VALUES at config time too (``validate_params(params)``)
+    try:
+        registry.check(v.name)
+    except ValueError as e:
+        raise InvalidValueError(f"name: {e}") from None
     validate = getattr(registry.get(v.name), "validate_params", None)
     if callable(validate):
         try:
             validate(dict(v.params))
         except ValueError as e:
-            raise ValueError(f"params: {v.name}: {e}") from None
-    return v
+            raise InvalidValueError(f"params: {v.name}: {e}") from None
+    if registry_attr == "SAMPLERS":  # the trainer passes the training examples and the run's seed
+        return _check_spec(v, registry, skip_positional=1, reserved=("seed",))
+    return _check_spec(v, registry)
 
 
 class HooksConfig(StrictModel):
     """Loop hooks (``posttrain.hooks`` registries; ``package.module:Name`` for a plug-in). A hook's
     ``params`` are its constructor's keyword arguments (a sampler also receives the training examples
-    and ``seed`` from the trainer)."""
+    and ``seed`` from the trainer). One key per slot; each hook also checks its params against the
+    whole config (``Hook.validate_config``, see :meth:`RLConfig._hooks_fit_run`)."""
 
     sampler: ComponentSpec = ComponentSpec(name="uniform")
     """Which prompts, how many completions each (``posttrain.hooks.SAMPLERS``)."""
@@ -508,12 +552,15 @@ class HooksConfig(StrictModel):
     controllers: list[ComponentSpec] = Field(default_factory=list)
     replay: ComponentSpec = ComponentSpec(name="none")
     """Stored trajectories mixed into the step's groups, once per step before any round."""
-    shaper: ComponentSpec = ComponentSpec(name="none")
-    """One group reward shaper (kept for pre-0.2 configs): applied first, then ``shapers``."""
     shapers: list[ComponentSpec] = Field(default_factory=list)
     """Group reward shapers applied in list order (e.g. ASRR, then the DAPO overlong penalty)."""
 
-    @field_validator("sampler", "filter", "replay", "shaper", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        return refuse_removed("hooks", data)
+
+    @field_validator("sampler", "filter", "replay", mode="before")
     @classmethod
     def _fill_name(cls, v: Any, info: Any) -> Any:
         return _default_name(v, cls.model_fields[info.field_name].default.name)
@@ -533,11 +580,6 @@ class HooksConfig(StrictModel):
     def _r(cls, v: ComponentSpec) -> ComponentSpec:
         return _hook("REPLAY_BUFFERS", v)
 
-    @field_validator("shaper")
-    @classmethod
-    def _g(cls, v: ComponentSpec) -> ComponentSpec:
-        return _hook("GROUP_SHAPERS", v)
-
     @field_validator("shapers")
     @classmethod
     def _gs(cls, v: list[ComponentSpec]) -> list[ComponentSpec]:
@@ -548,9 +590,16 @@ class HooksConfig(StrictModel):
     def _f(cls, v: ComponentSpec) -> ComponentSpec:
         return _hook("GROUP_FILTERS", v)
 
-    def shaper_specs(self) -> list[ComponentSpec]:
-        """The shapers in the order they apply: ``shaper`` (unless ``none``), then ``shapers``."""
-        return ([self.shaper] if self.shaper.name != "none" else []) + list(self.shapers)
+    def configured(self) -> list[tuple[str, str, ComponentSpec]]:
+        """Every configured hook as (config key, registry name in :mod:`posttrain.hooks`, spec), in
+        the order the slots act."""
+        return [
+            ("hooks.sampler", "SAMPLERS", self.sampler),
+            ("hooks.filter", "GROUP_FILTERS", self.filter),
+            ("hooks.replay", "REPLAY_BUFFERS", self.replay),
+            *((f"hooks.shapers[{i}]", "GROUP_SHAPERS", s) for i, s in enumerate(self.shapers)),
+            *((f"hooks.controllers[{i}]", "CONTROLLERS", c) for i, c in enumerate(self.controllers)),
+        ]
 
 
 #: Objectives whose difference from plain policy gradient lives in the ratio r = π_θ / π_old (clip,
@@ -602,7 +651,7 @@ class RLConfig(StrictModel):
 
         est = ADVANTAGES.get(self.advantage.name)
         if self.rollout.group_size == 1 and getattr(est, "group_baseline", False):
-            raise ValueError(
+            raise InvalidValueError(
                 f"rollout.group_size: 1 with the group-relative advantage {self.advantage.name!r}: every group "
                 "is a single completion, so there is no group baseline to compare it with; use "
                 "rollout.group_size >= 2 (8 is usual), or an advantage with a batch baseline "
@@ -620,7 +669,7 @@ class RLConfig(StrictModel):
 
         ctx = model_context_length(self.model.name)
         if ctx is not None and self.rollout.max_new_tokens >= ctx:
-            raise ValueError(
+            raise InvalidValueError(
                 f"rollout.max_new_tokens: {self.rollout.max_new_tokens} does not fit the context of model "
                 f"{self.model.name!r} ({ctx} tokens, prompt included); use at most {ctx - 1} (minus the "
                 "longest prompt)"
@@ -645,7 +694,7 @@ class RLConfig(StrictModel):
         if self.rollout.engine.params.get("tis_mode") is not None:
             users.append("rollout.engine.params.tis_mode (truncated importance sampling)")
         if users:
-            raise ValueError(
+            raise InvalidValueError(
                 f"rollout.top_p={self.rollout.top_p}: sampling log-probs are renormalised over the "
                 "nucleus while the trainer's are over the full vocabulary, so their ratio is biased; "
                 f"used by {'; '.join(users)}. Set rollout.top_p=1.0 (or drop those parts)."
@@ -653,20 +702,17 @@ class RLConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _overlong_limit(self) -> RLConfig:
-        """DAPO's soft overlong penalty ramps down to ``max_length``, the hard generation limit
-        (arXiv:2503.14476, Eq. 13): any other value shifts or truncates the ramp."""
-        specs = [self.hooks.shaper, *self.hooks.shapers]
-        for i, spec in enumerate(specs):
-            if spec.name != "dapo-overlong":
-                continue
-            key = "hooks.shaper" if i == 0 else f"hooks.shapers[{i - 1}]"
-            got = spec.params.get("max_length")
-            if got != self.rollout.max_new_tokens:
-                raise ValueError(
-                    f"{key}.params.max_length: the dapo-overlong penalty needs max_length == "
-                    f"rollout.max_new_tokens ({self.rollout.max_new_tokens}), got {got!r}"
-                )
+    def _hooks_fit_run(self) -> RLConfig:
+        """Every configured hook checks its params against the whole config
+        (``Hook.validate_config``; e.g. DAPO's overlong penalty against ``rollout.max_new_tokens``):
+        the library runs the check without knowing any hook's rule."""
+        import posttrain.hooks as hooks
+
+        for key, registry, spec in self.hooks.configured():
+            try:
+                getattr(hooks, registry).get(spec.name).validate_config(dict(spec.params), self)
+            except ValueError as e:
+                raise InvalidValueError(f"{key}.params.{e}") from None
         return self
 
     @model_validator(mode="after")

@@ -17,17 +17,20 @@ checkpoint step and saved settings (:func:`locate_model`, :func:`evaluate_cli_se
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from posttrain.hooks import GROUP_SHAPERS, Hook, hook_metrics
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, PromptFormatter
 from posttrain.rollout.registry import EngineContext, RunnerContext, build_engine, build_runner
 from posttrain.rollout.reward_source import RewardSource
 from posttrain.train.config import EVAL_MAX_BATCH_SIZE
+from posttrain.utils.errors import InvalidValueError
 
 EVAL_SEED = 1234
 """Seed of the evaluation engine's sampling generator (pass@k samples)."""
@@ -38,9 +41,9 @@ WARN_TRUNCATED = 0.5
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with n samples, c correct (Chen et al. 2021)."""
     if not 0 <= c <= n:
-        raise ValueError(f"pass_at_k: need 0 <= c <= n, got n={n}, c={c}")
+        raise InvalidValueError(f"pass_at_k: need 0 <= c <= n, got n={n}, c={c}")
     if not 1 <= k <= n:
-        raise ValueError(f"pass_at_k: need 1 <= k <= n, got k={k}, n={n}")
+        raise InvalidValueError(f"pass_at_k: need 1 <= k <= n, got k={k}, n={n}")
     if n - c < k:
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
@@ -57,18 +60,19 @@ def run_eval(
     samples: int = 1,
     temperature: float = 1.0,
     report: Any = None,
-    thinking_markers: list[str] | None = None,
+    metric_hooks: Sequence[Hook | None] = (),
 ) -> dict[str, Any]:
     """Greedy pass@1 (``accuracy``), mean reward, length and truncated fraction on ``examples`` with
     any episode ``runner`` (over any engine) and ``reward_source``; with ``k > 1`` also ``pass@k`` from
     ``samples`` completions per example at ``temperature``. Episodes the runner scored itself
     (``Episodes.rewards``) are not sent to the reward source. ``report(examples, texts) -> dict``
     (a task's ``eval_report``, e.g. IFBench's accuracies) adds ``result["report"]`` from the greedy
-    completions."""
+    completions; each of ``metric_hooks`` adds its ``eval_metrics`` of the greedy episodes (ASRR's
+    ``continue_thinking``; :func:`posttrain.hooks.hook_metrics`)."""
     if not examples:
-        raise ValueError("evaluate: no examples")
+        raise InvalidValueError("evaluate: no examples")
     if k > 1 and samples < k:
-        raise ValueError(f"evaluate: pass@{k} needs samples >= {k}, got {samples}")
+        raise InvalidValueError(f"evaluate: pass@{k} needs samples >= {k}, got {samples}")
     t0 = time.perf_counter()
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, logprobs=False)
     eps = runner.run(examples, [1] * len(examples), greedy)
@@ -94,10 +98,7 @@ def run_eval(
         np.add.at(per_group, seps.batch.group_ids.numpy(), s.astype(int))
         out[f"pass@{k}"] = float(np.mean([pass_at_k(samples, int(c), k) for c in per_group]))
         out["sampled_accuracy"] = float(s.mean())
-    if thinking_markers is not None:  # ASRR: share of greedy answers that resume reasoning
-        from posttrain.rollout.episodes import continue_thinking_ratio
-
-        out["continue_thinking"] = continue_thinking_ratio(list(eps.texts), thinking_markers)
+    out.update(hook_metrics(metric_hooks, eps, kind="eval", reserved=out))  # the hooks' own numbers
     if report is not None:
         out["report"] = report(list(eps.examples), list(eps.texts))
     out["wall_s"] = time.perf_counter() - t0
@@ -113,7 +114,9 @@ def _rewards(eps: Any, reward_source: RewardSource) -> tuple[np.ndarray, int, in
         return np.asarray(eps.rewards, dtype=float), 0, 0, {}
     scored = reward_source.score(eps.texts, eps.examples)
     if len(scored.rewards) != len(eps):
-        raise ValueError(f"reward source returned {len(scored.rewards)} rewards for {len(eps)} completions")
+        raise InvalidValueError(
+            f"reward source returned {len(scored.rewards)} rewards for {len(eps)} completions"
+        )
     return np.asarray(scored.rewards, dtype=float), scored.timeouts, scored.errors, scored.failures
 
 
@@ -283,13 +286,37 @@ def _saved_settings(path: Path, load_yaml: Any) -> tuple[dict[str, Any] | None, 
     return load_yaml(path), str(path)
 
 
+def _eval_metric_shapers(hooks: Any) -> list[dict[str, Any]]:
+    """The saved ``hooks.shapers`` entries whose shaper reports evaluation metrics (overrides
+    ``Hook.eval_metrics``, e.g. ASRR's ``continue_thinking``): ``posttrain eval`` reports them as the
+    run's own evaluations did. A shaper that no longer resolves, or reports none, is left out (an
+    evaluation never shapes rewards, and an unrelated shaper's config checks, such as DAPO's
+    ``max_length == rollout.max_new_tokens``, must not refuse ``--max-new-tokens``)."""
+    specs = hooks.get("shapers") if isinstance(hooks, dict) else None
+    out = []
+    for spec in specs if isinstance(specs, list) else []:
+        try:
+            cls = GROUP_SHAPERS.get(spec["name"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if cls.eval_metrics is not Hook.eval_metrics:
+            out.append(spec)
+    return out
+
+
 # Sections of a saved config that say how the model was prompted, scored and sampled.
 _EVAL_SECTIONS = ("model", "task", "reward", "rollout", "eval", "seed", "threads")
 
 
 def _eval_base(saved: dict[str, Any]) -> dict[str, Any]:
-    """The RL-config subset of a saved run config (RL or SFT) that evaluation uses."""
+    """The RL-config subset of a saved run config (RL or SFT) that evaluation uses, with the shapers
+    that report evaluation metrics (:func:`_eval_metric_shapers`)."""
     base = {k: saved[k] for k in _EVAL_SECTIONS if k in saved}
+    if isinstance(base.get("task"), dict):  # a run saved before 0.2.0 (its markers: ASRR's params now)
+        base["task"] = {k: v for k, v in base["task"].items() if k != "continue_thinking_markers"}
+    shapers = _eval_metric_shapers(saved.get("hooks"))
+    if shapers:
+        base["hooks"] = {"shapers": shapers}
     if "rollout" not in saved and isinstance(saved.get("max_new_tokens"), int):  # an SFT config
         base["rollout"] = {"max_new_tokens": saved["max_new_tokens"]}
     if isinstance(base.get("model"), dict):
@@ -352,7 +379,7 @@ def evaluate_cli_settings(
         if value is not None:
             ev[key] = value
     if ev["k"] > 1 and ev["samples"] < ev["k"]:
-        raise ValueError(f"--k {ev['k']} needs --samples >= {ev['k']} (got {ev['samples']})")
+        raise InvalidValueError(f"--k {ev['k']} needs --samples >= {ev['k']} (got {ev['samples']})")
     return build_config(RLConfig, None, [], base=tree)
 
 
@@ -367,7 +394,7 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
     task = get_task(cfg.task.name, **cfg.task.params)
     heldout = task.split("heldout")
     if not heldout:
-        raise ValueError(f"task {cfg.task.name!r} has no held-out examples to evaluate")
+        raise InvalidValueError(f"task {cfg.task.name!r} has no held-out examples to evaluate")
     device = pick_device() if cfg.model.device == "auto" else cfg.model.device
     if cfg.threads:  # the run's torch CPU threads (tiny models run several times faster with 1)
         import torch
@@ -415,7 +442,7 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
             samples=cfg.eval.samples,
             temperature=cfg.eval.temperature,
             report=getattr(task, "eval_report", None),
-            thinking_markers=cfg.task.continue_thinking_markers if cfg.task.assistant_prefix else None,
+            metric_hooks=[GROUP_SHAPERS.get(s.name)(**s.params) for s in cfg.hooks.shapers],
         )
     finally:
         source.close()

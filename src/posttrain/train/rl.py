@@ -31,23 +31,22 @@
    AdamW steps with the scheduled learning rate.
 5. :meth:`~RLTrainer.report` (**metrics + hooks**) — reward / accuracy / zero-variance groups / lengths
    / truncation / entropy / clip fractions / KL / grad norm / throughput / time split, all over action
-   tokens, plus ``entropy_pre_update`` (no-grad entropy of the sampling policy at τ) and the sampler's
-   ``sampler/*`` numbers; controllers update their knobs (e.g. the temperature used for BOTH the next
-   rollout and the training log-probs, E3, arXiv:2505.18573); sampler and replay buffer observe the
-   scored groups.
+   tokens, plus ``entropy_pre_update`` (no-grad entropy of the sampling policy at τ), the sampler's,
+   filter's and replay buffer's ``sampler/*``, ``filter/*``, ``replay/*`` numbers and every hook's own
+   ``step_metrics`` (a method's metric comes from its hook: the loop names no method); controllers
+   update their knobs (e.g. the temperature used for BOTH the next rollout and the training
+   log-probs); sampler and replay buffer observe the scored groups.
    Per-micro-batch metric sums live in one helper, :class:`MetricSums`.
 
-:meth:`RLTrainer.train` runs the steps through :class:`~posttrain.train.loop.RunLoop`, the run loop
+The trainer's parts are built by :func:`posttrain.train.builder.build_rl_parts`, complete and in
+dependency order, before the first step. :meth:`RLTrainer.train` runs the steps through :class:`~posttrain.train.loop.RunLoop`, the run loop
 SFT shares: logging (JSONL always, TensorBoard / W&B optional), evaluation and checkpoint schedules,
 resume. Distributed concerns live in :mod:`posttrain.train.dist`.
 """
 
 from __future__ import annotations
 
-import copy
-import random
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,71 +55,48 @@ from typing import Any
 import numpy as np
 import torch
 
-from posttrain.algos import agg_loss, get_advantage, get_policy_loss, group_stats, kl_clamped, kl_penalty
+from posttrain.algos import agg_loss, group_stats, kl_clamped, kl_penalty
 from posttrain.algos.kl import KL_ESTIMATORS
 from posttrain.hooks import (
-    CONTROLLERS,
-    GROUP_FILTERS,
-    GROUP_SHAPERS,
-    REPLAY_BUFFERS,
-    SAMPLERS,
+    Controller,
     GroupFilter,
-    GroupOutcome,
+    GroupRewardShaper,
     Knobs,
-    RunInfo,
-    SamplerKeepFilter,
+    PromptSampler,
+    ReplayBuffer,
+    hook_metrics,
 )
-from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device, precision_autocast
-from posttrain.models.lora import AdapterDisabledLM, is_lora, prepare_model
-from posttrain.rollout import (
-    EngineContext,
-    EpisodeRunner,
-    Episodes,
-    PromptFormatter,
-    RewardSource,
-    RewardSourceContext,
-    RolloutBatch,
-    RunnerContext,
-    SamplingParams,
-    build_engine,
-    build_reward_source,
-    build_runner,
-)
-from posttrain.rollout.episodes import continue_thinking_ratio
+from posttrain.models import ModelAdapter, precision_autocast
+from posttrain.rollout import EpisodeRunner, Episodes, RewardSource, RolloutBatch, SamplingParams
 from posttrain.rollout.reward_source import RewardHandle
 from posttrain.train import dist
-from posttrain.train.checkpoint import resolve_checkpoint
-from posttrain.train.collector import (
-    EngineMismatchWeights,
-    ImportanceWeights,
-    ReplayWeights,
-    RolloutCollector,
-    combine_weights,
-)
+from posttrain.train.builder import DegenerateSettingWarning, build_rl_parts
+from posttrain.train.collector import combine_weights
 from posttrain.train.config import RLConfig
-from posttrain.train.lengths import bound_prompts, check_splits, model_context
 from posttrain.train.loop import LoopSpec, RunLoop, RunLoopTrainer
-from posttrain.train.optim import build_adamw, clip_and_step, scheduled_lr, set_lr
+from posttrain.train.optim import clip_and_step, scheduled_lr, set_lr
+from posttrain.utils.errors import InvalidValueError
+
+__all__ = [
+    "DegenerateSettingWarning",
+    "MetricSums",
+    "RLTrainer",
+    "StepForwards",
+    "StepRollout",
+    "StepScores",
+    "StepUpdate",
+    "step_rollouts",
+]
 
 WARN_TRUNCATED = 0.9
 WARN_ZERO_VAR = 0.9
 
 
-class DegenerateSettingWarning(RuntimeWarning):
-    """Training runs but learns little or nothing (truncation, zero-variance groups, bad splits)."""
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def step_rollouts(row: dict[str, Any]) -> float:
     """Completions generated in one logged step (a ``metrics.jsonl`` step row): with dynamic sampling
-    the extra rounds count, whether a group filter drew them (``filter/rollouts_generated``, logged when
-    the filter is not the sampler's own) or the sampler did (``sampler/rollouts_generated``); otherwise
-    the batch (``num_sequences``)."""
+    the extra rounds count (the group filter's ``filter/rollouts_generated``; logs written before 0.2.0,
+    when a sampler could own the filter, hold it as ``sampler/rollouts_generated``); otherwise the
+    batch (``num_sequences``)."""
     for key in ("filter/rollouts_generated", "sampler/rollouts_generated"):
         if key in row:
             return float(row[key])
@@ -235,7 +211,9 @@ class _Micro:
 def _rollout_logp(mb: _Micro) -> torch.Tensor:
     lp = mb.rollout.batch.logprobs
     if lp is None:  # refused at rollout time; kept as a guard for custom phase orderings
-        raise ValueError("loss input 'rollout_logp': the rollout engine recorded no sampling log-probs")
+        raise InvalidValueError(
+            "loss input 'rollout_logp': the rollout engine recorded no sampling log-probs"
+        )
     return lp[mb.rows]
 
 
@@ -248,22 +226,18 @@ _LOSS_INPUTS: dict[str, Callable[[_Micro], torch.Tensor]] = {
 }
 
 
-def _collector_attr(name: str) -> property:
-    """A trainer attribute that is the collector's component ``name`` (read and write)."""
-    return property(
-        lambda self: getattr(self.collector, name),
-        lambda self, value: setattr(self.collector, name, value),
-        doc=f"The rollout collector's ``{name}``.",
-    )
-
-
 class RLTrainer(RunLoopTrainer):
     """GRPO-family RL trainer. ``RLTrainer(config).train()`` runs a full experiment;
     ``RLTrainer(config, model, tokenizer).step()`` does exactly one step (used by ``posttrain bench``).
 
-    Hooks are built from ``config.hooks`` via the registries in :mod:`posttrain.hooks`; engine,
-    episode runner and reward source from ``rollout.engine``, ``rollout.runner`` and ``reward.source``
-    via :mod:`posttrain.rollout.registry`.
+    Its parts are built by :func:`~posttrain.train.builder.build_rl_parts` (complete, in dependency
+    order) and kept as plain attributes: ``model``, ``tokenizer``, ``lm`` (the policy's model
+    adapter), ``ref_lm``, ``train_lm``, ``formatter``, ``engine``, ``optimizer``, ``task``,
+    ``controllers``, ``shapers``, and ``collector``, which runs the step's rollout with the
+    ``sampler``, ``replay`` buffer, ``group_filter``, ``runner`` and ``reward_source``
+    (``trainer.collector.sampler`` ...). Hooks come from ``config.hooks`` via the registries in
+    :mod:`posttrain.hooks`; engine, episode runner and reward source from ``rollout.engine``,
+    ``rollout.runner`` and ``reward.source`` via :mod:`posttrain.rollout.registry`.
 
     Programmatic use: every component can also be passed in as an object, which then replaces the
     configured name — ``task`` (a :class:`~posttrain.tasks.Task`), ``reward`` (any callable
@@ -272,12 +246,6 @@ class RLTrainer(RunLoopTrainer):
     ``group_filter``, ``replay``, ``shapers`` (a list, applied in order) and ``controllers``.
     ``config`` defaults to ``RLConfig()``; a dict is validated as one.
     """
-
-    sampler = _collector_attr("sampler")
-    replay = _collector_attr("replay")
-    group_filter = _collector_attr("group_filter")
-    runner = _collector_attr("runner")
-    reward_source = _collector_attr("reward_source")
 
     def __init__(
         self,
@@ -290,206 +258,30 @@ class RLTrainer(RunLoopTrainer):
         runner: EpisodeRunner | None = None,
         task: Any = None,
         reward: Callable[[str, Any], float] | None = None,
-        sampler: Any = None,
-        group_filter: Any = None,
-        replay: Any = None,
-        shapers: list[Any] | None = None,
-        controllers: list[Any] | None = None,
+        sampler: PromptSampler | None = None,
+        group_filter: GroupFilter | None = None,
+        replay: ReplayBuffer | None = None,
+        shapers: list[GroupRewardShaper] | None = None,
+        controllers: list[Controller] | None = None,
     ) -> None:
-        if config is None or isinstance(config, dict):
-            config = RLConfig.model_validate(config or {})
-        self.cfg = cfg = config
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        seed_everything(cfg.seed)
-        self.run_dir = Path(cfg.out_dir)
-        self.device = pick_device() if cfg.model.device == "auto" else cfg.model.device
-        # distributed: join the torchrun process group; one device per rank (identity in one process)
-        self.device = dist.setup(self.device)
-        from posttrain.rewards import get_reward
-        from posttrain.tasks import get_task
-
-        # the task's splits are checked before the model loads and reward workers start
-        self.task = task if task is not None else get_task(cfg.task.name, **cfg.task.params)
-        self.train_examples = check_splits(
-            self.task,
-            needs_heldout=cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every > 0,
-            eval_n=cfg.eval.n,
-        )
-        ckpt = resolve_checkpoint(self.run_dir) if resume else None
-        if model is None:  # the model adapter (model.adapter) loads; a passed model is a causal LM
-            spec = str(ckpt / "model") if ckpt is not None else cfg.model.name
-            lm = load_adapter(
-                spec, kind=cfg.model.adapter, dtype=cfg.model.dtype, device=self.device, seed=cfg.seed
-            )
-            model, tokenizer = lm.model, lm.tokenizer
-        elif tokenizer is None:
-            raise ValueError("RLTrainer: pass the tokenizer together with the model")
-        elif ckpt is not None:
-            raise ValueError(
-                "RLTrainer: resume=True loads the model from the checkpoint; do not pass a model"
-            )
-        else:
-            lm = CausalLMAdapter(model, tokenizer)
-        # model.lora: adapters added (or a resumed LoRA checkpoint kept as loaded); models/lora.py
-        lm.model = model = prepare_model(model, cfg, resumed=ckpt is not None)
-        self.lm = lm  # everything that scores tokens goes through the adapter
-        self.model, self.tokenizer = model, tokenizer
-        self.device = next(model.parameters()).device
-        self.model.train()
-        if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-
-        if reward is not None:
-            if not callable(reward):
-                raise ValueError(
-                    f"RLTrainer(reward=...): expected a callable (completion, example) -> float, got {reward!r}"
-                )
-            self.reward_fn = reward
-        else:
-            self.reward_fn = get_reward(cfg.reward.name or self.task.default_reward, **cfg.reward.params)
-        workers = cfg.reward.num_workers
-        if reward is not None and workers and not _picklable(reward):
-            workers = 0  # a lambda / notebook function cannot go to worker processes: score in-process
-        # engine, episode runner and reward source: registry factories named in the config
-        # (rollout.engine, rollout.runner, reward.source); runner / reward_source may also be passed in
-        self._own_reward_source = reward_source is None
-        # the step's rollout (sampler, replay, filter, runner, reward source) lives in the collector;
-        # the trainer's attributes of the same names read and write it
-        self.collector = RolloutCollector(
-            prompts_per_step=cfg.rollout.prompts_per_step,
-            group_size=cfg.rollout.group_size,
-            success_threshold=cfg.reward.success_threshold,
-            formatter=None,
-            tokenizer=tokenizer,
-            engine=None,
-            warn=self._warn,
-        )
-        self.reward_source = reward_source or build_reward_source(
-            cfg.reward.source.name,
-            cfg.reward.source.params,
-            RewardSourceContext(
-                self.reward_fn,
-                self.task,
-                tokenizer,
-                num_workers=workers,
-                timeout_s=cfg.reward.timeout_s,
-                seed=dist.rank_seed(cfg.seed),
-            ),
-        )
-        from posttrain.rewards.failures import RewardFailureMonitor
-
-        self.reward_failures = RewardFailureMonitor(cfg.reward.max_failed_frac)  # shown once, counted
-        self.formatter = PromptFormatter(
-            tokenizer,
-            template=cfg.task.prompt_template,
-            chat=cfg.task.chat_template,
-            assistant_prefix=cfg.task.assistant_prefix,
-        )
-        self.train_examples, _ = bound_prompts(  # prompts must leave max_new_tokens in the context
-            self.train_examples,
-            self.formatter.encode,
-            context=model_context(model),
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            policy=cfg.rollout.overlong_prompts,
-            where=f"task {cfg.task.name!r}: train split",
-        )
-        self.engine = build_engine(
-            cfg.rollout.engine.name,
-            cfg.rollout.engine.params,
-            EngineContext(
-                model,
-                tokenizer,
-                seed=dist.rank_seed(cfg.seed + 1),
-                max_batch_size=cfg.rollout.max_batch_size,
-                precision=cfg.model.precision,
-            ),
-        )
-        self.collector.formatter, self.collector.engine = self.formatter, self.engine
-        self.runner = runner or build_runner(
-            cfg.rollout.runner.name,
-            cfg.rollout.runner.params,
-            RunnerContext(self.engine, self.formatter, tokenizer, seed=dist.rank_seed(cfg.seed)),
-        )
-
-        self.loss_fn = get_policy_loss(cfg.objective.name)
-        self.adv_fn = get_advantage(cfg.advantage.name)
-        self.ref_lm = None
-        if cfg.kl.coef > 0 or "ref_logp" in self.loss_fn.inputs:  # the INITIAL policy, never a resumed one
-            if is_lora(model):  # LoRA: the same module with its adapters disabled (no second copy)
-                self.ref_lm = AdapterDisabledLM(lm)
-            elif ckpt is None:
-                self.ref_lm = CausalLMAdapter(copy.deepcopy(model), tokenizer)
-            else:
-                self.ref_lm = load_adapter(
-                    cfg.model.name,
-                    kind=cfg.model.adapter,
-                    dtype=cfg.model.dtype,
-                    device=str(self.device),
-                    seed=cfg.seed,
-                )
-            if not is_lora(model):
-                self.ref_lm.model.eval().requires_grad_(False)
-        # forwards with gradient go through this: the adapter itself, or one over DDP / FSDP2 around the
-        # model; FSDP2 shards the parameters in place, so the optimizer is built after it
-        self.train_lm = dist.wrap_adapter(
-            self.lm, batch_size=cfg.rollout.prompts_per_step, strategy=cfg.distributed.strategy
-        )
-        self.optimizer = build_adamw(model, cfg.optimizer)
-
-        h = cfg.hooks
-        self.sampler = sampler or SAMPLERS.get(h.sampler.name)(
-            self.train_examples, seed=cfg.seed, **h.sampler.params
-        )
-        self.controllers = (
-            list(controllers)
-            if controllers is not None
-            else [CONTROLLERS.get(c.name)(**c.params) for c in h.controllers]
-        )
-        run_info = RunInfo(
-            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
-            total_steps=cfg.steps,
-            policy=self.lm,
-            encode_prompt=self.formatter.encode,
-            chunk_size=cfg.logprob_chunk_size,
-            task=self.task,
-        )
-        for c in self.controllers:
-            c.bind(run_info)
-        self.replay = replay or REPLAY_BUFFERS.get(h.replay.name)(**h.replay.params)
-        self.group_filter = self._build_filter(
-            group_filter or GROUP_FILTERS.get(h.filter.name)(**h.filter.params)
-        )
-        self.sampler.bind(run_info)
-        self.replay.bind(run_info)
-        if self.group_filter is not None:
-            self.group_filter.bind(run_info)
-        #: per-token importance-weight providers, multiplied (replayed rows; engine mismatch on fresh rows)
-        self.is_weights: list[ImportanceWeights] = [
-            ReplayWeights(lambda: self.replay),
-            EngineMismatchWeights(lambda: self.engine),
-        ]
-        if shapers is not None:
-            self.shapers = list(shapers)
-            self._shaper_names = [type(s).__name__ for s in self.shapers]
-        else:
-            self.shapers = [GROUP_SHAPERS.get(s.name)(**s.params) for s in h.shaper_specs()]
-            self._shaper_names = [s.name for s in h.shaper_specs()]
+        cfg = config if isinstance(config, RLConfig) else RLConfig.model_validate(config or {})
+        objects = dict(task=task, reward=reward, reward_source=reward_source, runner=runner, sampler=sampler)
+        objects.update(group_filter=group_filter, replay=replay, shapers=shapers, controllers=controllers)
+        p = build_rl_parts(cfg, model=model, tokenizer=tokenizer, resume=resume, **objects)
+        self.cfg, self.run_dir, self.device = cfg, Path(cfg.out_dir), p.device
+        self.task, self.train_examples, self.reward_fn = p.task, p.train_examples, p.reward_fn
+        self.lm, self.ref_lm, self.train_lm = p.lm, p.ref_lm, p.train_lm
+        self.model, self.tokenizer = p.lm.model, p.lm.tokenizer  # everything that scores tokens uses lm
+        self.formatter, self.engine, self.collector = p.formatter, p.engine, p.collector
+        self.loss_fn, self.adv_fn, self.optimizer = p.loss_fn, p.adv_fn, p.optimizer
+        self.controllers, self.shapers, self.shaper_names = p.controllers, p.shapers, p.shaper_names
+        self.is_weights, self.reward_failures, self.warn = p.is_weights, p.reward_failures, p.warn
+        self._owns_reward_source = p.owns_reward_source
         self.knobs = Knobs(temperature=cfg.rollout.temperature)
         self.step_idx = 0
         self.loop = RunLoop(self)  # run loop, checkpoints and resume, shared with SFT (train/loop.py)
-        self._last_warned: dict[str, int] = {}
-        self._check_settings()
-        dist.check_rl_hooks(
-            cfg.rollout.prompts_per_step,
-            self.sampler,
-            self.replay,
-            engine=self.engine,
-            model=model,
-            group_filter=self.group_filter,
-        )
-        if ckpt is not None:
-            self._restore(ckpt)
+        if p.checkpoint is not None:
+            self.loop.restore(p.checkpoint, self._restore_state)
 
     # ------------------------------------------------------------------------------------- one step
     def step(self) -> dict[str, float]:
@@ -506,7 +298,7 @@ class RLTrainer(RunLoopTrainer):
     # ------------------------------------------------------------------------- 1. plan + rollout
     def rollout(self) -> StepRollout:
         """Controllers set the knobs; sample the step's episodes (rewards submitted, or already known
-        when the sampler filters groups); build the model inputs and the micro-batch split."""
+        when a group filter is active); build the model inputs and the micro-batch split."""
         cfg = self.cfg
         t0 = time.perf_counter()
         for c in self.controllers:
@@ -520,7 +312,7 @@ class RLTrainer(RunLoopTrainer):
             suppress_eos=cfg.rollout.suppress_eos,
         )
         with precision_autocast(self.device, cfg.model.precision):  # model.precision bf16: autocast
-            episodes, handle, rounds = self._rollout(params)
+            episodes, handle, rounds = self.collector.collect(self.step_idx, params)
         self._check_logprobs(episodes)
         batch = episodes.batch.to(self.device)
         input_ids, attn, score_mask = batch.model_inputs()
@@ -544,43 +336,24 @@ class RLTrainer(RunLoopTrainer):
             seconds=time.perf_counter() - t0,
         )
 
-    def _build_filter(self, configured: GroupFilter) -> GroupFilter | None:
-        """The step's group filter: the sampler's own (``group_filter()``, or a pre-0.2 sampler's
-        ``keep_groups``), else ``hooks.filter``; None when no filter is active."""
-        own = self.sampler.group_filter()
-        if own is None and getattr(self.sampler, "filters_groups", False):
-            own = SamplerKeepFilter(self.sampler)
-        if own is not None and configured.active:
-            raise ValueError(
-                f"hooks.filter {self.cfg.hooks.filter.name!r}: hooks.sampler {self.cfg.hooks.sampler.name!r} "
-                "filters groups itself; set hooks.filter.name=none, or use a sampler without a filter "
-                "(e.g. 'uniform') with this filter"
-            )
-        chosen = own or configured
-        return chosen if chosen.active else None
-
     def hooks(self) -> list[Any]:
         """Every hook object of the run (sampler, filter, replay buffer, shapers, controllers)."""
-        return [self.sampler, self.group_filter, self.replay, *self.shapers, *self.controllers]
-
-    def _rollout(self, params: SamplingParams) -> tuple[Episodes, RewardHandle, int]:
-        """The step's episodes, their reward handle and the number of sampling rounds (the
-        collector's :meth:`~posttrain.train.collector.RolloutCollector.collect`)."""
-        return self.collector.collect(self.step_idx, params)
+        c = self.collector
+        return [c.sampler, c.group_filter, c.replay, *self.shapers, *self.controllers]
 
     def _check_logprobs(self, episodes: Episodes) -> None:
         """Refuse a batch without sampling log-probs when a hook or the loss needs them."""
         if episodes.batch.logprobs is not None:
             return
         needs = {
-            f"hooks.replay {self.cfg.hooks.replay.name!r} (needs_logprobs)": self.replay.needs_logprobs,
+            f"hooks.replay {self.cfg.hooks.replay.name!r} (needs_logprobs)": self.collector.replay.needs_logprobs,
             "replayed trajectories (importance weights)": bool(episodes.replayed.any()),
             f"objective {self.cfg.objective.name!r} (input 'rollout_logp')": "rollout_logp"
             in self.loss_fn.inputs,
         }
         who = [k for k, v in needs.items() if v]
         if who:
-            raise ValueError(
+            raise InvalidValueError(
                 f"the episodes carry no sampling log-probs (RolloutBatch.logprobs is None), but {', '.join(who)} "
                 "need them; use an engine that records them (SamplingParams.logprobs)"
             )
@@ -628,11 +401,13 @@ class RLTrainer(RunLoopTrainer):
         self.reward_failures.check(res, f"step {self.step_idx + 1}")  # shows / counts / stops on failures
         raw = torch.tensor(res.rewards, dtype=torch.float32)
         if raw.shape[0] != len(episodes):
-            raise ValueError(f"reward source returned {raw.shape[0]} rewards for {len(episodes)} completions")
+            raise InvalidValueError(
+                f"reward source returned {raw.shape[0]} rewards for {len(episodes)} completions"
+            )
         correct = raw >= self.cfg.reward.success_threshold
         b = episodes.batch
         shaped, changes = raw.clone(), {}
-        for i, (name, shaper) in enumerate(zip(self._shaper_names, self.shapers, strict=True)):
+        for i, (name, shaper) in enumerate(zip(self.shaper_names, self.shapers, strict=True)):
             before = shaped
             shaped = shaper.shape(
                 before.clone(),
@@ -771,11 +546,14 @@ class RLTrainer(RunLoopTrainer):
             )
         else:
             metrics["entropy_pre_update"] = metrics["entropy"]
-        metrics.update({f"sampler/{k}": v for k, v in self.sampler.metrics().items()})
-        if self.group_filter is not None and self.group_filter is not self.sampler.group_filter():
-            metrics.update({f"filter/{k}": v for k, v in self.group_filter.metrics().items()})
-        metrics.update({f"replay/{k}": v for k, v in self.replay.metrics().items()})
+        c = self.collector
+        metrics.update({f"sampler/{k}": v for k, v in c.sampler.metrics().items()})
+        if c.group_filter is not None:
+            metrics.update({f"filter/{k}": v for k, v in c.group_filter.metrics().items()})
+        metrics.update({f"replay/{k}": v for k, v in c.replay.metrics().items()})
         metrics.update(scores.shaping)
+        # the hooks' own numbers (Hook.step_metrics): a method's metric comes from its hook, not the loop
+        metrics.update(hook_metrics(self.hooks(), ro.episodes, kind="step", reserved=metrics))
         # distributed: the global batch's metrics and outcomes, so every rank's hooks see the same
         metrics = dist.reduce_metrics(
             metrics,
@@ -785,9 +563,9 @@ class RLTrainer(RunLoopTrainer):
             },
             global_keys=upd.metrics,
         )
-        outcomes = dist.gather_list(self._outcomes(ro.episodes, scores.raw))
-        self.sampler.observe(outcomes, self.step_idx)
-        self.replay.observe(ro.episodes, scores.shaped, scores.correct, self.step_idx)
+        outcomes = dist.gather_list(c.outcomes(ro.episodes, scores.raw))
+        c.sampler.observe(outcomes, self.step_idx)
+        c.replay.observe(ro.episodes, scores.shaped, scores.correct, self.step_idx)
         for c in self.controllers:
             for k, v in c.update(metrics, self.step_idx).items():
                 metrics[f"controller/{k}"] = v
@@ -796,9 +574,6 @@ class RLTrainer(RunLoopTrainer):
         return metrics
 
     # ----------------------------------------------------------------------------------- internals
-    def _outcomes(self, episodes: Episodes, raw: torch.Tensor) -> list[GroupOutcome]:
-        return self.collector.outcomes(episodes, raw)
-
     def _batch_metrics(self, episodes: Episodes, scored: StepScores) -> dict[str, float]:
         b = episodes.batch
         lengths = b.action_lengths.float().cpu()
@@ -807,7 +582,8 @@ class RLTrainer(RunLoopTrainer):
         g = len(uniq)
         r = scored.shaped.double()
         cnt, _, _ = group_stats(r, inv, g)
-        # groups where nothing the estimator normalises varies (its own rule: DuCA counts turn rewards)
+        # groups where nothing the estimator normalises varies (the estimator's own rule, e.g. one that
+        # also normalises turn rewards)
         ai = episodes.advantage_inputs or {}
         zero_var = self.adv_fn.zero_variance_groups(scored.shaped.cpu(), gids.cpu(), **ai).double().mean()
         out = {
@@ -827,51 +603,23 @@ class RLTrainer(RunLoopTrainer):
             "reward_timeouts": float(scored.timeouts),
             "reward_errors": float(scored.errors),
         }
-        # groups whose rewards the shapers changed (ASRR: the length penalty fired; DAPO: overlong)
+        # groups whose rewards the shapers changed (a length or overlong penalty fired)
         changed = torch.zeros(g, dtype=torch.float64).index_add_(
             0, inv, ((scored.shaped.double() - scored.raw.double()).abs() > 1e-12).double()
         )
         out["shaped_groups_frac"] = float((changed > 0).double().mean())
-        if self.cfg.task.assistant_prefix:  # ASRR's Continue-Thinking ratio of the step's completions
-            out["continue_thinking_frac"] = continue_thinking_ratio(
-                list(episodes.texts), self.cfg.task.continue_thinking_markers
-            )
         for k, vals in (scored.components or {}).items():
             if vals:
                 out[f"reward/{k}"] = float(np.mean(vals))
         return out
 
-    def _check_settings(self) -> None:
-        cfg = self.cfg
-        n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-        if n % cfg.minibatches:
-            self._warn(
-                "split",
-                f"batch of {n} sequences is not divisible by minibatches={cfg.minibatches}; "
-                "minibatches will differ in size",
-                force=True,
-            )
-        elif (n // cfg.minibatches) % cfg.rollout.group_size:
-            self._warn(
-                "split_groups",
-                f"minibatch size {n // cfg.minibatches} is not a multiple of rollout.group_size="
-                f"{cfg.rollout.group_size}; groups are split across optimizer steps",
-                force=True,
-            )
-        if cfg.micro_batch_size and (n // cfg.minibatches) % cfg.micro_batch_size:
-            self._warn(
-                "micro",
-                f"minibatch size {n // cfg.minibatches} is not divisible by micro_batch_size="
-                f"{cfg.micro_batch_size}; the last micro-batch is smaller (gradients are still exact)",
-                force=True,
-            )
-
     def _warn_degenerate(self, m: dict[str, float]) -> None:
         if m["truncated_frac"] >= WARN_TRUNCATED:
-            self._warn(
+            self.warn(
                 "truncated",
                 f"step {self.step_idx + 1}: {m['truncated_frac']:.0%} of completions hit rollout.max_new_tokens="
                 f"{self.cfg.rollout.max_new_tokens}; rewards of cut-off answers are mostly noise — raise it",
+                step=self.step_idx,
             )
         if m["zero_var_frac"] >= WARN_ZERO_VAR:
             failed = int(m["reward_errors"] + m["reward_timeouts"])
@@ -880,49 +628,40 @@ class RLTrainer(RunLoopTrainer):
                 "printed above)"
                 if failed
                 else "the task is too easy/hard for the policy (raise group_size, change temperature, or use "
-                "a filtering sampler)"
+                "a group filter: hooks.filter)"
             )
-            self._warn(
+            self.warn(
                 "zero_var",
                 f"step {self.step_idx + 1}: {m['zero_var_frac']:.0%} of groups have identical rewards and give "
                 f"no gradient; {why}",
+                step=self.step_idx,
             )
-
-    def _warn(self, key: str, msg: str, *, force: bool = False, every: int = 10) -> None:
-        if not dist.is_main():  # distributed: rank 0 warns for all
-            return
-        last = self._last_warned.get(key)
-        if not force and last is not None and self.step_idx - last < every:
-            return
-        self._last_warned[key] = self.step_idx
-        warnings.warn(msg, DegenerateSettingWarning, stacklevel=3)
 
     # ------------------------------------------------------------------------------ checkpointing
     def save(self) -> Path:
         """Checkpoint of the current step (:meth:`RunLoop.save_checkpoint`) with the hooks' states,
         the knobs and the rollout engine's sampling generator."""
+        sampler, replay, filt = self.collector.sampler, self.collector.replay, self.collector.group_filter
         state = {
-            "sampler": self.sampler.state_dict(),
+            "sampler": sampler.state_dict(),
             "controllers": [c.state_dict() for c in self.controllers],
-            "replay": self.replay.state_dict(),
-            "filter": self.group_filter.state_dict() if self.group_filter is not None else {},
+            "replay": replay.state_dict(),
+            "filter": filt.state_dict() if filt is not None else {},
             "knobs": {"temperature": self.knobs.temperature},
         }
         extra = {f"engine.{k}": v for k, v in self.engine.state_dict().items()}
         dist.add_rank_states(state, extra)  # distributed: every rank's sampling RNG (nothing in one process)
         return self.loop.save_checkpoint(state, extra)
 
-    def _restore(self, ckpt: Path) -> None:
-        self.loop.restore(ckpt, self._restore_state)
-
     def _restore_state(self, state: dict[str, Any]) -> None:
         """The hooks' states, the knobs and the engine's generator from a checkpoint's trainer state."""
-        self.sampler.load_state_dict(state["sampler"])
+        self.collector.sampler.load_state_dict(state["sampler"])
         for c, s in zip(self.controllers, state["controllers"], strict=True):
             c.load_state_dict(s)
-        self.replay.load_state_dict(state["replay"])
-        if self.group_filter is not None and state.get("filter"):  # pre-0.2 checkpoints have none
-            self.group_filter.load_state_dict(state["filter"])
+        self.collector.replay.load_state_dict(state["replay"])
+        filt = self.collector.group_filter
+        if filt is not None and state.get("filter"):  # checkpoints written before 0.2 have none
+            filt.load_state_dict(state["filter"])
         self.knobs = Knobs(temperature=state["knobs"]["temperature"])
         ext = dist.restore_rank_state(state)  # this rank's RNG and extra tensors (rank 0: the saved ones)
         self.engine.load_state_dict(
@@ -963,15 +702,13 @@ class RLTrainer(RunLoopTrainer):
                 lambda: run_eval(
                     runner,
                     self.task.split("heldout")[: e.n],
-                    self.reward_source,
+                    self.collector.reward_source,
                     max_new_tokens=cfg.rollout.max_new_tokens,
                     success_threshold=cfg.reward.success_threshold,
                     k=e.k,
                     samples=e.samples,
                     temperature=e.temperature,
-                    thinking_markers=cfg.task.continue_thinking_markers
-                    if cfg.task.assistant_prefix
-                    else None,
+                    metric_hooks=self.hooks(),
                 )
             )
         for hook in self.hooks():  # curricula read the held-out accuracy
@@ -1009,17 +746,6 @@ class RLTrainer(RunLoopTrainer):
         return self.loop.run(spec, overwrite=overwrite, allow_config_change=allow_config_change)
 
     def close(self) -> None:
-        if self._own_reward_source:
-            self.reward_source.close()
+        if self._owns_reward_source:
+            self.collector.reward_source.close()
         dist.teardown()  # leaves the process group only if setup() joined it
-
-
-def _picklable(obj: Any) -> bool:
-    """True when ``obj`` can go to reward-pool worker processes (module-level classes and functions)."""
-    import pickle
-
-    try:
-        pickle.dumps(obj)
-    except Exception:
-        return False
-    return True

@@ -32,7 +32,6 @@ rank 0 evaluates and writes the run folder. Causal-LM adapters only.
 from __future__ import annotations
 
 import hashlib
-import sys
 from array import array
 from functools import cached_property
 from pathlib import Path
@@ -43,7 +42,9 @@ from pydantic import Field, model_validator
 
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
 from posttrain.models.precision import precision_autocast
+from posttrain.tasks import get_task
 from posttrain.train import dist
+from posttrain.train.builder import build_sft_parts, task_pairs
 from posttrain.train.config import (
     CheckpointConfig,
     DistributedConfig,
@@ -53,15 +54,9 @@ from posttrain.train.config import (
     TaskConfig,
 )
 from posttrain.train.loop import LoopSpec, RunLoop, RunLoopTrainer
-from posttrain.train.sft_data import (
-    DataFields,
-    SFTDataError,
-    SFTExample,
-    encode_rows,
-    iter_rows,
-    read_sft_file,
-)
+from posttrain.train.sft_data import DataFields, SFTDataError, SFTExample, read_sft_file
 from posttrain.utils.config import StrictModel
+from posttrain.utils.errors import InvalidValueError
 
 __all__ = [
     "DataFields",
@@ -159,7 +154,7 @@ class SFTConfig(StrictModel):
         for k in _LEGACY_OPTIMIZER_KEYS:
             if k in data:
                 if k in opt:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"both {k} and optimizer.{k} are set; {k} is the old name, keep only optimizer.{k}"
                     )
                 opt[k] = data.pop(k)
@@ -169,17 +164,11 @@ class SFTConfig(StrictModel):
     @model_validator(mode="after")
     def _heldout_exists(self) -> SFTConfig:
         if self.data is not None and self.eval_data is None and (self.eval.every or self.eval.at_start):
-            raise ValueError(
+            raise InvalidValueError(
                 "eval.every / eval.at_start need held-out data: training from `data`, set `eval_data` "
                 "(a JSONL file in the same formats) or leave eval.every at 0"
             )
         return self
-
-
-def task_pairs(task: Any, *, style: str = "short", max_examples: int | None = None) -> list[tuple[str, str]]:
-    """(prompt, reference completion) for the task's training split."""
-    exs = task.split("train")[:max_examples]
-    return [(ex.prompt, task.reference_completion(ex, style=style)) for ex in exs]
 
 
 def _fingerprint(examples: list[SFTExample]) -> str:
@@ -215,118 +204,23 @@ class SFTTrainer(RunLoopTrainer):
         adapter: Any = None,
         extra_loss: Any = None,
     ) -> None:
-        from posttrain.models import CausalLMAdapter, load_adapter
-        from posttrain.models.lora import prepare_model
-        from posttrain.rollout import PromptFormatter
-        from posttrain.train import dist
-        from posttrain.train.checkpoint import resolve_checkpoint
-        from posttrain.train.optim import build_adamw
-        from posttrain.train.rl import seed_everything
-        from posttrain.utils.data import EpochShuffler
-
-        self.cfg = cfg
-        self.extra_loss = extra_loss
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        seed_everything(cfg.seed)
-        device = dist.setup(cfg.model.device)  # distributed: join the torchrun group (no-op in one process)
-        self.run_dir = Path(cfg.out_dir)
-        ckpt = resolve_checkpoint(self.run_dir) if resume else None
-        if ckpt is not None and (model is not None or adapter is not None):
-            raise ValueError(
-                "SFTTrainer: resume=True loads the model from the checkpoint; do not pass a model"
-            )
-        if adapter is not None and model is not None:
-            raise ValueError("SFTTrainer: pass either a model and tokenizer or an adapter, not both")
-        if adapter is None:
-            if model is None:
-                spec = str(ckpt / "model") if ckpt is not None else cfg.model.name
-                adapter = load_adapter(
-                    spec,
-                    kind=cfg.model.adapter,
-                    dtype=cfg.model.dtype,
-                    device=device,
-                    seed=cfg.seed,
-                )
-            else:
-                adapter = CausalLMAdapter(model, tokenizer)
-        # model.lora: adapters added (a resumed LoRA checkpoint is kept as loaded); models/lora.py
-        adapter.model = prepare_model(adapter.model, cfg, resumed=ckpt is not None)
-        self.lm = adapter
-        self.model, self.tokenizer = adapter.model, adapter.tokenizer
-        self.device = adapter.device
-        if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        self.formatter = PromptFormatter(
-            self.tokenizer,
-            template=cfg.task.prompt_template,
-            chat=cfg.task.chat_template,
-            assistant_prefix=cfg.task.assistant_prefix,
-        )
-        self._task = None
-        self.examples = self._training_examples(pairs, rows)
-        self.eval_examples: list[SFTExample] | None = None
-        if cfg.eval_data:
-            self.eval_examples = self._bounded(read_sft_file(cfg.eval_data, cfg.data_fields), cfg.eval_data)
-        # distributed: forwards with gradient go through DDP / FSDP2 (dist.wrap_adapter); the adapter itself
-        # in one process. FSDP2 shards the parameters in place, so the optimizer is built after it
-        self.train_lm = dist.wrap_adapter(
-            adapter, batch_size=cfg.batch_size, strategy=cfg.distributed.strategy
-        )
-        self.optimizer = build_adamw(self.model, cfg.optimizer)
-        self.shuffler = EpochShuffler(len(self.examples), seed=cfg.seed, order="stream")
+        p = build_sft_parts(cfg, model, tokenizer, pairs=pairs, rows=rows, resume=resume, adapter=adapter)
+        self.cfg, self.extra_loss, self.run_dir, self.device = cfg, extra_loss, Path(cfg.out_dir), p.device
+        self.lm, self.model, self.tokenizer = p.lm, p.lm.model, p.lm.tokenizer
+        self.formatter, self._task = p.formatter, p.task
+        self.examples, self.eval_examples = p.examples, p.eval_examples
+        self.train_lm, self.optimizer, self.shuffler = p.train_lm, p.optimizer, p.shuffler
         self.step_idx = 0
         self.loop = RunLoop(self)  # run loop, checkpoints and resume, shared with RL (train/loop.py)
-        if ckpt is not None:
-            self._restore(ckpt)
+        if p.checkpoint is not None:
+            self._restore(p.checkpoint)
 
     @property
     def task(self) -> Any:
+        """The task (loaded on first use when the training rows did not come from it)."""
         if self._task is None:
-            from posttrain.tasks import get_task
-
             self._task = get_task(self.cfg.task.name, **self.cfg.task.params)
         return self._task
-
-    def _training_examples(self, pairs: list | None, rows: list | None) -> list[SFTExample]:
-        cfg = self.cfg
-        if pairs is not None and rows is not None:
-            raise ValueError("SFTTrainer: pass pairs or rows, not both")
-        if pairs is not None:
-            parsed, source = list(iter_rows(pairs, "pairs")), "pairs"
-        elif rows is not None:
-            parsed, source = list(iter_rows(rows, "rows", cfg.data_fields)), "rows"
-        elif cfg.data:
-            parsed, source = read_sft_file(cfg.data, cfg.data_fields), cfg.data
-        else:
-            source = f"task {cfg.task.name!r} (train split)"
-            pairs = task_pairs(self.task, style=cfg.style, max_examples=cfg.max_examples)
-            parsed = list(iter_rows(pairs, f"task {cfg.task.name!r} train"))
-        parsed = parsed[: cfg.max_examples]
-        if not parsed:
-            raise SFTDataError(f"{source}: no training examples")
-        return self._bounded(parsed, str(source))
-
-    def _bounded(self, parsed: list, source: str) -> list[SFTExample]:
-        """Encode rows within ``max_length`` (default: the model's context) as ``overlong`` says."""
-        from posttrain.train.lengths import bound_examples, model_context, prebound_rows
-
-        cfg, ctx = self.cfg, model_context(self.model)
-        if cfg.max_length and ctx and cfg.max_length > ctx:
-            raise SFTDataError(
-                f"max_length: {cfg.max_length} is longer than the model's context ({ctx} tokens)"
-            )
-        limit = cfg.max_length or ctx
-        parsed, report = prebound_rows(parsed, limit, cfg.overlong)
-        examples, report = bound_examples(
-            encode_rows(parsed, self.tokenizer, self.formatter), limit, cfg.overlong, report
-        )
-        note = report.note(source, limit or 0)
-        if note and dist.is_main():
-            print(f"note: {note} (overlong={cfg.overlong})", file=sys.stderr, flush=True)
-        if not examples:
-            raise SFTDataError(f"{source}: no rows left within max_length={limit} tokens")
-        return examples
 
     # ------------------------------------------------------------------------------------ one step
     def collate(self, idx: list[int], examples: list[SFTExample] | None = None) -> tuple[torch.Tensor, ...]:
@@ -431,7 +325,7 @@ class SFTTrainer(RunLoopTrainer):
     def heldout_loss(self) -> dict[str, float]:
         """Token-mean loss on ``eval_data`` (the training loss's formula, no update)."""
         if not self.eval_examples:
-            raise ValueError("heldout_loss: no eval_data configured")
+            raise InvalidValueError("heldout_loss: no eval_data configured")
         was_training = self.model.training
         self.model.eval()
         try:
@@ -480,7 +374,7 @@ class SFTTrainer(RunLoopTrainer):
 
     def _save_model(self, path: Path) -> Path:
         """The adapter's ``save`` on rank 0; FSDP2: the full state dict gathered on rank 0 instead."""
-        from posttrain.train.checkpoint import save_model_dir
+        from posttrain.models.saving import save_model_dir
 
         msd, _ = dist.full_state_dicts(self.model, None)  # a collective under FSDP2; (None, None) otherwise
         if msd is None:
@@ -490,7 +384,9 @@ class SFTTrainer(RunLoopTrainer):
     def _restore(self, ckpt: Path) -> None:
         def restore_state(state: dict[str, Any]) -> None:
             if "shuffler" not in state or "data" not in state:
-                raise ValueError(f"{ckpt}: not an SFT checkpoint (it has no data position to resume from)")
+                raise InvalidValueError(
+                    f"{ckpt}: not an SFT checkpoint (it has no data position to resume from)"
+                )
             data = state["data"]
             if data.get("sha256") != self.data_fingerprint:
                 raise SFTDataError(

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from posttrain.hooks import PromptPlan
-from posttrain.hooks.base import NoReplay, PromptSampler, ReplayBuffer
+from posttrain.hooks.base import GroupFilter, NoReplay, ReplayBuffer
 from posttrain.models import load_model_and_tokenizer, sequence_logprobs
 from posttrain.models.logprobs import CausalLMHidden
 from posttrain.train import dist
@@ -156,10 +156,8 @@ def test_checkpoint_rank_states_round_trip(monkeypatch):
     assert dist.restore_rank_state(state) == {}
 
 
-class _Filtering(PromptSampler):
-    filters_groups = True
-
-    def plan(self, step, num_prompts, group_size):
+class _Filtering(GroupFilter):  # any group filter: extra sampling rounds
+    def decide(self, outcomes, need):
         raise NotImplementedError
 
 
@@ -169,12 +167,12 @@ class _Replay(ReplayBuffer):  # any buffer but NoReplay
 
 
 def test_unsupported_multi_process_settings_are_refused(monkeypatch):
-    dist.check_rl_hooks(3, _Filtering(), _Replay())  # one process: anything goes
+    dist.check_rl_hooks(3, object(), _Replay(), group_filter=_Filtering())  # one process: anything goes
     _as_ranks(monkeypatch, [{}, {}])
     with pytest.raises(ValueError, match="prompts_per_step=3 is not a multiple of the world size 2"):
         dist.check_rl_hooks(3, object(), NoReplay())
     with pytest.raises(ValueError, match="filters groups"):
-        dist.check_rl_hooks(4, _Filtering(), NoReplay())
+        dist.check_rl_hooks(4, object(), NoReplay(), group_filter=_Filtering())
     with pytest.raises(ValueError, match=r"hooks\.replay _Replay: replay buffers are not supported"):
         dist.check_rl_hooks(4, object(), _Replay())
     dist.check_rl_hooks(4, object(), NoReplay())

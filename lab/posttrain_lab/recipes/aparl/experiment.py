@@ -65,7 +65,7 @@ def arm_overrides(
         ]
     base = "null" if baseline is None else f"{baseline:.4f}"
     common = (
-        f"max_rounds: 10, stage_steps: {stage_steps}, accuracy_source: train, shift_margin: {margin}, "
+        f"stage_steps: {stage_steps}, accuracy_source: train, shift_margin: {margin}, "
         f"shift_baseline: {base}, saturated_ppl: {saturated_ppl}, drop_solved: {str(drop_solved).lower()}, "
         "min_pool: 256, max_quantile: 0.75"
     )
@@ -74,7 +74,10 @@ def arm_overrides(
         "aparl-frozen": "gamma: 1.0, quantile_step: 0.0",
         "aparl-reverse": "gamma: -1.0, quantile_step: 0.25",
     }[arm]
-    return [f"hooks.sampler={{name: aparl, params: {{{common}, {extra}}}}}"]
+    return [
+        f"hooks.sampler={{name: aparl, params: {{{common}, {extra}}}}}",
+        "hooks.filter={name: dynamic-sampling, params: {max_rounds: 10}}",  # the inner loop, as dapo's
+    ]
 
 
 def sampled_accuracy(trainer: Any, examples: list[Any], g: int) -> dict[str, float]:

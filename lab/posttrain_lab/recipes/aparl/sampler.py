@@ -6,10 +6,13 @@ dynamic curriculum that moves to harder samples as the model improves, with perp
 it gives no perplexity definition, schedule or thresholds, so the rule below is a **proposed design**
 and every threshold is a parameter.
 
-* **Inner loop** (every step): DAPO dynamic sampling (arXiv:2503.14476 §3.3,
-  :class:`~posttrain.hooks.filters.DynamicSamplingFilter`): groups whose rewards are all equal are dropped and,
-  while fewer than ``rollout.prompts_per_step`` groups are kept, another round is drawn (at most
-  ``max_rounds``; ``max_rounds: 1`` = drop only).
+* **Inner loop** (every step): DAPO dynamic sampling (arXiv:2503.14476 §3.3), the core group filter
+  ``hooks.filter: {name: dynamic-sampling, params: {max_rounds, oversample}}``
+  (:class:`~posttrain.hooks.filters.DynamicSamplingFilter`): groups whose rewards are all equal are
+  dropped and, while fewer than ``rollout.prompts_per_step`` groups are kept, another round is drawn
+  (at most ``max_rounds``; ``max_rounds: 1`` = drop only). The recipe's YAMLs set it beside the
+  sampler; until 0.2.0 the sampler brought it itself (``max_rounds`` / ``oversample`` in
+  ``hooks.sampler.params``, now refused with a message saying where they went).
 * **Outer loop** (every ``stage_steps`` steps; default ``null`` = one pass over the pool, the
   *current* pool (``stage_pool: current``, default) or the original one (``stage_pool: original``,
   the behaviour before 0.3)): the policy's perplexity of the task's **reference completion**
@@ -44,8 +47,8 @@ and every threshold is a parameter.
   first check of the current level (re-taken after every level change), so the threshold follows
   the warm start's own signal. So the pool shifts toward higher perplexity as accuracy rises.
 
-  Every sampling round's groups reach the sampler (its group filter reports them before it drops
-  any), so ``drop_solved`` sees the all-correct groups DAPO drops.
+  Every sampling round's groups reach the sampler (``observe_round``: the loop reports them before the
+  group filter drops any), so ``drop_solved`` sees the all-correct groups DAPO drops.
 
 Example: reference-completion log-probs [−0.1, −0.5, −0.3] → PPL = exp(0.3) = 1.3499 (:func:`perplexity`).
 """
@@ -59,24 +62,16 @@ from typing import Any
 
 import torch
 
-from posttrain.hooks.base import (
-    SAMPLERS,
-    GroupDecision,
-    GroupFilter,
-    GroupOutcome,
-    PromptPlan,
-    RunInfo,
-    UniformSampler,
-)
-from posttrain.hooks.filters import DynamicSamplingFilter
+from posttrain.hooks.base import SAMPLERS, GroupOutcome, PromptPlan, RunInfo, UniformSampler
 from posttrain.models.logprobs import pad_right
+from posttrain.utils.errors import InvalidValueError
 
 
 # ------------------------------------------------------------------------------------ pure functions
 def perplexity(logps: list[float]) -> float:
     """``exp(−mean(logps))``."""
     if not logps:
-        raise ValueError("perplexity: no tokens")
+        raise InvalidValueError("perplexity: no tokens")
     return math.exp(-sum(logps) / len(logps))
 
 
@@ -178,35 +173,19 @@ class _CurriculumDraw(UniformSampler):
         return PromptPlan(exs, [group_size] * num_prompts)
 
 
-class _ObservingFilter(DynamicSamplingFilter):
-    """The inner loop (DAPO dynamic sampling) that first reports every round's groups to the sampler,
-    so the curriculum sees the all-correct and all-wrong groups the filter is about to drop."""
-
-    def __init__(self, sink: Any, **kw: Any) -> None:
-        super().__init__(**kw)
-        self._sink = sink
-        self._step = -1
-
-    def start_step(self, step: int, requested: int) -> None:
-        super().start_step(step, requested)
-        self._step = step
-
-    def decide(self, outcomes: list[GroupOutcome], need: int) -> list[GroupDecision]:
-        self._sink(outcomes, self._step)
-        return super().decide(outcomes, need)
-
-
 ACCURACY_SOURCES = ("heldout", "train", "minibatch")
+#: The inner loop's parameters, the sampler's until 0.2.0, now ``hooks.filter``'s (dynamic-sampling).
+REMOVED_PARAMS = ("max_rounds", "oversample")
 TARGETS = ("reference", "answer")
 STAGE_POOLS = ("current", "original")
 
 
 @SAMPLERS.register("aparl")
 class APARLSampler(_CurriculumDraw):
-    """APARL dual-loop curriculum, **proposed design** (module docstring): this sampler (the outer
-    loop) plus the core :class:`~posttrain.hooks.filters.DynamicSamplingFilter` as its group filter
-    (the inner loop), which reports every round's groups to the sampler. Parameters: the inner loop's
-    ``max_rounds`` / ``oversample``; the outer loop's ``stage_steps`` (None = one pass over the pool at
+    """APARL dual-loop curriculum, **proposed design** (module docstring): this sampler is the outer
+    loop; the inner loop is the core ``dynamic-sampling`` group filter (``hooks.filter``), whose every
+    round's groups reach the sampler through :meth:`observe_round`. Parameters: the outer loop's
+    ``stage_steps`` (None = one pass over the pool at
     ``rollout.prompts_per_step``; ``stage_pool`` current | original), ``gamma`` (γ), ``quantile_step``,
     ``max_quantile``, ``shift_accuracy`` / ``shift_margin`` (absolute / relative threshold) with
     ``shift_baseline`` (level 0's baseline; None = the first signal), ``gamma`` < 0 (the
@@ -222,8 +201,6 @@ class APARLSampler(_CurriculumDraw):
         examples: list[Any],
         *,
         seed: int = 0,
-        max_rounds: int = 10,
-        oversample: float = 1.0,
         stage_steps: int | None = None,
         stage_pool: str = "current",
         gamma: float = 1.0,
@@ -243,8 +220,6 @@ class APARLSampler(_CurriculumDraw):
     ) -> None:
         self.validate_params(
             {
-                "max_rounds": max_rounds,
-                "oversample": oversample,
                 "stage_steps": stage_steps,
                 "stage_pool": stage_pool,
                 "gamma": gamma,
@@ -263,10 +238,6 @@ class APARLSampler(_CurriculumDraw):
             }
         )
         super().__init__(examples, seed=seed)
-        self._filter = _ObservingFilter(
-            self._record, max_rounds=max_rounds, oversample=oversample, label="hooks.sampler 'aparl'"
-        )
-        self.max_rounds, self.oversample = max_rounds, oversample
         self._step = -1
         self.stage_steps, self.stage_pool, self.gamma = stage_steps, stage_pool, gamma
         self.quantile_step, self.max_quantile = quantile_step, max_quantile
@@ -303,27 +274,33 @@ class APARLSampler(_CurriculumDraw):
 
     @staticmethod
     def validate_params(params: dict[str, Any]) -> None:
-        DynamicSamplingFilter.validate_params(params)
+        for key in REMOVED_PARAMS:
+            if key in params:
+                raise InvalidValueError(
+                    f"{key}: the inner loop's {key} is the group filter's parameter since 0.2.0; set "
+                    f"hooks.filter={{name: dynamic-sampling, params: {{{key}: {params[key]!r}}}}} and drop it "
+                    "from hooks.sampler.params"
+                )
         ss = params.get("stage_steps")
         if ss is not None and not (isinstance(ss, int) and ss >= 1):
-            raise ValueError(f"stage_steps must be an integer >= 1 or null, got {ss!r}")
+            raise InvalidValueError(f"stage_steps must be an integer >= 1 or null, got {ss!r}")
         g = params.get("gamma", 1.0)
         if not (isinstance(g, int | float) and not isinstance(g, bool) and math.isfinite(g)):
-            raise ValueError(f"gamma must be a finite number (< 0 favours LOW perplexity), got {g!r}")
+            raise InvalidValueError(f"gamma must be a finite number (< 0 favours LOW perplexity), got {g!r}")
         for key, lo in (("quantile_step", 0.0), ("saturated_ppl", 0.0)):
             v = params.get(key, 1.0)
             if not (isinstance(v, int | float) and v >= lo):
-                raise ValueError(f"{key} must be a number >= {lo}, got {v!r}")
+                raise InvalidValueError(f"{key} must be a number >= {lo}, got {v!r}")
         for key in ("max_quantile", "shift_accuracy"):
             v = params.get(key, 0.5)
             if not (isinstance(v, int | float) and 0 <= v <= 1):
-                raise ValueError(f"{key} must lie in [0, 1], got {v!r}")
+                raise InvalidValueError(f"{key} must lie in [0, 1], got {v!r}")
         m = params.get("shift_margin")
         if m is not None and not (isinstance(m, int | float) and not isinstance(m, bool) and -1 <= m <= 1):
-            raise ValueError(f"shift_margin must be a number in [-1, 1] or null, got {m!r}")
+            raise InvalidValueError(f"shift_margin must be a number in [-1, 1] or null, got {m!r}")
         b = params.get("shift_baseline")
         if b is not None and not (isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b <= 1):
-            raise ValueError(f"shift_baseline must lie in [0, 1] or be null, got {b!r}")
+            raise InvalidValueError(f"shift_baseline must lie in [0, 1] or be null, got {b!r}")
         for key, allowed in (
             ("accuracy_source", ACCURACY_SOURCES),
             ("target", TARGETS),
@@ -332,14 +309,13 @@ class APARLSampler(_CurriculumDraw):
         ):
             v = params.get(key, allowed[0])
             if v not in allowed:
-                raise ValueError(f"{key} must be one of {', '.join(repr(a) for a in allowed)}, got {v!r}")
+                raise InvalidValueError(
+                    f"{key} must be one of {', '.join(repr(a) for a in allowed)}, got {v!r}"
+                )
         for key in ("min_pool", "batch_size", "signal_window"):
             v = params.get(key, 1)
             if not (isinstance(v, int) and v >= 1):
-                raise ValueError(f"{key} must be an integer >= 1, got {v!r}")
-
-    def group_filter(self) -> GroupFilter:
-        return self._filter
+                raise InvalidValueError(f"{key} must be an integer >= 1, got {v!r}")
 
     def bind(self, run: RunInfo) -> None:
         self.policy, self.encode_prompt, self.chunk_size = run.policy, run.encode_prompt, run.chunk_size
@@ -351,21 +327,27 @@ class APARLSampler(_CurriculumDraw):
         if self.target == "answer":
             return str(example.answer)
         if self.task is None:
-            raise ValueError(
+            raise InvalidValueError(
                 "hooks.sampler 'aparl': target 'reference' needs the task (RunInfo.task, given by the "
                 "trainer); set hooks.sampler.params.target=answer to score the bare gold answer"
             )
         try:
             return str(self.task.reference_completion(example, style=self.reference_style))
         except NotImplementedError as e:
-            raise ValueError(
+            raise InvalidValueError(
                 f"hooks.sampler 'aparl': target 'reference': {e}; set hooks.sampler.params.target=answer "
                 "to score the bare gold answer"
             ) from e
 
     # -- statistics -----------------------------------------------------------------------------
+    def observe_round(self, outcomes: list[GroupOutcome], step: int) -> None:
+        """Every sampled group of a round, before the group filter drops any (the loop calls it when
+        a filter is active)."""
+        self._record(outcomes, step)
+
     def _record(self, outcomes: list[GroupOutcome], step: int) -> None:
-        """Every sampled group of a round (called by the group filter before it drops any)."""
+        """Every sampled group of a round: accuracies for the signal, all-correct items for
+        ``drop_solved``."""
         self._recorded_step = step
         if step != self._acc_step or not self._step_acc:
             self._step_acc.append([])
@@ -381,8 +363,8 @@ class APARLSampler(_CurriculumDraw):
                 self.solved.discard(qid)  # "latest group" all correct
 
     def observe(self, outcomes: list[GroupOutcome], step: int) -> None:
-        # with the own filter every round's groups arrived already (also those it dropped); a trainer
-        # without it (another hooks.filter is an error) reports the step's groups here
+        # with a group filter every round's groups arrived already (observe_round, also those it
+        # dropped); without one the step's single round is reported here
         if self._recorded_step != step:
             self._record(outcomes, step)
         if self.accuracy_source == "minibatch" and self.policy is not None and self.stage >= 0:
@@ -502,7 +484,7 @@ class APARLSampler(_CurriculumDraw):
         return super().plan(step, num_prompts, group_size)
 
     def metrics(self) -> dict[str, float]:
-        out = {**self._filter.metrics(), **self._stage_stats}
+        out = dict(self._stage_stats)
         if self._sampled_ppl:
             out["ppl_sampled_mean"] = sum(self._sampled_ppl) / len(self._sampled_ppl)
         return out

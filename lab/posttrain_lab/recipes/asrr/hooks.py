@@ -9,8 +9,12 @@ Choices where the paper is open: ε = 1e-6 (the paper says "small constant"); a 
 rollout gets no length term (O_i = 0; α is 0 there anyway unless τ = 0); the "α = 1.0" row of Table 3
 conflicts with the dynamic α and is ignored; the prefix uses the figures' wording ("Okay, I think I
 have finished thinking.") inside think tags, as the assistant turn's opening; the Continue-Thinking
-detector (``posttrain.rollout.episodes.continue_thinking_ratio``) is a marker list, the paper's is not
-published.
+detector (:func:`continue_thinking_ratio`) is a marker list, the paper's is not published.
+
+The shaper reports the Continue-Thinking ratio itself (``continue_thinking_frac`` per step,
+``continue_thinking`` per evaluation, through ``Hook.step_metrics`` / ``Hook.eval_metrics``): the
+markers are ASRR's parameter (``hooks.shapers[i].params.markers``), not the task's, while the prefix
+that opens the assistant turn (``task.assistant_prefix``) is the library's, general to any prompt format.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import torch
 
 from posttrain.hooks.base import GROUP_SHAPERS, GroupRewardShaper
+from posttrain.utils.errors import InvalidValueError
 
 #: The No-Thinking prefix as the paper's figures render it (arXiv:2505.15400, Fig. 4): it OPENS THE
 #: ASSISTANT TURN, after the chat template's generation prompt. Use it as ``task.assistant_prefix``
@@ -30,6 +35,22 @@ NO_THINKING_PREFIX = "<think>\nOkay, I think I have finished thinking.\n</think>
 #: Deprecated: a ``task.prompt_template`` with the prefix at the end of the USER text. Equivalent to
 #: ``task.assistant_prefix`` only without a chat template; kept for old configs.
 NO_THINKING_TEMPLATE = "{prompt}" + NO_THINKING_PREFIX
+
+#: Default markers of reasoning resumed after a No-Thinking prefix (case-insensitive substrings).
+CONTINUE_THINKING_MARKERS = ("</think>", "<think>", "wait", "hmm", "let me", "step by step")
+
+
+def continue_thinking_ratio(
+    texts: list[str], markers: tuple[str, ...] | list[str] = CONTINUE_THINKING_MARKERS
+) -> float:
+    """ASRR's Continue-Thinking ratio (arXiv:2505.15400, §4): the share of completions generated after
+    the No-Thinking prefix that resume reasoning, detected as containing any of ``markers``
+    (case-insensitive). The paper does not publish its detector; the markers are a choice, set them
+    per run (``ASRRShaper(markers=...)``). Empty list of texts: 0."""
+    if not texts:
+        return 0.0
+    low = [m.lower() for m in markers]
+    return sum(any(m in t.lower() for m in low) for t in texts) / len(texts)
 
 
 def asrr_length_penalty(
@@ -49,7 +70,9 @@ def asrr_length_penalty(
     """
     validate_asrr(beta=beta, window=window, tau=tau, eps=eps)
     if len(correct) != len(lengths):
-        raise ValueError(f"asrr_length_penalty: {len(correct)} correctness flags but {len(lengths)} lengths")
+        raise InvalidValueError(
+            f"asrr_length_penalty: {len(correct)} correctness flags but {len(lengths)} lengths"
+        )
     if not any(correct):
         return [0.0] * len(correct)
     acc = sum(bool(c) for c in correct) / len(correct)
@@ -62,13 +85,13 @@ def asrr_length_penalty(
 
 def validate_asrr(*, beta: Any, window: Any, tau: Any, eps: Any) -> None:
     if not (isinstance(beta, int | float) and beta >= 0):
-        raise ValueError(f"beta must be a number >= 0, got {beta!r}")
+        raise InvalidValueError(f"beta must be a number >= 0, got {beta!r}")
     if not (isinstance(window, int | float) and window > 0):
-        raise ValueError(f"window must be a length in tokens > 0, got {window!r}")
+        raise InvalidValueError(f"window must be a length in tokens > 0, got {window!r}")
     if not (isinstance(tau, int | float) and 0 <= tau <= 1):
-        raise ValueError(f"tau must lie in [0, 1] (an accuracy threshold), got {tau!r}")
+        raise InvalidValueError(f"tau must lie in [0, 1] (an accuracy threshold), got {tau!r}")
     if not (isinstance(eps, int | float) and eps > 0):
-        raise ValueError(f"eps must be > 0, got {eps!r}")
+        raise InvalidValueError(f"eps must be > 0, got {eps!r}")
 
 
 @GROUP_SHAPERS.register("asrr")
@@ -79,13 +102,25 @@ class ASRRShaper(GroupRewardShaper):
     for exact-match tasks; a task with partial credit keeps it). Lengths are the policy's tokens.
     Use it with ``task.assistant_prefix`` = :data:`NO_THINKING_PREFIX` (the paper trains and
     evaluates in No-Thinking mode); ``window`` should be scaled to the task's completion lengths.
+    ``beta = 0`` leaves every reward as it is (the prefix-only control, which still reports the ratio).
+
+    Reports the Continue-Thinking ratio (:func:`continue_thinking_ratio` with ``markers``) of the
+    step's completions as ``continue_thinking_frac`` and of each evaluation's greedy completions as
+    ``continue_thinking``.
     """
 
     def __init__(
-        self, *, beta: float = 0.5, window: float = 2048, tau: float = 1.0, eps: float = 1e-6
+        self,
+        *,
+        beta: float = 0.5,
+        window: float = 2048,
+        tau: float = 1.0,
+        eps: float = 1e-6,
+        markers: list[str] | tuple[str, ...] = CONTINUE_THINKING_MARKERS,
     ) -> None:
-        self.validate_params({"beta": beta, "window": window, "tau": tau, "eps": eps})
+        self.validate_params({"beta": beta, "window": window, "tau": tau, "eps": eps, "markers": markers})
         self.beta, self.window, self.tau, self.eps = beta, window, tau, eps
+        self.markers = tuple(markers)
 
     @staticmethod
     def validate_params(params: dict[str, Any]) -> None:
@@ -95,6 +130,19 @@ class ASRRShaper(GroupRewardShaper):
             tau=params.get("tau", 1.0),
             eps=params.get("eps", 1e-6),
         )
+        markers = params.get("markers", CONTINUE_THINKING_MARKERS)
+        if (
+            not isinstance(markers, list | tuple)
+            or not markers
+            or not all(isinstance(m, str) and m for m in markers)
+        ):
+            raise InvalidValueError(f"markers must be a list of non-empty strings, got {markers!r}")
+
+    def step_metrics(self, episodes: Any) -> dict[str, float]:
+        return {"continue_thinking_frac": continue_thinking_ratio(list(episodes.texts), self.markers)}
+
+    def eval_metrics(self, episodes: Any) -> dict[str, float]:
+        return {"continue_thinking": continue_thinking_ratio(list(episodes.texts), self.markers)}
 
     def shape(self, rewards, group_ids, *, correct, lengths, truncated):
         out = rewards.clone()

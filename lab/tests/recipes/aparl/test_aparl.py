@@ -234,6 +234,43 @@ def test_bad_params_named():
         SAMPLERS.get("aparl")(_examples(4), stage_steps=0)
 
 
+@pytest.mark.parametrize(("key", "value"), [("max_rounds", 10), ("oversample", 2.0)])
+def test_the_inner_loops_params_are_the_filters_and_say_so(key, value):
+    """Until 0.2.0 the sampler owned its DAPO filter; its params now name where they went (an unknown
+    param error would not)."""
+    from posttrain.train.config import load_rl_config
+    from posttrain.utils.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_rl_config(None, [f"hooks.sampler={{name: aparl, params: {{{key}: {value}}}}}"])
+    msg = str(err.value)
+    assert f"params: aparl: {key}:" in msg
+    assert f"hooks.filter={{name: dynamic-sampling, params: {{{key}: {value}}}}}" in msg
+
+
+def test_every_filtered_round_reaches_the_curriculum():
+    """``observe_round`` (the loop calls it for each round a filter judges) records every group; the
+    step's ``observe`` then adds nothing twice; without a filter ``observe`` records the one round."""
+    s = SAMPLERS.get("aparl")(_examples(4), accuracy_source="train")
+    a = _outcome("q0", [1, 1])  # all correct: the filter drops it, the curriculum must see it
+    b = _outcome("q1", [0, 1])
+    s.observe_round([a], 0)
+    s.observe_round([b], 0)
+    s.observe([b], 0)
+    assert s._train_acc == [1.0, 0.5] and s.solved == {"q0"}
+    s.observe([_outcome("q2", [0, 0])], 1)  # no filter: the step's groups arrive here
+    assert s._train_acc == [1.0, 0.5, 0.0]
+
+
+def _outcome(qid, correct):
+    return GroupOutcome(
+        Example(id=qid, prompt=qid, answer="a"),
+        [float(c) for c in correct],
+        [bool(c) for c in correct],
+        [3] * len(correct),
+    )
+
+
 def test_end_to_end_pool_changes_over_time_and_is_logged(tmp_path):
     from posttrain.train.config import load_rl_config
     from posttrain.train.rl import RLTrainer
@@ -257,7 +294,8 @@ def test_end_to_end_pool_changes_over_time_and_is_logged(tmp_path):
             "logging.progress=false",
             "threads=1",
             "hooks.sampler={name: aparl, params: {stage_steps: 1, accuracy_source: train, shift_accuracy: 0.0, "
-            "quantile_step: 0.25, max_quantile: 0.5, min_pool: 8, max_rounds: 1}}",
+            "quantile_step: 0.25, max_quantile: 0.5, min_pool: 8}}",
+            "hooks.filter={name: dynamic-sampling, params: {max_rounds: 1}}",
             f"out_dir={tmp_path / 'run'}",
         ],
     )
@@ -306,7 +344,8 @@ def test_trainer_loop_reports_every_round_so_drop_solved_fires_and_the_signal_co
             "logging.progress=false",
             "threads=1",
             "hooks.sampler={name: aparl, params: {stage_steps: 1, accuracy_source: train, shift_accuracy: 1.0, "
-            "saturated_ppl: 0.0, min_pool: 1, max_rounds: 3}}",
+            "saturated_ppl: 0.0, min_pool: 1}}",
+            "hooks.filter={name: dynamic-sampling, params: {max_rounds: 3}}",
             f"out_dir={tmp_path / 'run'}",
         ],
     )
@@ -316,13 +355,13 @@ def test_trainer_loop_reports_every_round_so_drop_solved_fires_and_the_signal_co
     ids = {e.id for e in tr.task.split("train")}
     assert solved <= ids  # the test's id pattern matches the task's
     seen: dict[int, list[GroupOutcome]] = {}
-    decide = tr.group_filter.decide
+    decide = tr.collector.group_filter.decide
 
     def spy(outcomes, need):
         seen.setdefault(tr.step_idx, []).extend(outcomes)
         return decide(outcomes, need)
 
-    tr.group_filter.decide = spy
+    tr.collector.group_filter.decide = spy
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with tr:
@@ -330,12 +369,13 @@ def test_trainer_loop_reports_every_round_so_drop_solved_fires_and_the_signal_co
     first = seen[0]
     solved_seen = {o.example.id for o in first if o.example.id in solved}
     assert solved_seen, "no always-solved item was sampled in step 0"
-    assert solved_seen <= tr.sampler.dropped  # drop_solved fired at the stage boundary of step 1
+    assert solved_seen <= tr.collector.sampler.dropped  # drop_solved fired at the stage boundary of step 1
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r.get("kind") == "step"]
     every = sum(o.accuracy for o in first) / len(first)
     kept = [o.accuracy for o in first if 0 < o.accuracy < 1]
     assert rows[1]["sampler/accuracy_signal"] == pytest.approx(every)
     assert len(first) > len(kept) and any(o.accuracy == 1.0 for o in first)  # dropped groups counted
+    assert rows[0]["filter/rounds"] == rows[0]["sampling_rounds"]  # the inner loop is the filter slot's
 
 
 def test_ablation_arms_build_valid_configs_on_dialogue_events(tmp_path):
@@ -368,6 +408,7 @@ def test_experiment_arms_build_and_baseline_choice(tmp_path):
             ov = arm_overrides(arm, baseline=base, margin=0.05, stage_steps=4, drop_solved=base is None)
             cfg = load_rl_config(str(CONFIG), [*ov, f"out_dir={tmp_path / arm}"])
             p = cfg.hooks.sampler.params
+            assert cfg.hooks.filter.name == "dynamic-sampling" and cfg.hooks.filter.params["max_rounds"] == 10
             if arm == "dapo":
                 assert cfg.hooks.sampler.name == "uniform"
                 continue
@@ -378,8 +419,9 @@ def test_experiment_arms_build_and_baseline_choice(tmp_path):
 
 
 def test_experiment_counts_the_rollouts_dapo_drew():
-    """Both arms draw extra rounds: the dapo arm reports them under ``filter/``, APARL under ``sampler/``;
-    counting only ``sampler/`` gave the dapo arm its kept batch (10240) instead of what it drew."""
+    """Both arms draw extra rounds with the group filter (``filter/``); logs written before 0.2.0 hold
+    APARL's under ``sampler/`` (its sampler owned the filter), and counting only ``sampler/`` gave the
+    dapo arm its kept batch (10240) instead of what it drew."""
     from posttrain.train.rl import step_rollouts
 
     assert step_rollouts({"filter/rollouts_generated": 152.0, "num_sequences": 128.0}) == 152.0

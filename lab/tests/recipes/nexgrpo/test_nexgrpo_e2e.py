@@ -99,7 +99,7 @@ def test_buffer_state_in_checkpoint(tmp_path):
         tr.step()
         tr.step()
     tr.save()
-    state = json.loads(json.dumps(tr.replay.state_dict()))
+    state = json.loads(json.dumps(tr.collector.replay.state_dict()))
     assert state["records"]
     again = _trainer(tmp_path, hook, resume=True)
-    assert again.replay.state_dict() == state
+    assert again.collector.replay.state_dict() == state
