@@ -37,7 +37,6 @@ __all__ = [
     "FastEngine",
     "FunctionRewardSource",
     "HFEngine",
-    "generate_completions",
     "PromptFormatter",
     "RewardHandle",
     "RewardSource",
@@ -51,5 +50,6 @@ __all__ = [
     "build_engine",
     "build_reward_source",
     "build_runner",
+    "generate_completions",
     "pad_left",
 ]

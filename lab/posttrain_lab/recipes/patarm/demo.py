@@ -297,8 +297,8 @@ def run_rm_demo(
     from importlib.resources import files
 
     from posttrain.models import load_model_and_tokenizer
-    from posttrain.tasks import get_task
     from posttrain.models.saving import save_model_dir
+    from posttrain.tasks import get_task
     from posttrain.train.config import RLConfig
     from posttrain.train.rl import RLTrainer
     from posttrain.train.run_dir import prepare_run_dir
