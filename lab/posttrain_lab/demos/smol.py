@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import atomic_write_json
 from posttrain.utils.stats import se_binomial
 
@@ -31,7 +32,7 @@ from posttrain.utils.stats import se_binomial
 def paired_gain(before: list[bool], after: list[bool]) -> dict[str, float]:
     """Gain of ``after`` over ``before`` (same prompts, 0/1 verdicts) with its paired standard error."""
     if len(before) != len(after) or not before:
-        raise ValueError(
+        raise InvalidValueError(
             f"paired_gain: need two equally long non-empty lists, got {len(before)} and {len(after)}"
         )
     n = len(before)

@@ -59,6 +59,7 @@ from posttrain.algos.policy_losses import (
     policy_loss_defaults,
     register_policy_loss,
 )
+from posttrain.utils.errors import InvalidValueError
 
 
 def _registered(registry: Any, wrapper: type, attr: str):
@@ -93,7 +94,7 @@ def check_advantage_params(name: str, params: dict[str, Any]) -> None:
     try:
         check_param_names("advantage estimator", est.name, params, est.defaults)
     except TypeError as e:
-        raise ValueError(str(e)) from None
+        raise InvalidValueError(str(e)) from None
     est._validate(est.name, {**est.defaults, **params})
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError
+
 Tensor = torch.Tensor
 
 
@@ -38,7 +40,9 @@ def check_param_names(kind: str, name: str, given: Mapping[str, Any], accepted: 
         close = difflib.get_close_matches(k, list(accepted), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         parts.append(f"{k!r}{hint}")
-    raise TypeError(f"{kind} {name!r}: unknown parameter {', '.join(parts)}; accepted parameters: {acc}")
+    raise InvalidTypeError(
+        f"{kind} {name!r}: unknown parameter {', '.join(parts)}; accepted parameters: {acc}"
+    )
 
 
 def keyword_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -47,7 +51,7 @@ def keyword_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
     for p in inspect.signature(fn).parameters.values():
         if p.kind is inspect.Parameter.KEYWORD_ONLY:
             if p.default is inspect.Parameter.empty:
-                raise TypeError(f"{fn.__name__}: keyword-only parameter {p.name!r} needs a default")
+                raise InvalidTypeError(f"{fn.__name__}: keyword-only parameter {p.name!r} needs a default")
             out[p.name] = p.default
     return out
 
@@ -55,7 +59,7 @@ def keyword_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
 def require(cond: bool, kind: str, name: str, key: str, expected: str, got: Any) -> None:
     """Raise ValueError `"<kind> <name>: <key> must be <expected>, got <got>"` unless `cond`."""
     if not cond:
-        raise ValueError(f"{kind} {name!r}: {key} must be {expected}, got {got!r}")
+        raise InvalidValueError(f"{kind} {name!r}: {key} must be {expected}, got {got!r}")
 
 
 def is_number(x: Any) -> bool:
@@ -68,14 +72,16 @@ def as_bool_mask(mask: Tensor) -> Tensor:
 
 def check_2d(name: str, t: Any, shape: torch.Size | None = None) -> Tensor:
     if not isinstance(t, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor of shape (B, T), got {type(t).__name__}")
+        raise InvalidTypeError(f"{name}: expected a torch.Tensor of shape (B, T), got {type(t).__name__}")
     if shape is None and t.dim() != 2:
-        raise ValueError(f"{name}: expected shape (B, T), got {tuple(t.shape)}")
+        raise InvalidValueError(f"{name}: expected shape (B, T), got {tuple(t.shape)}")
     if shape is not None and t.shape != shape:
-        raise ValueError(f"{name}: expected shape {tuple(shape)} (same as logp), got {tuple(t.shape)}")
+        raise InvalidValueError(f"{name}: expected shape {tuple(shape)} (same as logp), got {tuple(t.shape)}")
     return t
 
 
 def check_float(name: str, t: Tensor) -> None:
     if not torch.is_floating_point(t):
-        raise TypeError(f"{name}: expected a floating-point tensor (float32 or float64), got {t.dtype}")
+        raise InvalidTypeError(
+            f"{name}: expected a floating-point tensor (float32 or float64), got {t.dtype}"
+        )

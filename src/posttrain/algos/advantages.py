@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from posttrain.algos._common import check_param_names, is_number, keyword_defaults, require
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError
 from posttrain.utils.registry import Registry
 
 Tensor = torch.Tensor
@@ -136,25 +137,25 @@ def advantage_defaults(name: str) -> dict[str, Any]:
 
 def check_rewards_groups(where: str, rewards: Any, group_ids: Any) -> tuple[Tensor, Tensor, int]:
     if not isinstance(rewards, Tensor):
-        raise TypeError(
+        raise InvalidTypeError(
             f"{where}: rewards must be a torch.Tensor of shape (B,), got {type(rewards).__name__}"
         )
     if rewards.dim() != 1:
-        raise ValueError(f"{where}: rewards must have shape (B,), got {tuple(rewards.shape)}")
+        raise InvalidValueError(f"{where}: rewards must have shape (B,), got {tuple(rewards.shape)}")
     r = rewards.detach()
     if not torch.is_floating_point(r):
         r = r.to(torch.get_default_dtype())
     bad = (~torch.isfinite(r)).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
-        raise ValueError(f"{where}: rewards[{i}] = {float(r[i])} is not finite")
+        raise InvalidValueError(f"{where}: rewards[{i}] = {float(r[i])} is not finite")
     g = group_ids if isinstance(group_ids, Tensor) else torch.as_tensor(group_ids)
     if g.dim() != 1 or g.shape[0] != r.shape[0]:
-        raise ValueError(
+        raise InvalidValueError(
             f"{where}: group_ids must have shape ({r.shape[0]},) like rewards, got {tuple(g.shape)}"
         )
     if g.dtype.is_floating_point or g.dtype.is_complex or g.dtype == torch.bool:
-        raise TypeError(f"{where}: group_ids must be an integer tensor, got {g.dtype}")
+        raise InvalidTypeError(f"{where}: group_ids must be an integer tensor, got {g.dtype}")
     inv, n = group_index(g.to(r.device))
     return r, inv, n
 
@@ -246,9 +247,9 @@ def _token_whiten(x: Tensor, token_counts: Tensor | None, eps: float) -> Tensor:
     Fewer than two tokens (or sequences) in all: 0."""
     w = torch.ones_like(x) if token_counts is None else torch.as_tensor(token_counts).to(x)
     if w.shape != x.shape:
-        raise ValueError(f"token_counts must have shape {tuple(x.shape)}, got {tuple(w.shape)}")
+        raise InvalidValueError(f"token_counts must have shape {tuple(x.shape)}, got {tuple(w.shape)}")
     if bool((w < 0).any()):
-        raise ValueError("token_counts must be >= 0")
+        raise InvalidValueError("token_counts must be >= 0")
     n = w.sum()
     if float(n) < 2:
         return torch.zeros_like(x)

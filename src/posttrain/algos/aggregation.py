@@ -46,6 +46,7 @@ from collections.abc import Callable
 import torch
 
 from posttrain.algos._common import as_bool_mask
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError
 from posttrain.utils.registry import Registry
 
 Tensor = torch.Tensor
@@ -58,7 +59,7 @@ def _positive(name: str, value: Count) -> None:
     if value is None or isinstance(value, Tensor):
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"agg_loss: {name} must be a positive number, got {value!r}")
+        raise InvalidValueError(f"agg_loss: {name} must be a positive number, got {value!r}")
 
 
 def _masked_rows(values: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
@@ -144,15 +145,15 @@ def agg_loss(
     """
     fn = AGG_MODES.get(mode)
     if not isinstance(values, Tensor) or not isinstance(mask, Tensor):
-        raise TypeError("agg_loss: values and mask must be torch tensors")
+        raise InvalidTypeError("agg_loss: values and mask must be torch tensors")
     if values.dim() != 2:
-        raise ValueError(f"agg_loss: values must have shape (B, T), got {tuple(values.shape)}")
+        raise InvalidValueError(f"agg_loss: values must have shape (B, T), got {tuple(values.shape)}")
     if mask.shape != values.shape:
-        raise ValueError(
+        raise InvalidValueError(
             f"agg_loss: mask shape {tuple(mask.shape)} does not match values shape {tuple(values.shape)}"
         )
     if not torch.is_floating_point(values):
-        raise TypeError(f"agg_loss: values must be a floating-point tensor, got {values.dtype}")
+        raise InvalidTypeError(f"agg_loss: values must be a floating-point tensor, got {values.dtype}")
     _positive("scale", scale)
     _positive("global_tokens", global_tokens)
     _positive("global_seqs", global_seqs)

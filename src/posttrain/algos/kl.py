@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError
 from posttrain.utils.registry import Registry
 
 Tensor = torch.Tensor
@@ -66,13 +67,13 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "low_var_kl") -> Tens
     The reference log-probs are treated as constants (detached).
     """
     if not isinstance(logp, Tensor) or not isinstance(ref_logp, Tensor):
-        raise TypeError("kl_penalty: logp and ref_logp must be torch tensors")
+        raise InvalidTypeError("kl_penalty: logp and ref_logp must be torch tensors")
     if logp.shape != ref_logp.shape:
-        raise ValueError(
+        raise InvalidValueError(
             f"kl_penalty: ref_logp shape {tuple(ref_logp.shape)} does not match logp {tuple(logp.shape)}"
         )
     if not isinstance(kind, str):
-        raise TypeError(f"kl_penalty: kind must be a string, got {type(kind).__name__}")
+        raise InvalidTypeError(f"kl_penalty: kind must be a string, got {type(kind).__name__}")
     straight_through = kind.endswith("+") and len(kind) > 1
     base = KL_ESTIMATORS.get(kind[:-1] if straight_through else kind)
     ref = ref_logp.detach().to(logp.dtype)

@@ -70,6 +70,7 @@ from posttrain.algos._common import (
     require,
 )
 from posttrain.algos.aggregation import AGG_MODES, agg_loss
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError
 from posttrain.utils.registry import Registry
 
 Tensor = torch.Tensor
@@ -156,7 +157,7 @@ class PolicyLoss:
         mode = self.default_agg if agg is None else AGG_MODES.canonical(agg)
         given = dict(inputs or {})
         if set(given) != set(self.inputs):
-            raise ValueError(
+            raise InvalidValueError(
                 f"{KIND} {self.name!r} declares inputs {sorted(self.inputs)}, got {sorted(given)}"
             )
         batch, isw = _prepare(logp, old_logp, advantages, mask, is_weights, given)
@@ -200,7 +201,7 @@ def register_policy_loss(
     AGG_MODES.canonical(default_agg)
     unknown = [k for k in inputs if k not in LOSS_INPUTS]
     if unknown:
-        raise ValueError(
+        raise InvalidValueError(
             f"{KIND} {name!r}: unknown input(s) {unknown}; known inputs: {', '.join(sorted(LOSS_INPUTS))}"
         )
 
@@ -249,14 +250,14 @@ def _prepare(
     check_2d("old_logp", old_logp, logp.shape)
     check_2d("mask", mask, logp.shape)
     if not isinstance(advantages, Tensor):
-        raise TypeError(f"advantages: expected a torch.Tensor, got {type(advantages).__name__}")
+        raise InvalidTypeError(f"advantages: expected a torch.Tensor, got {type(advantages).__name__}")
     b = logp.shape[0]
     if advantages.shape == (b,):
         adv = advantages.unsqueeze(-1).expand_as(logp)
     elif advantages.shape == logp.shape:
         adv = advantages
     else:
-        raise ValueError(
+        raise InvalidValueError(
             f"advantages: expected shape ({b},) or {tuple(logp.shape)} for logp of shape "
             f"{tuple(logp.shape)}, got {tuple(advantages.shape)}"
         )

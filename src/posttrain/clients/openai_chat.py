@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from posttrain.clients.base import Agent, AgentError, AgentReply
+from posttrain.utils.errors import InvalidValueError
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -45,9 +46,9 @@ class OpenAIChatAgent(Agent):
         extra_body: dict[str, Any] | None = None,
     ) -> None:
         if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+            raise InvalidValueError(f"concurrency must be >= 1, got {concurrency}")
         if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+            raise InvalidValueError(f"max_retries must be >= 0, got {max_retries}")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.name = model

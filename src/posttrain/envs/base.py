@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError
 from posttrain.utils.registry import PluginError, Registry, any_callable, check_params
 
 
@@ -81,25 +82,27 @@ def check_step(env: Env, res: Any, turn: int) -> StepResult:
     """Validate one ``env.step`` result against the contract; raise naming the environment and turn."""
     name = type(env).__name__
     if not isinstance(res, StepResult):
-        raise TypeError(f"environment {name}: step() must return a StepResult, got {type(res).__name__}")
+        raise InvalidTypeError(
+            f"environment {name}: step() must return a StepResult, got {type(res).__name__}"
+        )
     if set(res.turn_rewards) != set(env.criteria):
-        raise ValueError(
+        raise InvalidValueError(
             f"environment {name}, turn {turn}: turn_rewards has keys {sorted(res.turn_rewards)}, "
             f"expected exactly its criteria {list(env.criteria)}"
         )
     for k, v in res.turn_rewards.items():
         if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-            raise ValueError(
+            raise InvalidValueError(
                 f"environment {name}, turn {turn}: turn_rewards[{k!r}] = {v!r} is not a finite number"
             )
     if res.done:
         if res.session_reward is None or not math.isfinite(float(res.session_reward)):
-            raise ValueError(
+            raise InvalidValueError(
                 f"environment {name}, turn {turn}: done=True needs a finite session_reward, got "
                 f"{res.session_reward!r}"
             )
     elif turn >= env.max_turns:
-        raise ValueError(
+        raise InvalidValueError(
             f"environment {name}: turn {turn} reached max_turns={env.max_turns} but step() did not "
             "return done=True; an environment must end its sessions within its turn limit"
         )

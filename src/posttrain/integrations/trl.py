@@ -32,6 +32,7 @@ import torch
 
 from posttrain.algos import get_policy_loss, policy_loss_default_agg
 from posttrain.algos._common import check_param_names
+from posttrain.utils.errors import InvalidValueError
 
 try:
     from trl import GRPOTrainer
@@ -58,12 +59,12 @@ class PosttrainGRPOTrainer(GRPOTrainer):
         policy_loss._validate(policy_loss.name, {**policy_loss.defaults, **params})
         super().__init__(*args, **kwargs)
         if "ref_logp" in policy_loss.inputs and self.beta == 0.0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"policy loss {policy_loss.name!r} needs reference log-probs; TRL computes them only with "
                 "beta != 0 (GRPOConfig.beta)"
             )
         if "rollout_logp" in policy_loss.inputs and not self.use_vllm:
-            raise ValueError(
+            raise InvalidValueError(
                 f"policy loss {policy_loss.name!r} needs sampling log-probs; TRL records them only with "
                 "vLLM generation (GRPOConfig.use_vllm=True)"
             )

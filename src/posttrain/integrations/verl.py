@@ -39,6 +39,7 @@ import torch
 
 from posttrain.algos import POLICY_LOSSES, get_policy_loss, list_policy_losses
 from posttrain.algos._common import check_param_names
+from posttrain.utils.errors import InvalidValueError
 
 ENV_PARAMS = "POSTTRAIN_VERL_PARAMS"
 PREFIX = "posttrain_"
@@ -121,7 +122,7 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, A
 
     loss = get_policy_loss(name)
     if loss.inputs:
-        raise ValueError(
+        raise InvalidValueError(
             f"policy loss {loss.name!r} needs extra inputs {list(loss.inputs)} that verl's policy-loss "
             "signature does not pass; it cannot be registered in verl"
         )
@@ -178,9 +179,9 @@ def register(params: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str,
         try:
             params = json.loads(raw) if raw else {}
         except json.JSONDecodeError as e:
-            raise ValueError(f"${ENV_PARAMS} is not valid JSON ({e}): {raw[:200]!r}") from None
+            raise InvalidValueError(f"${ENV_PARAMS} is not valid JSON ({e}): {raw[:200]!r}") from None
     if not isinstance(params, Mapping) or not all(isinstance(v, Mapping) for v in params.values()):
-        raise ValueError(
+        raise InvalidValueError(
             f"{ENV_PARAMS} / params must map a loss name to a mapping of parameters, got {params!r}"
         )
     _params.clear()

@@ -40,6 +40,7 @@ import torch
 from posttrain.models.loading import load_model_and_tokenizer, pick_device
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE, sequence_logprobs
 from posttrain.models.saving import save_model_dir
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.registry import Registry
 
 
@@ -93,7 +94,7 @@ class CausalLMAdapter:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any) -> None:
         if tokenizer is None:
-            raise ValueError("CausalLMAdapter: pass the tokenizer together with the model")
+            raise InvalidValueError("CausalLMAdapter: pass the tokenizer together with the model")
         self.model = model
         self.tokenizer = tokenizer
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from posttrain.models.presets import PRESETS, build_preset_model, list_presets
 from posttrain.models.tokenizer import build_char_tokenizer
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 
 
 class ModelSpecError(PosttrainError, ValueError):
@@ -59,7 +59,9 @@ def resolve_dtype(dtype: Any) -> Any:
         return dtype
     if isinstance(dtype, str) and dtype.lower() in DTYPE_NAMES:
         return getattr(torch, DTYPE_NAMES[dtype.lower()])
-    raise ValueError(f"unknown dtype {dtype!r}; accepted: a torch.dtype or one of {', '.join(DTYPE_NAMES)}")
+    raise InvalidValueError(
+        f"unknown dtype {dtype!r}; accepted: a torch.dtype or one of {', '.join(DTYPE_NAMES)}"
+    )
 
 
 def check_device(device: str, *, available: bool = True) -> str:
@@ -68,7 +70,7 @@ def check_device(device: str, *, available: bool = True) -> str:
     values and what this build offers ("cuda" on a CPU-only build, "gpu", "cuda:3" with 2 GPUs)."""
     head, _, index = device.partition(":")
     if device not in ("auto", "cpu", "mps") and not (head == "cuda" and (not _ or index.isdigit())):
-        raise ValueError(f"unknown device {device!r}; accepted: {', '.join(DEVICES)}")
+        raise InvalidValueError(f"unknown device {device!r}; accepted: {', '.join(DEVICES)}")
     if not available:
         return device
     import torch
@@ -86,7 +88,7 @@ def check_device(device: str, *, available: bool = True) -> str:
         if head == "cuda" and not torch.cuda.is_available()
         else f"{device!r} is not available on this machine"
     )
-    raise ValueError(f"device {device!r}: {why}; available here: {', '.join(have)}")
+    raise InvalidValueError(f"device {device!r}: {why}; available here: {', '.join(have)}")
 
 
 def resolve_model_dir(spec: str) -> str:
@@ -204,7 +206,7 @@ def load_model_and_tokenizer(
     ensure_pad_token(tokenizer, model)
     if padding_side is not None:
         if padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+            raise InvalidValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
         tokenizer.padding_side = padding_side
     model = model.to(device)
     model.eval()

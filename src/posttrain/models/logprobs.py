@@ -35,6 +35,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from posttrain.models.precision import autocast_dtype
+from posttrain.utils.errors import InvalidValueError
 
 DEFAULT_CHUNK_SIZE = 1024
 
@@ -175,34 +176,34 @@ def token_logprobs(
     Outputs are float32 (float64 for float64 inputs).
     """
     if not isinstance(temperature, int | float) or not temperature > 0:
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+        raise InvalidValueError(f"temperature must be a positive number, got {temperature!r}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        raise InvalidValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if lm_head_weight.dim() != 2:
-        raise ValueError(f"lm_head_weight must be (V, H), got shape {tuple(lm_head_weight.shape)}")
+        raise InvalidValueError(f"lm_head_weight must be (V, H), got shape {tuple(lm_head_weight.shape)}")
     vocab, h_dim = lm_head_weight.shape
     if hidden.dim() < 1 or hidden.shape[-1] != h_dim:
-        raise ValueError(
+        raise InvalidValueError(
             f"hidden must be (..., H={h_dim}) to match lm_head_weight {tuple(lm_head_weight.shape)}, "
             f"got shape {tuple(hidden.shape)}"
         )
     if tuple(targets.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(
+        raise InvalidValueError(
             f"targets shape {tuple(targets.shape)} must equal hidden.shape[:-1] = {tuple(hidden.shape[:-1])}"
         )
     if targets.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
-        raise ValueError(f"targets must be integer token ids, got dtype {targets.dtype}")
+        raise InvalidValueError(f"targets must be integer token ids, got dtype {targets.dtype}")
     if hidden.dtype != lm_head_weight.dtype:
-        raise ValueError(
+        raise InvalidValueError(
             f"hidden dtype {hidden.dtype} differs from lm_head_weight dtype {lm_head_weight.dtype}"
         )
     if lm_head_bias is not None and tuple(lm_head_bias.shape) != (vocab,):
-        raise ValueError(f"lm_head_bias must be ({vocab},), got shape {tuple(lm_head_bias.shape)}")
+        raise InvalidValueError(f"lm_head_bias must be ({vocab},), got shape {tuple(lm_head_bias.shape)}")
     lead = targets.shape
     flat_h = hidden.reshape(-1, h_dim)
     flat_t = targets.reshape(-1).long()
     if flat_t.numel() and (int(flat_t.min()) < 0 or int(flat_t.max()) >= vocab):
-        raise ValueError(
+        raise InvalidValueError(
             f"targets must be token ids in [0, {vocab}); got min {int(flat_t.min())}, max {int(flat_t.max())}"
         )
     if not flat_h.is_contiguous():
@@ -262,18 +263,20 @@ def _decoder_and_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | Non
     config = getattr(model, "config", None)
     for attr in ("final_logit_softcapping", "logit_scale"):
         if config is not None and getattr(config, attr, None) not in (None, 1.0):
-            raise ValueError(
+            raise InvalidValueError(
                 f"{type(model).__name__} post-processes logits ({attr}={getattr(config, attr)}); "
                 "sequence_logprobs computes plain lm_head logits and does not support it"
             )
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None or not hasattr(head, "weight"):
-        raise ValueError(f"{type(model).__name__} has no output embedding (lm_head); not a causal LM")
+        raise InvalidValueError(f"{type(model).__name__} has no output embedding (lm_head); not a causal LM")
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     if decoder is None or decoder is model:
         decoder = getattr(model, "model", None)
     if decoder is None:
-        raise ValueError(f"{type(model).__name__}: cannot find the base decoder (get_decoder() / .model)")
+        raise InvalidValueError(
+            f"{type(model).__name__}: cannot find the base decoder (get_decoder() / .model)"
+        )
     return decoder, head.weight, getattr(head, "bias", None)
 
 
@@ -356,11 +359,11 @@ def sequence_logprobs(
     forward, so its backward all-reduces the gradients (docs/distributed.md).
     """
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
+        raise InvalidValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(
+        raise InvalidValueError(
             f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
         )
     b, t = input_ids.shape
@@ -369,7 +372,7 @@ def sequence_logprobs(
     valid[:, 1:] = real[:, 1:] & real[:, :-1]
     if response_mask is not None:
         if response_mask.shape != input_ids.shape:
-            raise ValueError(
+            raise InvalidValueError(
                 f"response_mask shape {tuple(response_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
             )
         resp = response_mask.bool()
@@ -383,7 +386,7 @@ def sequence_logprobs(
                 if not real[row, pos]
                 else "the preceding token is padding"
             )
-            raise ValueError(
+            raise InvalidValueError(
                 f"response_mask marks row {row}, position {pos}, but {why}; response tokens must be real "
                 "tokens (attention_mask 1) preceded by a real token"
             )

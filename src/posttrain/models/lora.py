@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from posttrain.utils.errors import InvalidValueError
+
 BASE_FILE = "posttrain_base.json"
 """Sidecar of an adapter directory: ``{"model": spec, "seed": int, "dtype": str}`` of the base model."""
 
@@ -75,7 +77,7 @@ def apply_lora(model: torch.nn.Module, cfg: Any, *, base: dict[str, Any], seed: 
     have = _linear_names(model)
     missing = [t for t in cfg.target_modules if t not in have]
     if missing:
-        raise ValueError(
+        raise InvalidValueError(
             f"model.lora.target_modules: {', '.join(missing)} not found in {type(model).__name__}; its linear "
             f"layers: {', '.join(have)}"
         )
@@ -127,7 +129,7 @@ class AdapterDisabledLM:
 
     def __init__(self, lm: Any) -> None:
         if not is_lora(lm.model):
-            raise ValueError("AdapterDisabledLM: the policy has no LoRA adapters")
+            raise InvalidValueError("AdapterDisabledLM: the policy has no LoRA adapters")
         self.lm = lm
         self.model = lm.model
         self.tokenizer = lm.tokenizer
@@ -158,17 +160,17 @@ def read_base_file(path: str | os.PathLike) -> dict[str, Any]:
         try:
             name = json.loads(cfg.read_text(encoding="utf-8")).get("base_model_name_or_path")
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{cfg}: not a readable adapter config ({e})") from None
+            raise InvalidValueError(f"{cfg}: not a readable adapter config ({e})") from None
         if not name:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{p}: missing, and {cfg} names no base_model_name_or_path; cannot tell which base model "
                 "the adapter belongs to"
             ) from None
         return {"model": name, "seed": 0, "dtype": "float32"}
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{p}: not valid JSON ({e})") from None
+        raise InvalidValueError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("model"), str):
-        raise ValueError(f"{p}: expected an object with a string 'model' (the base model spec)")
+        raise InvalidValueError(f"{p}: expected an object with a string 'model' (the base model spec)")
     return data
 
 
@@ -203,7 +205,7 @@ def merged_model(spec: str, *, dtype: Any = None) -> tuple[Any, Any]:
 
     src = resolve_model_dir(spec)
     if not is_adapter_dir(src):
-        raise ValueError(
+        raise InvalidValueError(
             f"{spec!r} ({src}) holds no LoRA adapter (no {ADAPTER_CONFIG}); it is already a plain model "
             "directory, nothing to merge"
         )

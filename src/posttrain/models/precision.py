@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from posttrain.utils.errors import InvalidValueError
+
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -29,7 +31,7 @@ def check_precision(value: str) -> str:
     """``value`` lower-cased if it is one of :data:`PRECISIONS`, else a ValueError naming them."""
     v = str(value).lower()
     if v not in PRECISIONS:
-        raise ValueError(f"unknown precision {value!r}; accepted: {', '.join(PRECISIONS)}")
+        raise InvalidValueError(f"unknown precision {value!r}; accepted: {', '.join(PRECISIONS)}")
     return v
 
 

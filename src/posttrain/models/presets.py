@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -56,7 +58,7 @@ def preset_config(name: str, tokenizer: Any) -> Any:
     from transformers import LlamaConfig, Qwen2Config
 
     if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(list_presets())}")
+        raise InvalidValueError(f"unknown model preset {name!r}; known presets: {', '.join(list_presets())}")
     p = PRESETS[name]
     common: dict[str, Any] = dict(
         vocab_size=len(tokenizer),

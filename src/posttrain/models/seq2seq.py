@@ -32,6 +32,7 @@ from posttrain.models.adapter import ADAPTERS
 from posttrain.models.loading import ModelSpecError, pick_device, resolve_dtype, resolve_model_dir
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
 from posttrain.models.saving import save_model_dir
+from posttrain.utils.errors import InvalidValueError
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,9 @@ class Seq2SeqAdapter:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any) -> None:
         if tokenizer is None:
-            raise ValueError("Seq2SeqAdapter: pass the tokenizer together with the model")
+            raise InvalidValueError("Seq2SeqAdapter: pass the tokenizer together with the model")
         if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
-            raise ValueError(f"Seq2SeqAdapter: {type(model).__name__} is not an encoder-decoder model")
+            raise InvalidValueError(f"Seq2SeqAdapter: {type(model).__name__} is not an encoder-decoder model")
         self.model = model
         self.tokenizer = tokenizer
 
@@ -205,7 +206,7 @@ class Seq2SeqAdapter:
             nz = torch.nonzero(loss_mask[r, :n]).flatten()
             f = int(nz[0]) if len(nz) else n
             if len(nz) and int(nz[-1]) - f + 1 != len(nz):
-                raise ValueError(
+                raise InvalidValueError(
                     f"Seq2SeqAdapter: row {r} has several loss spans; one prompt + one target per row"
                 )
             e = input_ids[r, :f].tolist()

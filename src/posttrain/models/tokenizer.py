@@ -17,6 +17,8 @@ from __future__ import annotations
 import string
 from typing import Literal
 
+from posttrain.utils.errors import InvalidValueError
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
@@ -51,7 +53,7 @@ def build_char_tokenizer(padding_side: Literal["left", "right"] = "right", model
     from transformers import PreTrainedTokenizerFast
 
     if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        raise InvalidValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     backend = Tokenizer(models.BPE(vocab=char_vocab(), merges=[], unk_token="<unk>", byte_fallback=True))
     backend.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
     backend.add_special_tokens(list(SPECIAL_TOKENS))

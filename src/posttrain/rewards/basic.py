@@ -11,6 +11,7 @@ from fractions import Fraction
 
 from posttrain.rewards.base import DEFAULT_STOP, cut_at_stop, extract_answer, marker_of, register_reward
 from posttrain.tasks.base import Example
+from posttrain.utils.errors import InvalidValueError
 
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _NUMBER_TOKEN = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?")
@@ -98,7 +99,7 @@ class NumericReward:
         stop: tuple[str, ...] | list[str] = DEFAULT_STOP,
     ) -> None:
         if rel_tol < 0 or abs_tol < 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"reward 'numeric': tolerances must be >= 0, got rel_tol={rel_tol}, abs_tol={abs_tol}"
             )
         self.rel_tol, self.abs_tol = Fraction(rel_tol), Fraction(abs_tol)
@@ -107,7 +108,7 @@ class NumericReward:
     def __call__(self, completion: str, example: Example) -> float:
         gold = parse_number(example.answer)
         if gold is None:
-            raise ValueError(f"example {example.id!r}: gold answer {example.answer!r} is not a number")
+            raise InvalidValueError(f"example {example.id!r}: gold answer {example.answer!r} is not a number")
         got_text = extract_answer(
             completion, marker_of(example, self.marker), stop=self.stop, require_marker=self.require_marker
         )
@@ -152,7 +153,7 @@ class FormatReward:
             return 1.0 if m else 0.0
         marker = marker_of(example, self.marker)
         if marker is None:
-            raise ValueError(
+            raise InvalidValueError(
                 f"reward 'format': example {example.id!r} has no meta['answer_marker'] and no "
                 "`pattern`/`marker` was given"
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from posttrain.rewards.base import DEFAULT_STOP, extract_answer, marker_of, register_reward
 from posttrain.tasks.base import Example
 from posttrain.tasks.countdown import ExpressionError, parse_expression, uses_numbers
+from posttrain.utils.errors import InvalidValueError
 
 
 @register_reward("countdown")
@@ -28,7 +29,7 @@ class CountdownReward:
         stop: tuple[str, ...] | list[str] = DEFAULT_STOP,
     ) -> None:
         if not 0.0 <= format_score <= 1.0:
-            raise ValueError(f"reward 'countdown': format_score must be in [0, 1], got {format_score}")
+            raise InvalidValueError(f"reward 'countdown': format_score must be in [0, 1], got {format_score}")
         self.format_score, self.use_all, self.marker, self.stop = format_score, use_all, marker, tuple(stop)
 
     def __call__(self, completion: str, example: Example) -> float:
@@ -38,7 +39,7 @@ class CountdownReward:
             or not all(isinstance(n, int) for n in numbers)
             or not isinstance(target, int)
         ):
-            raise ValueError(
+            raise InvalidValueError(
                 f"example {example.id!r}: countdown needs meta['numbers'] (list of int) and "
                 f"meta['target'] (int), got {numbers!r}, {target!r}"
             )

@@ -17,8 +17,10 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 
-class RewardFailureError(RuntimeError):
+
+class RewardFailureError(PosttrainError, RuntimeError):
     """Too many of a step's rewards failed; the message names the first failure."""
 
 
@@ -44,7 +46,7 @@ class RewardFailureMonitor:
 
     def __init__(self, max_failed_frac: float = 0.5, *, stream: TextIO | None = None) -> None:
         if not 0 <= max_failed_frac <= 1:
-            raise ValueError(f"max_failed_frac must be in [0, 1], got {max_failed_frac}")
+            raise InvalidValueError(f"max_failed_frac must be in [0, 1], got {max_failed_frac}")
         self.max_failed_frac = max_failed_frac
         self.stream = stream
         self.shown: set[str] = set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 from posttrain.rewards.base import DEFAULT_STOP, cut_at_stop, register_reward
 from posttrain.tasks.base import Example
 from posttrain.tasks.ifcheckers import check_instructions
+from posttrain.utils.errors import InvalidValueError
 
 
 def verdicts(
@@ -27,7 +28,7 @@ def verdicts(
     try:
         ids, kwargs, which = meta["instruction_id_list"], meta["kwargs"], meta["checkers"]
     except (KeyError, TypeError):
-        raise ValueError(
+        raise InvalidValueError(
             f"example {example.id!r}: meta needs checkers, instruction_id_list and kwargs "
             "(an `instructions` or `ifbench` task example)"
         ) from None

@@ -13,6 +13,7 @@ from fractions import Fraction
 from posttrain.rewards.base import DEFAULT_STOP, cut_at_stop, register_reward
 from posttrain.rewards.basic import last_number, parse_number
 from posttrain.tasks.base import Example
+from posttrain.utils.errors import InvalidValueError
 
 
 @register_reward("last_number")
@@ -25,7 +26,7 @@ class LastNumberReward:
         self, rel_tol: float = 0.0, abs_tol: float = 1e-6, stop: tuple[str, ...] | list[str] = DEFAULT_STOP
     ) -> None:
         if rel_tol < 0 or abs_tol < 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"reward 'last_number': tolerances must be >= 0, got rel_tol={rel_tol}, abs_tol={abs_tol}"
             )
         self.rel_tol, self.abs_tol, self.stop = Fraction(rel_tol), Fraction(abs_tol), tuple(stop)
@@ -33,7 +34,7 @@ class LastNumberReward:
     def __call__(self, completion: str, example: Example) -> float:
         gold = parse_number(example.answer)
         if gold is None:
-            raise ValueError(f"example {example.id!r}: gold answer {example.answer!r} is not a number")
+            raise InvalidValueError(f"example {example.id!r}: gold answer {example.answer!r} is not a number")
         got = last_number(cut_at_stop(completion, self.stop))
         if got is None:
             return 0.0

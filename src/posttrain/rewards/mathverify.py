@@ -20,6 +20,7 @@ from typing import Any
 
 from posttrain.rewards.base import DEFAULT_STOP, cut_at_stop, register_reward
 from posttrain.tasks.base import Example
+from posttrain.utils.errors import InvalidValueError
 
 
 def _in_main_thread() -> bool:
@@ -64,7 +65,7 @@ class MathVerifyReward:
     ) -> None:
         for key, val in (("parsing_timeout", parsing_timeout), ("verify_timeout", verify_timeout)):
             if not isinstance(val, int) or val < 0:
-                raise ValueError(
+                raise InvalidValueError(
                     f"reward 'math_verify': {key} must be a whole number of seconds >= 0, got {val!r}"
                 )
         self.parsing_timeout, self.verify_timeout = parsing_timeout, verify_timeout
@@ -83,7 +84,7 @@ class MathVerifyReward:
         vt = (self.verify_timeout or None) if main else None
         gold = _parse_gold(gold_text(example.answer), pt)
         if not gold:
-            raise ValueError(
+            raise InvalidValueError(
                 f"example {example.id!r}: math-verify cannot parse gold answer {example.answer!r}"
             )
         pred = parse(cut_at_stop(completion, self.stop), parsing_timeout=pt)

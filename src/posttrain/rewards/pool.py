@@ -48,6 +48,7 @@ from typing import Any
 
 from posttrain.rewards.base import RewardFn, score_detailed
 from posttrain.tasks.base import Example
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError, PosttrainError, PosttrainRuntimeError
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class RewardResult:
     failures: dict[str, str] = field(default_factory=dict)
 
 
-class NonFiniteReward(ValueError):
+class NonFiniteReward(PosttrainError, ValueError):
     """A reward function returned NaN or inf (scored 0 and counted as an error, never silently)."""
 
 
@@ -187,7 +188,7 @@ class RewardHandle:
         if not self._job.event.wait(timeout):
             raise TimeoutError(f"reward batch not finished after {timeout} s")
         if self._job.exception is not None:
-            raise RuntimeError(f"reward pool failed: {self._job.exception}") from self._job.exception
+            raise PosttrainRuntimeError(f"reward pool failed: {self._job.exception}") from self._job.exception
         assert self._job.result is not None
         return self._job.result
 
@@ -301,9 +302,9 @@ class RewardPool:
         start_timeout_s: float = 60.0,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"RewardPool: num_workers must be an integer >= 0, got {num_workers!r}")
+            raise InvalidValueError(f"RewardPool: num_workers must be an integer >= 0, got {num_workers!r}")
         if not timeout_s > 0:
-            raise ValueError(f"RewardPool: timeout_s must be > 0, got {timeout_s!r}")
+            raise InvalidValueError(f"RewardPool: timeout_s must be > 0, got {timeout_s!r}")
         self.reward_fn = reward_fn
         self.num_workers, self.timeout_s, self.start_timeout_s = (
             num_workers,
@@ -323,14 +324,14 @@ class RewardPool:
         try:
             self._payload = pickle.dumps(reward_fn)
         except Exception as e:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"RewardPool: reward function {self.name!r} must be picklable (an instance of a "
                 f"top-level class): {e}"
             ) from e
         if start_method is None:
             start_method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
         if start_method == "fork":
-            raise ValueError(
+            raise InvalidValueError(
                 "RewardPool: start_method 'fork' is unsafe with torch loaded; use forkserver or spawn"
             )
         self._ctx = mp.get_context(start_method)
@@ -352,18 +353,18 @@ class RewardPool:
     def submit(self, completions: Sequence[str], examples: Sequence[Example]) -> RewardHandle:
         """Queue a batch for scoring and return at once."""
         if self._closed:
-            raise RuntimeError("RewardPool is closed")
+            raise PosttrainRuntimeError("RewardPool is closed")
         if self._broken is not None:
-            raise RuntimeError(f"RewardPool dispatcher crashed earlier: {_safe_str(self._broken)}")
+            raise PosttrainRuntimeError(f"RewardPool dispatcher crashed earlier: {_safe_str(self._broken)}")
         completions, examples = list(completions), list(examples)
         if len(completions) != len(examples):
-            raise ValueError(
+            raise InvalidValueError(
                 f"RewardPool: got {len(completions)} completions but {len(examples)} examples; "
                 "expected one example per completion"
             )
         for i, c in enumerate(completions):
             if not isinstance(c, str):
-                raise TypeError(f"RewardPool: completion {i} is {type(c).__name__}, expected str")
+                raise InvalidTypeError(f"RewardPool: completion {i} is {type(c).__name__}, expected str")
         job = _Job(completions, examples)
         if job.remaining == 0:
             return RewardHandle(job)
@@ -456,7 +457,7 @@ class RewardPool:
         for w in self._workers:
             w.kill()
         self._closed = True
-        raise RuntimeError(f"RewardPool: {why}")
+        raise PosttrainRuntimeError(f"RewardPool: {why}")
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):

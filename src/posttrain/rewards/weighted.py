@@ -13,6 +13,7 @@ from typing import Any
 
 from posttrain.rewards.base import get_reward, register_reward
 from posttrain.tasks.base import Example
+from posttrain.utils.errors import InvalidValueError
 
 
 @register_reward("weighted", aliases=("sum",))
@@ -21,7 +22,7 @@ class WeightedReward:
 
     def __init__(self, components: list[Any]) -> None:
         if not isinstance(components, list | tuple) or not components:
-            raise ValueError(
+            raise InvalidValueError(
                 "reward 'weighted': components must be a non-empty list of (name, weight[, params])"
             )
         self.parts: list[tuple[str, float, Any]] = []
@@ -42,7 +43,9 @@ class WeightedReward:
         if isinstance(spec, dict):
             unknown = set(spec) - {"name", "weight", "params", "label"}
             if unknown or "name" not in spec:
-                raise ValueError(f"{where}: expected keys name, weight, params, label; got {sorted(spec)}")
+                raise InvalidValueError(
+                    f"{where}: expected keys name, weight, params, label; got {sorted(spec)}"
+                )
             name, weight, params, label = (
                 spec["name"],
                 spec.get("weight", 1.0),
@@ -53,13 +56,15 @@ class WeightedReward:
             name, weight = spec[0], spec[1]
             params = spec[2] if len(spec) == 3 else {}
         else:
-            raise ValueError(f"{where}: expected (name, weight) or (name, weight, params), got {spec!r}")
+            raise InvalidValueError(
+                f"{where}: expected (name, weight) or (name, weight, params), got {spec!r}"
+            )
         if not isinstance(name, str):
-            raise ValueError(f"{where}: reward name must be a string, got {name!r}")
+            raise InvalidValueError(f"{where}: reward name must be a string, got {name!r}")
         if isinstance(weight, bool) or not isinstance(weight, int | float):
-            raise ValueError(f"{where}: weight must be a number, got {weight!r}")
+            raise InvalidValueError(f"{where}: weight must be a number, got {weight!r}")
         if not isinstance(params, dict):
-            raise ValueError(f"{where}: params must be a mapping, got {params!r}")
+            raise InvalidValueError(f"{where}: params must be a mapping, got {params!r}")
         return str(label or name), float(weight), get_reward(name, **params)
 
     def setup(self) -> None:

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from posttrain.utils.errors import InvalidValueError
+
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 
@@ -58,15 +60,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(
+            raise InvalidValueError(
                 f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature}"
             )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise InvalidValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(
+            raise InvalidValueError(
                 f"SamplingParams.min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
                 f"got {self.min_new_tokens}"
             )
@@ -134,25 +136,27 @@ class RolloutBatch:
         n = self.completion_ids.shape[0]
         for name in ("prompt_ids", "prompt_mask", "completion_mask", "group_ids"):
             if getattr(self, name).shape[0] != n:
-                raise ValueError(f"RolloutBatch.{name} has {getattr(self, name).shape[0]} rows, expected {n}")
+                raise InvalidValueError(
+                    f"RolloutBatch.{name} has {getattr(self, name).shape[0]} rows, expected {n}"
+                )
         if self.completion_mask.shape != self.completion_ids.shape:
-            raise ValueError("RolloutBatch.completion_mask must have the shape of completion_ids")
+            raise InvalidValueError("RolloutBatch.completion_mask must have the shape of completion_ids")
         if self.action_mask is None:
             self.action_mask = self.completion_mask
         elif self.action_mask is not self.completion_mask:
             if self.action_mask.shape != self.completion_ids.shape:
-                raise ValueError("RolloutBatch.action_mask must have the shape of completion_ids")
+                raise InvalidValueError("RolloutBatch.action_mask must have the shape of completion_ids")
             outside = self.action_mask.bool() & ~self.completion_mask.bool()
             if bool(outside.any()):
                 row, pos = (int(x) for x in outside.nonzero()[0])
-                raise ValueError(
+                raise InvalidValueError(
                     f"RolloutBatch.action_mask marks row {row}, completion position {pos}, where "
                     "completion_mask is 0: actions must be real completion tokens"
                 )
         if self.logprobs is not None and self.logprobs.shape != self.completion_ids.shape:
-            raise ValueError("RolloutBatch.logprobs must have the shape of completion_ids")
+            raise InvalidValueError("RolloutBatch.logprobs must have the shape of completion_ids")
         if len(self.finish_reasons) != n:
-            raise ValueError(
+            raise InvalidValueError(
                 f"RolloutBatch.finish_reasons has {len(self.finish_reasons)} entries, expected {n}"
             )
 
@@ -181,15 +185,19 @@ class RolloutBatch:
             ("finish_reasons", finish_reasons),
         ):
             if len(rows) != n:
-                raise ValueError(f"RolloutBatch.from_token_lists: {len(rows)} {name} for {n} completions")
+                raise InvalidValueError(
+                    f"RolloutBatch.from_token_lists: {len(rows)} {name} for {n} completions"
+                )
         for name, rows in (("actions", actions), ("logprobs", logprobs)):
             if rows is None:
                 continue
             if len(rows) != n:
-                raise ValueError(f"RolloutBatch.from_token_lists: {len(rows)} {name} for {n} completions")
+                raise InvalidValueError(
+                    f"RolloutBatch.from_token_lists: {len(rows)} {name} for {n} completions"
+                )
             for i, (r, c) in enumerate(zip(rows, completions, strict=True)):
                 if len(r) != len(c):
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"RolloutBatch.from_token_lists: {name}[{i}] has {len(r)} entries for a "
                         f"completion of {len(c)} tokens"
                     )
@@ -292,7 +300,7 @@ class RolloutBatch:
         """Stack batches (re-padding prompts on the left and completions on the right). Group ids are
         kept as given: callers that merge independent batches must make them disjoint first."""
         if not batches:
-            raise ValueError("RolloutBatch.concat needs at least one batch")
+            raise InvalidValueError("RolloutBatch.concat needs at least one batch")
         if len(batches) == 1:
             return batches[0]
         pad = batches[0].pad_token_id
@@ -334,7 +342,7 @@ def eos_and_pad(tokenizer: Any, eos_token_ids: list[int] | None, engine: str) ->
     pad = tokenizer.pad_token_id
     if pad is None:
         if not eos_ids:
-            raise ValueError(f"{engine}: the tokenizer has neither a pad nor an EOS token")
+            raise InvalidValueError(f"{engine}: the tokenizer has neither a pad nor an EOS token")
         pad = eos_ids[0]
     return eos_ids, int(pad)
 
@@ -342,12 +350,12 @@ def eos_and_pad(tokenizer: Any, eos_token_ids: list[int] | None, engine: str) ->
 def check_generate_args(prompt_ids: list[list[int]], n_per_prompt: list[int]) -> None:
     """What every engine's ``generate`` refuses: mismatched lengths, an empty prompt, a negative count."""
     if len(prompt_ids) != len(n_per_prompt):
-        raise ValueError(f"generate: {len(prompt_ids)} prompts but {len(n_per_prompt)} group sizes")
+        raise InvalidValueError(f"generate: {len(prompt_ids)} prompts but {len(n_per_prompt)} group sizes")
     for i, (p, n) in enumerate(zip(prompt_ids, n_per_prompt, strict=True)):
         if not p:
-            raise ValueError(f"generate: prompt {i} is empty")
+            raise InvalidValueError(f"generate: prompt {i} is empty")
         if n < 0:
-            raise ValueError(f"generate: n_per_prompt[{i}] = {n} is negative")
+            raise InvalidValueError(f"generate: n_per_prompt[{i}] = {n} is negative")
 
 
 class RolloutEngine(ABC):

@@ -44,6 +44,7 @@ from posttrain.rollout.base import (
     pad_left,
 )
 from posttrain.rollout.hf import _draw, _nucleus
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 
 
 class PreallocLayer(DynamicLayer):
@@ -73,7 +74,9 @@ class PreallocLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         n, s = key_states.shape[-2], self.length
         if s + n > self.capacity:
-            raise RuntimeError(f"PreallocLayer: {s + n} positions exceed the capacity {self.capacity}")
+            raise PosttrainRuntimeError(
+                f"PreallocLayer: {s + n} positions exceed the capacity {self.capacity}"
+            )
         self._k[:, :, s : s + n] = key_states
         self._v[:, :, s : s + n] = value_states
         self.length = s + n
@@ -157,7 +160,7 @@ class FastEngine(GeneratorStateMixin, RolloutEngine):
         compact_fraction: float = 0.25,
     ) -> None:
         if not 0 < compact_fraction <= 1:
-            raise ValueError(f"FastEngine: compact_fraction must be in (0, 1], got {compact_fraction}")
+            raise InvalidValueError(f"FastEngine: compact_fraction must be in (0, 1], got {compact_fraction}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -202,7 +205,7 @@ class FastEngine(GeneratorStateMixin, RolloutEngine):
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         if not sum(n_per_prompt):
-            raise ValueError("generate: no sequences requested (all n_per_prompt are 0)")
+            raise InvalidValueError("generate: no sequences requested (all n_per_prompt are 0)")
         parts, groups = [], []
         for chunk in self._chunks(list(n_per_prompt)):
             chunk = [(i, n) for i, n in chunk if n > 0]

@@ -27,6 +27,7 @@ from posttrain.rollout.base import (
     eos_and_pad,
     pad_left,
 )
+from posttrain.utils.errors import InvalidValueError
 
 
 def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -133,7 +134,7 @@ class HFEngine(GeneratorStateMixin, RolloutEngine):
             torch.arange(len(prompt_ids)), torch.tensor(n_per_prompt, dtype=torch.long)
         )
         if not rows:
-            raise ValueError("generate: no sequences requested (all n_per_prompt are 0)")
+            raise InvalidValueError("generate: no sequences requested (all n_per_prompt are 0)")
         chunk = self.max_batch_size or len(rows)
         parts = [self._generate_rows(rows[s : s + chunk], params) for s in range(0, len(rows), chunk)]
         batch = RolloutBatch.concat(parts)
@@ -225,7 +226,7 @@ def generate_completions(
     a :class:`RolloutBatch` outside a trainer use this; a sequence-to-sequence adapter decodes with its
     own ``beam_search`` instead."""
     if getattr(lm, "kind", "causal-lm") != "causal-lm":
-        raise ValueError(
+        raise InvalidValueError(
             f"generate_completions: RL rollouts are decoder-only; a {lm.kind!r} adapter decodes with its own "
             "beam_search()"
         )

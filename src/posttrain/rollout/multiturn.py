@@ -51,6 +51,7 @@ import torch
 from posttrain.envs import ENVS, Env, check_step, env_factory
 from posttrain.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, RolloutEngine, SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 
 REWARD_MODES = ("session", "sum")
 
@@ -116,13 +117,15 @@ class MultiTurnRunner(EpisodeRunner):
         cut_violation: str | None = "auto",
     ) -> None:
         if reward not in REWARD_MODES:
-            raise ValueError(
+            raise InvalidValueError(
                 f"runner 'multi-turn': reward must be one of {list(REWARD_MODES)}, got {reward!r}"
             )
         if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
-            raise ValueError(f"runner 'multi-turn': max_context must be an int >= 2, got {max_context!r}")
+            raise InvalidValueError(
+                f"runner 'multi-turn': max_context must be an int >= 2, got {max_context!r}"
+            )
         if "{observation}" not in user_turn:
-            raise ValueError(
+            raise InvalidValueError(
                 f"runner 'multi-turn': user_turn must contain '{{observation}}', got {user_turn!r}"
             )
         self.engine = engine
@@ -135,7 +138,7 @@ class MultiTurnRunner(EpisodeRunner):
         if cut_violation == "auto":
             cut_violation = "format" if "format" in self.criteria else None
         if cut_violation is not None and cut_violation not in self.criteria:
-            raise ValueError(
+            raise InvalidValueError(
                 f"runner 'multi-turn': cut_violation {cut_violation!r} is not a criterion of environment "
                 f"{env!r} (criteria: {list(self.criteria)}); use one of them, 'auto' or null"
             )
@@ -175,7 +178,7 @@ class MultiTurnRunner(EpisodeRunner):
         anchor = msgs[-1]["content"] + (self.tokenizer.eos_token or "")
         at = full.rfind(anchor)
         if at < 0:
-            raise ValueError(
+            raise InvalidValueError(
                 "runner 'multi-turn': the chat template does not render the agent's turn verbatim followed "
                 f"by the EOS token {self.tokenizer.eos_token!r}, so the environment's reply cannot be "
                 "tokenised after it; use the plain template (task.chat_template=false)"
@@ -189,7 +192,7 @@ class MultiTurnRunner(EpisodeRunner):
 
     def run(self, examples: list[Any], n_per_prompt: list[int], params: SamplingParams) -> Episodes:
         if len(examples) != len(n_per_prompt):
-            raise ValueError(
+            raise InvalidValueError(
                 f"runner 'multi-turn': {len(examples)} examples but {len(n_per_prompt)} group sizes"
             )
         sessions: list[Session] = []
@@ -239,7 +242,7 @@ class MultiTurnRunner(EpisodeRunner):
                 self._append_env(s, reply)
         for s in sessions:  # check_step guarantees done by max_turns; belt and braces
             if not s.done:
-                raise RuntimeError("runner 'multi-turn': a session neither ended nor was cut")
+                raise PosttrainRuntimeError("runner 'multi-turn': a session neither ended nor was cut")
         self.last_sessions = sessions
         self._last = self._episodes(sessions, have_lp)
         return self._last
@@ -291,7 +294,7 @@ class MultiTurnRunner(EpisodeRunner):
         every boolean fact of ``Env.summary()`` (sales: ``conversion``) ``<fact>_rate``, and
         ``transcripts``: the first ``transcripts`` conversations verbatim."""
         if episodes is not self._last:
-            raise ValueError(
+            raise InvalidValueError(
                 "runner 'multi-turn': eval_metrics() needs the Episodes of this runner's last run()"
             )
         ss = self.last_sessions
@@ -333,7 +336,7 @@ def multi_turn_runner(
     the run seed (``ctx.seed``, the evaluation seed when evaluating) unless ``seed`` is given. ``env`` has
     no default: the library ships the interface, environments come from packages (the lab's ``sales``)."""
     if env is None:
-        raise ValueError(
+        raise InvalidValueError(
             "runner 'multi-turn': set rollout.runner.params.env to an environment: a name registered in "
             f"posttrain.envs.ENVS ({', '.join(ENVS.names()) or 'none installed'}) or a package.module:Name"
         )

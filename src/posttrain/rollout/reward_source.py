@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.utils.errors import PosttrainRuntimeError
+
 
 @dataclass
 class ScoredBatch:
@@ -99,7 +101,7 @@ class FunctionRewardSource(RewardSource):
 
     def submit(self, completions: list[str], examples: list[Any]) -> RewardHandle:
         if self._pool is None:
-            raise RuntimeError("FunctionRewardSource is closed")
+            raise PosttrainRuntimeError("FunctionRewardSource is closed")
         return _PoolHandle(self._pool.submit(completions, examples))
 
     def close(self) -> None:

@@ -60,6 +60,7 @@ from posttrain.rollout.base import (
     check_generate_args,
     eos_and_pad,
 )
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 
 #: ``tis_mode`` values: token- or sequence-level ratio, truncated (clamped at the cap) or masked (0
 #: outside [tis_min, tis_cap]); the names are TRL's ``vllm_importance_sampling_mode`` values.
@@ -94,13 +95,13 @@ def truncated_is_weights(
     current policy: the PPO ratio handles π_θ / π_old separately.
     """
     if mode not in TIS_MODES:
-        raise ValueError(f"tis_mode must be one of {', '.join(TIS_MODES)}, got {mode!r}")
+        raise InvalidValueError(f"tis_mode must be one of {', '.join(TIS_MODES)}, got {mode!r}")
     if not cap > 0:
-        raise ValueError(f"tis_cap must be > 0, got {cap!r}")
+        raise InvalidValueError(f"tis_cap must be > 0, got {cap!r}")
     if floor is not None and not 0 <= floor < cap:
-        raise ValueError(f"tis_min must be in [0, tis_cap={cap}), got {floor!r}")
+        raise InvalidValueError(f"tis_min must be in [0, tis_cap={cap}), got {floor!r}")
     if trainer_logp.shape != sampler_logp.shape or mask.shape != trainer_logp.shape:
-        raise ValueError(
+        raise InvalidValueError(
             f"truncated_is_weights: shapes differ: trainer {tuple(trainer_logp.shape)}, sampler "
             f"{tuple(sampler_logp.shape)}, mask {tuple(mask.shape)}"
         )
@@ -129,7 +130,7 @@ def vllm_lora_rank(rank: int) -> int:
     for r in VLLM_LORA_RANKS:
         if r >= rank:
             return r
-    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
+    raise InvalidValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
 
 
 def lora_rank(model: torch.nn.Module) -> int:
@@ -265,7 +266,7 @@ class VLLMEngine(RolloutEngine):
             and torch.distributed.is_initialized()
             and torch.distributed.get_world_size() > 1
         ):
-            raise ValueError(
+            raise InvalidValueError(
                 "rollout engine 'vllm' runs one colocated vLLM per single-process run; under torchrun "
                 f"(world size {torch.distributed.get_world_size()}) use the 'hf' engine"
             )
@@ -325,7 +326,7 @@ class VLLMEngine(RolloutEngine):
     ) -> RolloutBatch:
         check_generate_args(prompt_ids, n_per_prompt)
         if not any(n_per_prompt):
-            raise ValueError("generate: no sequences requested (all n_per_prompt are 0)")
+            raise InvalidValueError("generate: no sequences requested (all n_per_prompt are 0)")
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         shared = self._shared
@@ -344,7 +345,9 @@ class VLLMEngine(RolloutEngine):
         prompts, completions, groups, reasons, logps = [], [], [], [], []
         for (i, p, n), out in zip(todo, outputs, strict=True):
             if len(out.outputs) != n:
-                raise RuntimeError(f"vLLM returned {len(out.outputs)} completions for prompt {i}, asked {n}")
+                raise PosttrainRuntimeError(
+                    f"vLLM returned {len(out.outputs)} completions for prompt {i}, asked {n}"
+                )
             for c in out.outputs:
                 ids = list(c.token_ids)
                 prompts.append(list(p))
@@ -450,17 +453,17 @@ def check_vllm_params(
 ) -> None:
     """Parameter checks that need no vLLM (run at config time by the factory and at construction)."""
     if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        raise InvalidValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     if sleep_level not in (0, 1, 2):
-        raise ValueError(
+        raise InvalidValueError(
             f"sleep_level must be 0 (off), 1 (weights to CPU) or 2 (discard), got {sleep_level!r}"
         )
     if tis_mode is not None and tis_mode not in TIS_MODES:
-        raise ValueError(f"tis_mode must be null or one of {', '.join(TIS_MODES)}, got {tis_mode!r}")
+        raise InvalidValueError(f"tis_mode must be null or one of {', '.join(TIS_MODES)}, got {tis_mode!r}")
     if not tis_cap > 0:
-        raise ValueError(f"tis_cap must be > 0, got {tis_cap!r}")
+        raise InvalidValueError(f"tis_cap must be > 0, got {tis_cap!r}")
     if tis_min is not None and not 0 <= tis_min < tis_cap:
-        raise ValueError(f"tis_min must be in [0, tis_cap={tis_cap}), got {tis_min!r}")
+        raise InvalidValueError(f"tis_min must be in [0, tis_cap={tis_cap}), got {tis_min!r}")
 
 
 def vllm_engine(

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from posttrain.utils.config import StrictModel
+from posttrain.utils.errors import InvalidValueError
 
 
 class ServeConfig(StrictModel):
@@ -47,7 +48,7 @@ class ServeConfig(StrictModel):
     @model_validator(mode="after")
     def _defaults_within_bounds(self) -> ServeConfig:
         if self.default_max_tokens > self.max_tokens:
-            raise ValueError(
+            raise InvalidValueError(
                 f"default_max_tokens ({self.default_max_tokens}) must be <= max_tokens ({self.max_tokens})"
             )
         return self
@@ -106,9 +107,9 @@ class ChatCompletionRequest(BaseModel):
             return None
         stops = [v] if isinstance(v, str) else list(v)
         if len(stops) > 4:
-            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
+            raise InvalidValueError(f"at most 4 stop sequences, got {len(stops)}")
         if any(not s for s in stops):
-            raise ValueError("stop sequences must be non-empty strings")
+            raise InvalidValueError("stop sequences must be non-empty strings")
         return stops
 
     def requested_max_tokens(self) -> int | None:

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from posttrain.serve.config import ServeConfig
+from posttrain.utils.errors import InvalidValueError
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -89,7 +90,7 @@ def run_load_test(
 ) -> dict[str, Any]:
     """Serve ``cfg.model`` on loopback and measure it (see module docstring)."""
     if requests < 1 or clients < 1 or max_tokens < 1 or warmup < 0:
-        raise ValueError("requests, clients and max_tokens must be >= 1 and warmup >= 0")
+        raise InvalidValueError("requests, clients and max_tokens must be >= 1 and warmup >= 0")
     from posttrain.serve.server import BackgroundServer
 
     cfg = cfg.model_copy(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.serve.config import ChatMessage, ServeConfig
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 
 
 class RequestError(PosttrainError, ValueError):
@@ -62,7 +62,7 @@ class ChatModel:
             cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed
         )
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(
+            raise InvalidValueError(
                 f"model {cfg.model!r}: its tokenizer has no chat template (tokenizer_config.json "
                 "'chat_template'), so chat messages cannot be rendered; add one before serving"
             )

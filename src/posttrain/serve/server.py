@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.serve.config import ServeConfig
+from posttrain.utils.errors import PosttrainRuntimeError
 
 
 def _uvicorn_config(app: Any, cfg: ServeConfig, **kw: Any) -> Any:
@@ -85,7 +86,7 @@ class BackgroundServer:
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.__exit__(None, None, None)
-                raise RuntimeError(
+                raise PosttrainRuntimeError(
                     f"posttrain serve: the server did not start within {self.start_timeout_s:g}s"
                 )
             time.sleep(0.02)

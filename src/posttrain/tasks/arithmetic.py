@@ -20,6 +20,7 @@ import random
 from typing import Any, Literal
 
 from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, check_split_sizes, register_task
+from posttrain.utils.errors import InvalidValueError
 
 _OPS = ("+", "-", "*")
 _FORMATS = ("plain", "scratchpad")
@@ -97,16 +98,18 @@ class ArithmeticTask(Task):
     ) -> None:
         super().__init__()
         if not isinstance(digits, int) or isinstance(digits, bool) or not 1 <= digits <= 18:
-            raise ValueError(f"task 'arithmetic': digits must be an integer in [1, 18], got {digits!r}")
+            raise InvalidValueError(
+                f"task 'arithmetic': digits must be an integer in [1, 18], got {digits!r}"
+            )
         ops_t = tuple(ops) if not isinstance(ops, str) else tuple(ops.replace(",", "").replace(" ", ""))
         bad = [o for o in ops_t if o not in _OPS]
         if not ops_t or bad:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'arithmetic': ops must be a non-empty subset of {''.join(_OPS)!r}, got {ops!r}"
             )
         self.ops = tuple(dict.fromkeys(ops_t))  # dedupe, keep order
         if format not in _FORMATS:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'arithmetic': format must be one of {', '.join(_FORMATS)}, got {format!r}"
             )
         check_split_sizes("arithmetic", n_train=n_train, n_heldout=n_heldout)
@@ -119,7 +122,7 @@ class ArithmeticTask(Task):
         )
         self.space = len(self.ops) * (10**digits) ** 2
         if n_train + n_heldout > self.space:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'arithmetic': n_train + n_heldout = {n_train + n_heldout} exceeds the "
                 f"{self.space} distinct questions with digits={digits}, ops={''.join(self.ops)!r}"
             )
@@ -186,7 +189,7 @@ class ArithmeticTask(Task):
         """Plain: the answer. Scratchpad: reasoning lines then `#### <answer>`; `long` is digit by
         digit (carries / borrows / partial products), `short` is one line `a+b=c`."""
         if style not in ("short", "long"):
-            raise ValueError(f"style must be 'short' or 'long', got {style!r}")
+            raise InvalidValueError(f"style must be 'short' or 'long', got {style!r}")
         if self.format == "plain":
             return example.answer
         a, b, op = example.meta["a"], example.meta["b"], example.meta["op"]

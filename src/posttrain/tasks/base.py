@@ -14,6 +14,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.registry import Registry
 
 SplitName = Literal["train", "heldout", "ood"]
@@ -111,7 +112,7 @@ class Task:
 
     def split(self, name: SplitName) -> list[Example]:
         if name not in self.splits:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task {self.name!r}: unknown split {name!r}; accepted: {', '.join(self.splits)}"
             )
         if name not in self._splits:
@@ -159,7 +160,7 @@ def check_params(kind: str, name: str, cls: type, params: dict[str, Any]) -> Non
         return
     unknown = [k for k in params if k not in accepted]
     if unknown:
-        raise ValueError(
+        raise InvalidValueError(
             f"{kind} {name!r}: unknown parameter(s) {', '.join(map(repr, unknown))}; "
             f"accepted: {', '.join(accepted) or '(none)'}"
         )
@@ -169,7 +170,7 @@ def check_split_sizes(task: str, **sizes: Any) -> None:
     """Each of `sizes` (e.g. `n_train=..., n_heldout=...`) must be a non-negative int (not a bool)."""
     for key, val in sizes.items():
         if not isinstance(val, int) or isinstance(val, bool) or val < 0:
-            raise ValueError(f"task {task!r}: {key} must be a non-negative integer, got {val!r}")
+            raise InvalidValueError(f"task {task!r}: {key} must be a non-negative integer, got {val!r}")
 
 
 def get_task(name: str, **params: Any) -> Task:

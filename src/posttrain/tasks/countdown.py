@@ -25,7 +25,7 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from posttrain.tasks.base import DEFAULT_MARKER, Example, Task, check_split_sizes, register_task
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 
 MAX_EXPRESSION_CHARS = 300
 MAX_NESTING = 32
@@ -150,15 +150,15 @@ class CountdownTask(Task):
     ) -> None:
         super().__init__()
         if not 2 <= n_numbers <= 8:
-            raise ValueError(f"task 'countdown': n_numbers must be in [2, 8], got {n_numbers!r}")
+            raise InvalidValueError(f"task 'countdown': n_numbers must be in [2, 8], got {n_numbers!r}")
         if max_number < 2:
-            raise ValueError(f"task 'countdown': max_number must be >= 2, got {max_number!r}")
+            raise InvalidValueError(f"task 'countdown': max_number must be >= 2, got {max_number!r}")
         if not 1 <= min_target <= max_target:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'countdown': need 1 <= min_target <= max_target, got {min_target}, {max_target}"
             )
         if prompt_style not in ("instruct", "compact"):
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'countdown': prompt_style must be instruct or compact, got {prompt_style!r}"
             )
         check_split_sizes("countdown", n_train=n_train, n_heldout=n_heldout)
@@ -210,7 +210,7 @@ class CountdownTask(Task):
         while len(made) < need:
             attempts += 1
             if attempts > max_attempts:
-                raise ValueError(
+                raise InvalidValueError(
                     f"task 'countdown': could only generate {len(made)} distinct solvable instances "
                     f"of {need} requested with {self.params()}; widen max_number or the target range"
                 )
@@ -248,6 +248,6 @@ class CountdownTask(Task):
     def reference_completion(self, example: Example, style: Literal["short", "long"] = "short") -> str:
         """`short`: `#### <expression>`; `long`: one line per intermediate step, then the expression."""
         if style not in ("short", "long"):
-            raise ValueError(f"style must be 'short' or 'long', got {style!r}")
+            raise InvalidValueError(f"style must be 'short' or 'long', got {style!r}")
         lines = list(example.meta.get("steps", [])) if style == "long" else []
         return "\n".join([*lines, f"{DEFAULT_MARKER} {example.answer}"])

@@ -35,6 +35,8 @@ import random
 from functools import cache
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError, PosttrainError
+
 REGISTRIES = {
     "ifeval": "if_verifiable.ifeval.instructions_registry",
     "ifbench": "if_verifiable.ifbench.instructions_registry",
@@ -46,7 +48,7 @@ _PROBE = (
 )
 
 
-class CheckerUnavailable(RuntimeError):
+class CheckerUnavailable(PosttrainError, RuntimeError):
     """The checker library, or data a checker needs, is not installed."""
 
 
@@ -74,7 +76,7 @@ def _import_blocking_downloads(module: str) -> Any:
 def registry(which: str) -> dict[str, type]:
     """``instruction_id -> checker class`` of the ``"ifeval"`` or ``"ifbench"`` set."""
     if which not in REGISTRIES:
-        raise ValueError(f"unknown checker set {which!r}; accepted: {', '.join(REGISTRIES)}")
+        raise InvalidValueError(f"unknown checker set {which!r}; accepted: {', '.join(REGISTRIES)}")
     reg = dict(_import_blocking_downloads(REGISTRIES[which]).INSTRUCTION_DICT)
     try:  # langdetect (IFEval's language/case checkers) is random unless seeded: make verdicts repeatable
         from langdetect import DetectorFactory

@@ -29,6 +29,7 @@ from typing import Any
 
 from posttrain.tasks.base import Example, Task, check_split_sizes, register_task
 from posttrain.tasks.ifcheckers import registry, unavailable_types
+from posttrain.utils.errors import InvalidValueError
 
 REQUESTS = (
     "Write a short paragraph about {t}.",
@@ -131,7 +132,7 @@ class InstructionsTask(Task):
         wanted = [t.strip() for t in wanted if t.strip()]
         unknown = [t for t in wanted if t not in reg]
         if not wanted or unknown:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'instructions': unknown instruction type(s) {unknown}; accepted (IFEval registry): "
                 f"{', '.join(sorted(reg))}"
             )
@@ -139,11 +140,11 @@ class InstructionsTask(Task):
         self.skipped_types = {t: missing[t] for t in wanted if t in missing}
         self.types = tuple(t for t in wanted if t not in missing)
         if not self.types:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'instructions': every requested type needs missing data: {self.skipped_types}"
             )
         if not isinstance(max_instructions, int) or not 1 <= max_instructions <= len(self.types):
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'instructions': max_instructions must be in [1, {len(self.types)}], got {max_instructions!r}"
             )
         check_split_sizes("instructions", n_train=n_train, n_heldout=n_heldout)
@@ -181,7 +182,7 @@ class InstructionsTask(Task):
             while len(out[split]) < n:
                 attempts += 1
                 if attempts > 50 * (self.n_train + self.n_heldout) + 1000:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"task 'instructions': could not draw {n} distinct {split} prompts "
                         f"(got {len(out[split])}); lower n_train/n_heldout or allow more types"
                     )
@@ -269,12 +270,12 @@ class IFBenchTask(Task):
                     row["key"],
                 )
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path}:{lineno}: expected a JSON object with key, prompt, instruction_id_list, kwargs ({e})"
                 ) from e
             unknown = [i for i in ids if i not in reg]
             if unknown:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path}:{lineno}: instruction ids {unknown} are not in the IFBench checker registry"
                 )
             bad = [i for i in ids if i in missing]

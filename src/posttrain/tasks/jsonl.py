@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.tasks.base import DEFAULT_MARKER, ChatPrompt, Example, Task, chat_prompt, register_task
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 
 _EXTRACT = ("gsm8k", "boxed", "none")
 _DEFAULT_REWARD = {"gsm8k": "numeric", "boxed": "math_verify", "none": "exact_match"}
@@ -217,7 +217,9 @@ class JsonlTask(Task):
     ) -> None:
         super().__init__()
         if layout not in LAYOUTS:
-            raise ValueError(f"task 'jsonl': layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+            raise InvalidValueError(
+                f"task 'jsonl': layout must be one of {', '.join(LAYOUTS)}, got {layout!r}"
+            )
         self.layout = layout
         preset = LAYOUTS[layout]
         prompt_field = (
@@ -225,26 +227,28 @@ class JsonlTask(Task):
         )
         answer_field = preset.get("answer_field", answer_field) if answer_field == "answer" else answer_field
         if answer_extract not in _EXTRACT:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'jsonl': answer_extract must be one of {', '.join(_EXTRACT)}, got {answer_extract!r}"
             )
         if heldout_path is not None and heldout_fraction is not None:
-            raise ValueError("task 'jsonl': give either heldout_path or heldout_fraction, not both")
+            raise InvalidValueError("task 'jsonl': give either heldout_path or heldout_fraction, not both")
         if heldout_fraction is not None and not 0.0 <= heldout_fraction < 1.0:
-            raise ValueError(f"task 'jsonl': heldout_fraction must be in [0, 1), got {heldout_fraction!r}")
+            raise InvalidValueError(
+                f"task 'jsonl': heldout_fraction must be in [0, 1), got {heldout_fraction!r}"
+            )
         if prompt_template is not None and "{question}" not in prompt_template:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'jsonl': prompt_template must contain '{{question}}', got {prompt_template!r}"
             )
         if prompt_template is not None:
             for m in _PLACEHOLDER.finditer(prompt_template):
                 if m.group(0) in ("{", "}"):
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"task 'jsonl': prompt_template has an unmatched {m.group(0)!r} at position "
                         f"{m.start()}; write {{{{ or }}}} for a literal brace"
                     )
         if limit is not None and limit < 1:
-            raise ValueError(f"task 'jsonl': limit must be >= 1, got {limit!r}")
+            raise InvalidValueError(f"task 'jsonl': limit must be >= 1, got {limit!r}")
         self.path = Path(path)
         self.heldout_path = Path(heldout_path) if heldout_path is not None else None
         self.heldout_fraction = heldout_fraction
@@ -427,7 +431,7 @@ class JsonlTask(Task):
         `<<48/2=24>>` calculator annotations when `strip_calculator`; MATH solution with
         `\\boxed{x}`); `short`: just the final answer in the task's answer format."""
         if style not in ("short", "long"):
-            raise ValueError(f"style must be 'short' or 'long', got {style!r}")
+            raise InvalidValueError(f"style must be 'short' or 'long', got {style!r}")
         if style == "long" and self.answer_extract != "none":
             raw = example.meta["raw_answer"]
             return _CALCULATOR.sub("", raw) if self.strip_calculator else raw

@@ -20,6 +20,7 @@ import random
 from typing import Any
 
 from posttrain.tasks.base import Example, Task, check_split_sizes, register_task
+from posttrain.utils.errors import InvalidValueError
 
 NAMES = (
     ("Maya", "She"),
@@ -51,9 +52,9 @@ class WordProblemsTask(Task):
     ) -> None:
         super().__init__()
         if steps not in (1, 2, 3):
-            raise ValueError(f"task 'word_problems': steps must be 1, 2 or 3, got {steps!r}")
+            raise InvalidValueError(f"task 'word_problems': steps must be 1, 2 or 3, got {steps!r}")
         if not isinstance(max_value, int) or isinstance(max_value, bool) or not 5 <= max_value <= 10_000:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'word_problems': max_value must be an integer in [5, 10000], got {max_value!r}"
             )
         check_split_sizes("word_problems", n_train=n_train, n_heldout=n_heldout)
@@ -109,7 +110,7 @@ class WordProblemsTask(Task):
             while len(out[split]) < n:
                 budget -= 1
                 if budget < 0:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"task 'word_problems': could not draw {n} distinct {split} problems; raise max_value "
                         "or lower n_train/n_heldout"
                     )

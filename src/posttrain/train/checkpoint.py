@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from posttrain.models.lora import write_base_file
 from posttrain.models.saving import install_dir, quiet_transformers
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidTypeError, PosttrainError
 from posttrain.utils.io import atomic_write_text, make_public_dir
 
 LATEST = "latest"
@@ -188,7 +188,7 @@ def _json_default(obj: Any) -> Any:
         return obj.item()
     if hasattr(obj, "tolist"):
         return obj.tolist()
-    raise TypeError(f"checkpoint state: {type(obj).__name__} is not JSON serialisable")
+    raise InvalidTypeError(f"checkpoint state: {type(obj).__name__} is not JSON serialisable")
 
 
 def prune_checkpoints(root: Path, keep: int) -> None:

@@ -45,6 +45,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
+
 T = TypeVar("T")
 
 _OWN_GROUP = False  # True when setup() initialised the process group (teardown() destroys it)
@@ -84,7 +86,7 @@ def launched_world_size() -> int:
     try:
         return int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
-        raise ValueError(
+        raise InvalidValueError(
             f"environment variable WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer"
         ) from None
 
@@ -98,12 +100,14 @@ def setup(device: str) -> str:
     if launched_world_size() <= 1 and not is_distributed():
         return device
     if not torch.distributed.is_available():
-        raise RuntimeError("launched with WORLD_SIZE > 1, but this torch build has no torch.distributed")
+        raise PosttrainRuntimeError(
+            "launched with WORLD_SIZE > 1, but this torch build has no torch.distributed"
+        )
     cuda = str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if cuda:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if torch.cuda.device_count() <= local:
-            raise RuntimeError(
+            raise PosttrainRuntimeError(
                 f"LOCAL_RANK {local} but only {torch.cuda.device_count()} CUDA device(s) are visible; "
                 "launch at most one process per GPU (torchrun --nproc-per-node <= #GPUs)"
             )
@@ -132,7 +136,7 @@ def require_single_process(what: str) -> None:
     """Raise a clear error when running with more than one torch.distributed rank."""
     n = max(world_size(), launched_world_size())
     if n > 1:
-        raise RuntimeError(
+        raise PosttrainRuntimeError(
             f"{what}: running with torch.distributed world size {n}, but {what} has no multi-process "
             "support; run a single process (multi-process training: `posttrain rl`, docs/distributed.md)"
         )
@@ -159,25 +163,25 @@ def check_rl_hooks(
         from posttrain.rollout.base import RolloutEngine
 
         if type(engine).sync_weights is not RolloutEngine.sync_weights:
-            raise ValueError(
+            raise InvalidValueError(
                 f"rollout.engine {type(engine).__name__} copies the policy's weights into its own runtime "
                 "(sync_weights), which distributed.strategy=fsdp does not support yet; use "
                 "distributed.strategy=ddp or an in-process engine (hf)"
             )
     if prompts_per_step % n:
-        raise ValueError(
+        raise InvalidValueError(
             f"rollout.prompts_per_step={prompts_per_step} is not a multiple of the world size {n}; every "
             "rank trains on prompts_per_step / world_size prompts"
         )
     if group_filter is not None or getattr(sampler, "filters_groups", False):
-        raise ValueError(
+        raise InvalidValueError(
             f"hooks.sampler / hooks.filter {type(group_filter or sampler).__name__} filters groups (extra sampling rounds), which "
             "multi-process training does not support yet; run it in one process"
         )
     from posttrain.hooks.base import NoReplay
 
     if not isinstance(replay, NoReplay):
-        raise ValueError(
+        raise InvalidValueError(
             f"hooks.replay {type(replay).__name__}: replay buffers are not supported in multi-process "
             "training yet (each rank would keep its own store); use hooks.replay.name=none"
         )
@@ -200,7 +204,7 @@ def wrap_model(model: torch.nn.Module, strategy: str = "ddp") -> torch.nn.Module
     engine, optimizer and checkpoints keep using; DDP broadcasts rank 0's weights at construction) or,
     with ``strategy="fsdp"``, the FSDP2-sharded ``CausalLMHidden(model)`` (:func:`_fully_shard`)."""
     if strategy not in STRATEGIES:
-        raise ValueError(
+        raise InvalidValueError(
             f"distributed.strategy: unknown value {strategy!r}; accepted: {', '.join(STRATEGIES)}"
         )
     if world_size() <= 1:
@@ -315,12 +319,12 @@ def wrap_adapter(adapter: Any, *, batch_size: int, strategy: str = "ddp") -> Any
     from posttrain.models import CausalLMAdapter
 
     if not isinstance(adapter, CausalLMAdapter):
-        raise ValueError(
+        raise InvalidValueError(
             f"multi-process SFT supports causal-LM adapters only, got {type(adapter).__name__}; run it in "
             "one process"
         )
     if batch_size % n:
-        raise ValueError(
+        raise InvalidValueError(
             f"batch_size={batch_size} is not a multiple of the world size {n}; every rank trains on "
             "batch_size / world_size sequences"
         )
@@ -531,7 +535,7 @@ def shard(items: list[T]) -> list[T]:
         return items
     k, rem = divmod(len(items), n)
     if rem:
-        raise ValueError(f"{len(items)} items cannot be split evenly over {n} ranks")
+        raise InvalidValueError(f"{len(items)} items cannot be split evenly over {n} ranks")
     return items[rank() * k : (rank() + 1) * k]
 
 
@@ -544,7 +548,7 @@ def shard_plan(plan: Any) -> Any:
         return plan
     k, rem = divmod(len(plan.examples), n)
     if rem:
-        raise ValueError(
+        raise InvalidValueError(
             f"{len(plan.examples)} prompts cannot be split evenly over {n} ranks; make "
             f"rollout.prompts_per_step a multiple of the world size"
         )
@@ -563,7 +567,7 @@ def align_micro_batches(micro_batches: list[tuple[torch.Tensor, ...]]) -> list[t
         return micro_batches
     counts = gather([len(s) for s in micro_batches])
     if len({len(c) for c in counts}) > 1:
-        raise ValueError(
+        raise InvalidValueError(
             f"ranks split their rows into different numbers of minibatches ({[len(c) for c in counts]}): "
             "some rank has fewer sequences than `minibatches`; lower `minibatches` or raise "
             "rollout.prompts_per_step"
@@ -574,7 +578,7 @@ def align_micro_batches(micro_batches: list[tuple[torch.Tensor, ...]]) -> list[t
         if len(splits) < target:
             rows = torch.cat(splits)
             if len(rows) < target:
-                raise ValueError(
+                raise InvalidValueError(
                     f"minibatch {j}: this rank has {len(rows)} sequences, fewer than the {target} "
                     "micro-batches another rank needs; raise micro_batch_size"
                 )

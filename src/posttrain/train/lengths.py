@@ -22,12 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError, PosttrainError
+
 MAX_CHARS_PER_TOKEN = 64
 
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 
-class LengthError(ValueError):
+class LengthError(PosttrainError, ValueError):
     """A row longer than the model's context (the message names where and what to do)."""
 
 
@@ -63,7 +65,7 @@ def check_splits(task: Any, *, needs_heldout: bool, eval_n: int | None = None) -
             f"task {task.name!r}: the train split is empty (nothing to train on); check task.params"
         )
     if needs_heldout and not task.split("heldout"):
-        raise ValueError(
+        raise InvalidValueError(
             f"task {task.name!r}: the held-out split is empty, but the run evaluates on it (eval.at_start, "
             "eval.at_end, eval.every); give the task held-out examples or turn evaluation off "
             "(eval.at_start=false eval.at_end=false)"

@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from posttrain.utils.errors import InvalidValueError
+
 
 def lr_at(
     step: int, *, lr: float, total_steps: int, schedule: str, warmup_steps: int, min_lr_ratio: float
@@ -27,7 +29,7 @@ def lr_at(
     if schedule == "cosine":
         p = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
-    raise ValueError(f"optimizer.schedule: unknown value {schedule!r}; accepted: constant, cosine")
+    raise InvalidValueError(f"optimizer.schedule: unknown value {schedule!r}; accepted: constant, cosine")
 
 
 def build_adamw(model: torch.nn.Module, cfg) -> torch.optim.AdamW:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import atomic_write_bytes, read_jsonl
 
 PANELS = (
@@ -57,7 +58,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     steps = [r for r in rows if r.get("kind") == "step"]
     evals = [r for r in rows if r.get("kind") == "eval" and "accuracy" in r]
     if not steps and not evals:
-        raise ValueError(f"{path}: no step or eval rows to plot")
+        raise InvalidValueError(f"{path}: no step or eval rows to plot")
     panels = select_panels(steps)
     n = len(panels) + (1 if evals else 0)
     cols = min(3, n)

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import append_jsonl, atomic_write_text, read_jsonl
 
 SAMPLES_FILE = "samples.jsonl"
@@ -101,7 +102,7 @@ def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every row of ``<run_dir>/samples.jsonl`` (ValueError naming the file when there is none)."""
     path = Path(run_dir) / SAMPLES_FILE
     if not path.is_file():
-        raise ValueError(
+        raise InvalidValueError(
             f"{path}: no samples file; RL runs write it every logging.samples_every steps (default 10; "
             "0 = never)"
         )
@@ -115,11 +116,13 @@ def select(
     reward first (truncated before not truncated at equal reward); ``n``: at most this many rows."""
     steps = sorted({int(r["step"]) for r in rows})
     if not steps:
-        raise ValueError("the samples file holds no rows")
+        raise InvalidValueError("the samples file holds no rows")
     if step is None:
         step = steps[-1]
     elif step not in steps:
-        raise ValueError(f"no samples at step {step}; steps with samples: {', '.join(map(str, steps))}")
+        raise InvalidValueError(
+            f"no samples at step {step}; steps with samples: {', '.join(map(str, steps))}"
+        )
     out = [r for r in rows if int(r["step"]) == step]
     if worst:
         out.sort(key=lambda r: (r["reward"], not r["truncated"], r["advantage"]))

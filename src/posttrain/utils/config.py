@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -233,5 +233,5 @@ def check_choice(key: str, value: str, accepted: list[str] | tuple[str, ...]) ->
     if value not in accepted:
         close = difflib.get_close_matches(value, list(accepted), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(f"unknown value {value!r}{hint}; accepted: {', '.join(sorted(accepted))}")
+        raise InvalidValueError(f"unknown value {value!r}{hint}; accepted: {', '.join(sorted(accepted))}")
     return value

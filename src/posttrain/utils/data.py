@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 
 
 # ------------------------------------------------------------------------------------- shuffling
@@ -73,9 +73,11 @@ class EpochShuffler:
 
     def __init__(self, n: int, *, seed: int = 0, order: str = "seeded") -> None:
         if n < 1:
-            raise ValueError(f"EpochShuffler: need at least one item, got n={n}")
+            raise InvalidValueError(f"EpochShuffler: need at least one item, got n={n}")
         if order not in SHUFFLE_ORDERS:
-            raise ValueError(f"EpochShuffler: unknown order {order!r}; accepted: {', '.join(SHUFFLE_ORDERS)}")
+            raise InvalidValueError(
+                f"EpochShuffler: unknown order {order!r}; accepted: {', '.join(SHUFFLE_ORDERS)}"
+            )
         self.n, self.seed, self.order = n, seed, order
         self._perm = SHUFFLE_ORDERS[order](n, seed)
         self.epoch = 0
@@ -100,7 +102,7 @@ class EpochShuffler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         epoch, pos = int(state["epoch"]), int(state["pos"])
         if epoch < 0 or not 0 <= pos <= self.n:
-            raise ValueError(f"EpochShuffler: invalid state epoch={epoch}, pos={pos} for n={self.n}")
+            raise InvalidValueError(f"EpochShuffler: invalid state epoch={epoch}, pos={pos} for n={self.n}")
         self.epoch, self.pos = epoch, pos
         self._current = self._perm.permutation(epoch)
 

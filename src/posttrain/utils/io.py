@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError
+
 
 def current_umask() -> int:
     """The process umask (read from /proc on Linux, else by the set-and-restore idiom)."""
@@ -87,7 +89,7 @@ def _json_default(obj: Any) -> Any:
         return os.fspath(obj)
     if isinstance(obj, set | frozenset):
         return sorted(obj)
-    raise TypeError(f"object of type {type(obj).__name__} is not JSON serializable")
+    raise InvalidTypeError(f"object of type {type(obj).__name__} is not JSON serializable")
 
 
 def append_jsonl(path: str | os.PathLike, row: dict[str, Any]) -> None:
@@ -114,4 +116,4 @@ def read_jsonl(path: str | os.PathLike, *, skip_torn_tail: bool = True) -> Itera
         except json.JSONDecodeError as e:
             if skip_torn_tail and i == len(lines) and not line.endswith("\n"):
                 return
-            raise ValueError(f"{path}: line {i}: invalid JSON ({e.msg})") from e
+            raise InvalidValueError(f"{path}: line {i}: invalid JSON ({e.msg})") from e

@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 
 T = TypeVar("T")
 
@@ -118,12 +118,14 @@ class Registry(Generic[T]):
     def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
         for key in (name, *aliases):
             if is_import_path(key):
-                raise ValueError(f"{self.kind} name {key!r} must not contain ':' (reserved for import paths)")
+                raise InvalidValueError(
+                    f"{self.kind} name {key!r} must not contain ':' (reserved for import paths)"
+                )
 
         def deco(obj: T) -> T:
             for key in (name, *aliases):
                 if key in self._items or key in self._aliases:
-                    raise ValueError(f"{self.kind} {key!r} is already registered")
+                    raise InvalidValueError(f"{self.kind} {key!r} is already registered")
             self._items[name] = obj
             self._lazy.pop(name, None)  # a lazy entry whose module registers it on import
             for a in aliases:
@@ -140,12 +142,16 @@ class Registry(Generic[T]):
         The import may register ``name`` itself (a ``@register(name)`` decorator in that module);
         otherwise the attribute, adapted like a plug-in, becomes the entry."""
         if not is_import_path(target):
-            raise ValueError(f"{self.kind} {name!r}: lazy target {target!r} must be 'package.module:attr'")
+            raise InvalidValueError(
+                f"{self.kind} {name!r}: lazy target {target!r} must be 'package.module:attr'"
+            )
         for key in (name, *aliases):
             if is_import_path(key):
-                raise ValueError(f"{self.kind} name {key!r} must not contain ':' (reserved for import paths)")
+                raise InvalidValueError(
+                    f"{self.kind} name {key!r} must not contain ':' (reserved for import paths)"
+                )
             if key in self._items or key in self._aliases or key in self._lazy or key in self._lazy_aliases:
-                raise ValueError(f"{self.kind} {key!r} is already registered")
+                raise InvalidValueError(f"{self.kind} {key!r} is already registered")
         self._lazy[name] = target
         for a in aliases:
             self._lazy_aliases[a] = name
@@ -236,7 +242,7 @@ class Registry(Generic[T]):
         accepted = self.names(include_aliases=True)
         close = difflib.get_close_matches(str(name), accepted, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(
+        raise InvalidValueError(
             f"unknown value {name!r}{hint}; accepted: {', '.join(accepted)}, or 'package.module:Name'"
         )
 
@@ -342,7 +348,7 @@ def check_params(
     acc = ", ".join(accepted) or "(none)"
     bad_reserved = [k for k in params if k in reserved]
     if bad_reserved:
-        raise ValueError(
+        raise InvalidValueError(
             f"{kind} {name!r}: parameter(s) {', '.join(map(repr, bad_reserved))} are set by the trainer, "
             f"not the config; accepted: {acc}"
         )
@@ -353,9 +359,11 @@ def check_params(
             for k in unknown:
                 close = difflib.get_close_matches(k, accepted, n=1)
                 parts.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise ValueError(f"{kind} {name!r}: unknown parameter(s) {', '.join(parts)}; accepted: {acc}")
+            raise InvalidValueError(
+                f"{kind} {name!r}: unknown parameter(s) {', '.join(parts)}; accepted: {acc}"
+            )
     missing = [p.name for p in named if p.default is p.empty and p.name not in params]
     if missing:
-        raise ValueError(
+        raise InvalidValueError(
             f"{kind} {name!r}: missing required parameter(s) {', '.join(map(repr, missing))}; accepted: {acc}"
         )

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError, PosttrainError, PosttrainRuntimeError
+
 _RESULT_MARK = "@@POSTTRAIN_BENCH_RESULT@@"
 
 
@@ -105,7 +107,7 @@ def time_fn(
     (all threads). On a shared CPU machine the wall time includes waiting for other processes;
     CPU time does not, so report both."""
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise InvalidValueError(f"repeats must be >= 1, got {repeats}")
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -165,10 +167,10 @@ def run_isolated(target: str, kwargs: dict[str, Any], *, timeout: float | None =
     tail = (proc.stderr or proc.stdout)[-2000:]
     if proc.returncode < 0:  # killed by a signal: SIGKILL without a traceback is the OOM killer's mark
         raise ChildKilled(target, -proc.returncode, tail)
-    raise RuntimeError(f"benchmark child {target} failed (exit {proc.returncode}):\n{tail}")
+    raise PosttrainRuntimeError(f"benchmark child {target} failed (exit {proc.returncode}):\n{tail}")
 
 
-class ChildKilled(RuntimeError):
+class ChildKilled(PosttrainError, RuntimeError):
     """A benchmark child process was killed by a signal (SIGKILL: most likely out of memory)."""
 
     def __init__(self, target: str, signum: int, tail: str = "") -> None:
@@ -186,7 +188,9 @@ class ChildKilled(RuntimeError):
 def _check_target(target: str) -> tuple[str, str]:
     module, sep, func = target.partition(":")
     if not sep or not module.startswith(("posttrain.", "posttrain_lab.")) or not func.isidentifier():
-        raise ValueError(f"benchmark target must look like 'posttrain[_lab].module:function', got {target!r}")
+        raise InvalidValueError(
+            f"benchmark target must look like 'posttrain[_lab].module:function', got {target!r}"
+        )
     return module, func
 
 

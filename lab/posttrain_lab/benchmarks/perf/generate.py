@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 from posttrain_lab.benchmarks.perf.llama_cpp import LlamaCppWorker, LlamaCppWorkerDied, llama_cpp_version
 
 DEFAULT_PROMPT = "Write a short story about a robot who learns to paint."
@@ -50,7 +51,7 @@ class EngineSpec:
 
         name, _, prec = text.partition(":")
         if name not in ("hf", "fast"):
-            raise ValueError(f"bench generate: unknown engine {name!r} in {text!r}; known: hf, fast")
+            raise InvalidValueError(f"bench generate: unknown engine {name!r} in {text!r}; known: hf, fast")
         return cls(name, check_precision(prec or "fp32"))
 
     @property
@@ -148,7 +149,9 @@ def run_generate_bench(
     from posttrain_lab.benchmarks.perf.rl_step import ModelShape
 
     if repeats < 1 or warmup < 0 or new_tokens < 1 or not batches:
-        raise ValueError("bench generate: repeats >= 1, warmup >= 0, new_tokens >= 1 and batches needed")
+        raise InvalidValueError(
+            "bench generate: repeats >= 1, warmup >= 0, new_tokens >= 1 and batches needed"
+        )
     log = log or (lambda _m: None)
     load_start = os.getloadavg()
     threads_before = torch.get_num_threads()
@@ -255,7 +258,9 @@ def run_generate_bench(
             worker.close()
     for key, ns in counts.items():
         if ns and ns != {new_tokens}:
-            raise RuntimeError(f"{key}: completions of {sorted(ns)} tokens, expected exactly {new_tokens}")
+            raise PosttrainRuntimeError(
+                f"{key}: completions of {sorted(ns)} tokens, expected exactly {new_tokens}"
+            )
 
     context = len(prompt_ids) + new_tokens / 2
     gguf_bytes = os.path.getsize(gguf) if gguf is not None and LLAMA_CPP in labels else 0

@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError, PosttrainError, PosttrainRuntimeError
 
-class LlamaCppWorkerDied(RuntimeError):
+
+class LlamaCppWorkerDied(PosttrainError, RuntimeError):
     """The llama.cpp worker process ended (crash or error) before answering."""
 
 
@@ -69,7 +71,7 @@ class LlamaCppRunner:
         mparams.use_extra_bufts = bool(extra_bufts)
         self.model = L.llama_model_load_from_file(str(gguf).encode(), mparams)
         if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {gguf}")
+            raise PosttrainRuntimeError(f"llama.cpp could not load {gguf}")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.max_batch, self.max_len = max_batch, max_len
@@ -83,7 +85,9 @@ class LlamaCppRunner:
         cparams.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
-            raise RuntimeError(f"llama.cpp could not create a context for {max_batch} x {max_len} tokens")
+            raise PosttrainRuntimeError(
+                f"llama.cpp could not create a context for {max_batch} x {max_len} tokens"
+            )
         self.batch = L.llama_batch_init(max(max_len, max_batch), 0, max_batch)
         bias = (L.llama_logit_bias * 1)()
         bias[0].token, bias[0].bias = int(L.llama_vocab_eos(self.vocab)), float("-inf")
@@ -103,13 +107,13 @@ class LlamaCppRunner:
     def _decode(self) -> None:
         rc = self.L.llama_decode(self.ctx, self.batch)
         if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}")
+            raise PosttrainRuntimeError(f"llama_decode returned {rc}")
 
     def generate(self, prompt_ids: Sequence[int], batch: int, new_tokens: int) -> list[list[int]]:
         """``batch`` sampled completions of ``prompt_ids``, each exactly ``new_tokens`` tokens."""
         L, n = self.L, len(prompt_ids)
         if batch > self.max_batch or n + new_tokens > self.max_len:
-            raise ValueError(
+            raise InvalidValueError(
                 f"llama.cpp runner sized for {self.max_batch} x {self.max_len} tokens, "
                 f"asked for {batch} x {n + new_tokens}"
             )

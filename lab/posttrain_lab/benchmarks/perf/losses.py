@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError, PosttrainError
+
 MEMORY_TARGET = 0.25  # chunked peak / naive peak, at V >= MEMORY_TARGET_MIN_VOCAB
 MEMORY_TARGET_MIN_VOCAB = 151_936
 TIME_TARGET = 1.2  # chunked median time / naive median time
@@ -70,7 +72,7 @@ def _child_run(
         return step
 
     if variant not in ("chunked", "naive"):
-        raise ValueError(f"unknown variant {variant!r}; expected 'chunked' or 'naive'")
+        raise InvalidValueError(f"unknown variant {variant!r}; expected 'chunked' or 'naive'")
     # initialise the math libraries (thread pools, workspaces) on small shapes before the baseline
     step_fn(*make(8, min(hidden, 16), min(vocab, 64)))()
     hid, w, y = make(tokens, hidden, vocab)
@@ -120,7 +122,7 @@ def memory_need(
     }
 
 
-class OutOfMemory(ValueError):
+class OutOfMemory(PosttrainError, ValueError):
     """A measured variant was killed for memory; the message says what it needed and what to try."""
 
 
@@ -168,9 +170,9 @@ def run_bench(
     chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
     for name, val in (("tokens", tokens), ("hidden", hidden), ("repeats", repeats), ("chunk_size", chunk)):
         if val < 1:
-            raise ValueError(f"{name} must be >= 1, got {val}")
+            raise InvalidValueError(f"{name} must be >= 1, got {val}")
     if not vocabs or any(v < 2 for v in vocabs):
-        raise ValueError(f"vocab sizes must be >= 2, got {list(vocabs)}")
+        raise InvalidValueError(f"vocab sizes must be >= 2, got {list(vocabs)}")
     resolve_dtype(dtype)  # validate early, in the parent
     dev = pick_device() if device == "auto" else device
     rows = []

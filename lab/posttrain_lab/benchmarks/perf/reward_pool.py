@@ -18,6 +18,7 @@ from typing import Any
 from posttrain.rewards.base import get_reward
 from posttrain.rewards.pool import RewardPool
 from posttrain.tasks.base import Example, get_task
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 
 HANG = "__posttrain_bench_hang__"
 
@@ -55,11 +56,11 @@ def run_bench(
     recovery: bool = True,
 ) -> dict[str, Any]:
     if batch < 1 or repeats < 1:
-        raise ValueError(f"batch and repeats must be >= 1, got {batch}, {repeats}")
+        raise InvalidValueError(f"batch and repeats must be >= 1, got {batch}, {repeats}")
     workers = workers or [1, 2]
     if any(n < 1 for n in workers):
         # 0 would be the in-process row (always measured) and has no timeout: the hang would take 60 s
-        raise ValueError(f"worker counts must be >= 1 (in-process is always measured), got {workers}")
+        raise InvalidValueError(f"worker counts must be >= 1 (in-process is always measured), got {workers}")
     task = get_task("arithmetic", format="scratchpad", ops="+-*", n_train=max(batch, 16), n_heldout=0)
     exs = task.split("train")[:batch]
     comps = [task.reference_completion(e, "long") for e in exs]
@@ -87,7 +88,7 @@ def run_bench(
                 res = pool.score(comps, exs)
                 times.append(time.perf_counter() - t0)
                 if res.errors or res.timeouts:
-                    raise RuntimeError(f"bench batch had failures: {res.messages}")
+                    raise PosttrainRuntimeError(f"bench batch had failures: {res.messages}")
             row = {
                 "mode": "pool",
                 "workers": n,

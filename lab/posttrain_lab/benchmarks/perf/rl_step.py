@@ -54,6 +54,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
+
 #: posttrain's step must take at most this multiple of the floor (the issue's target).
 TARGET_POSTTRAIN_OVER_FLOOR = 1.05
 #: Real-model targets (issue: speed on a real model): posttrain at least 2x faster than TRL, and within
@@ -88,24 +90,26 @@ class RLStepPreset:
         try:
             check_precision(self.precision)
         except ValueError as e:
-            raise ValueError(f"rl-step preset {self.name!r}: {e}") from None
+            raise InvalidValueError(f"rl-step preset {self.name!r}: {e}") from None
         if self.engine not in ("hf", "fast"):
-            raise ValueError(f"rl-step preset {self.name!r}: engine must be hf or fast, got {self.engine!r}")
+            raise InvalidValueError(
+                f"rl-step preset {self.name!r}: engine must be hf or fast, got {self.engine!r}"
+            )
         for key in ("num_prompts", "group_size", "new_tokens"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(
+                raise InvalidValueError(
                     f"rl-step preset {self.name!r}: {key} must be an integer >= 1, got {value!r}"
                 )
         if self.group_size < 2:
-            raise ValueError(
+            raise InvalidValueError(
                 f"rl-step preset {self.name!r}: group_size must be >= 2 (a GRPO group needs a baseline), "
                 f"got {self.group_size}"
             )
         if not self.lr > 0:
-            raise ValueError(f"rl-step preset {self.name!r}: lr must be > 0, got {self.lr!r}")
+            raise InvalidValueError(f"rl-step preset {self.name!r}: lr must be > 0, got {self.lr!r}")
         if not self.temperature > 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"rl-step preset {self.name!r}: temperature must be > 0, got {self.temperature!r}"
             )
 
@@ -136,7 +140,7 @@ PRESETS: dict[str, RLStepPreset] = {
 
 def get_preset(name: str) -> RLStepPreset:
     if name not in PRESETS:
-        raise ValueError(f"unknown rl-step preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+        raise InvalidValueError(f"unknown rl-step preset {name!r}; known: {', '.join(sorted(PRESETS))}")
     return PRESETS[name]
 
 
@@ -160,7 +164,9 @@ class ModelShape:
 
         head = model.get_output_embeddings()
         if head is None or getattr(head, "weight", None) is None:
-            raise ValueError(f"{type(model).__name__} has no output embedding (LM head); cannot count FLOPs")
+            raise InvalidValueError(
+                f"{type(model).__name__} has no output embedding (LM head); cannot count FLOPs"
+            )
         body = sum(
             m.weight.numel()
             for m in model.modules()
@@ -186,7 +192,7 @@ def forward_flops(shape: ModelShape, prompt_len: int, new_tokens: int) -> int:
     the query at position t attends to t keys).
     """
     if prompt_len < 1 or new_tokens < 1:
-        raise ValueError(f"prompt_len and new_tokens must be >= 1, got {prompt_len}, {new_tokens}")
+        raise InvalidValueError(f"prompt_len and new_tokens must be >= 1, got {prompt_len}, {new_tokens}")
     x = prompt_len + new_tokens - 1
     return (
         2 * shape.body_params * x
@@ -286,7 +292,9 @@ class FloorStep:
         from posttrain.rollout import pad_left
 
         if sampler not in FLOOR_SAMPLERS:
-            raise ValueError(f"FloorStep: unknown sampler {sampler!r}; known: {', '.join(FLOOR_SAMPLERS)}")
+            raise InvalidValueError(
+                f"FloorStep: unknown sampler {sampler!r}; known: {', '.join(FLOOR_SAMPLERS)}"
+            )
         self.name = FLOOR_SAMPLERS[sampler]
         self.sampler = sampler
         self.model, self.preset = model, preset
@@ -471,7 +479,7 @@ class TRLRun:
         for cb in (PrinterCallback, ProgressCallback):
             self.trainer.remove_callback(cb)
         if any(getattr(m, "gradient_checkpointing", False) for m in self.trainer.model.modules()):
-            raise RuntimeError(
+            raise PosttrainRuntimeError(
                 "TRL enabled activation checkpointing; the comparison would not be like for like"
             )
 
@@ -501,7 +509,7 @@ class TRLRun:
         finally:
             self.trainer.remove_callback(timer)
         if timer.steps != self.trainer.args.max_steps:
-            raise RuntimeError(
+            raise PosttrainRuntimeError(
                 f"TRL GRPOTrainer ran {timer.steps} optimizer steps, expected {self.trainer.args.max_steps}"
             )
 
@@ -521,7 +529,7 @@ def bench_task(preset: RLStepPreset, *, seed: int = 0) -> tuple[dict[str, Any], 
     task = get_task("arithmetic", **params)
     examples = list(task.split("train"))
     if len(examples) != preset.num_prompts:
-        raise RuntimeError(
+        raise PosttrainRuntimeError(
             f"arithmetic task gave {len(examples)} train prompts, expected {preset.num_prompts}"
         )
     return params, examples, get_reward(task.default_reward)
@@ -826,9 +834,11 @@ def run_rl_step_bench(
     from posttrain.models import load_model_and_tokenizer
 
     if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+        raise InvalidValueError(
+            f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}"
+        )
     if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+        raise InvalidValueError(f"threads must be >= 1, got {threads}")
     log = log or (lambda _msg: None)
     task_params, examples, reward_fn = bench_task(preset, seed=seed)
     base_model, base_tok = load_model_and_tokenizer(preset.model, dtype="float32", device="cpu", seed=seed)
@@ -978,7 +988,7 @@ def run_rl_step_bench(
 def _check_token_counts(result: dict[str, Any], new_tokens: int) -> None:
     for side, stats in result["completion_tokens"].items():
         if stats is not None and (stats["min"] != new_tokens or stats["max"] != new_tokens):
-            raise RuntimeError(
+            raise PosttrainRuntimeError(
                 f"{side}: completions have {stats['min']}..{stats['max']} tokens, expected exactly "
                 f"{new_tokens} (EOS suppression failed, the comparison would be unfair)"
             )

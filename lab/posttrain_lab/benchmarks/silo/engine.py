@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import atomic_write_json, atomic_write_text
 from posttrain.utils.registry import Registry
 from posttrain_lab.benchmarks.silo.agents.base import Agent, AgentReply, Seat, reply_as
@@ -121,7 +122,7 @@ def load_tokenizer(spec: str) -> Any:
         return build_char_tokenizer()
     path = Path(spec)
     if not path.is_dir():
-        raise ValueError(
+        raise InvalidValueError(
             f"token counter 'hf:{spec}': {spec!r} is neither a model preset ({', '.join(list_presets())}) "
             "nor a local tokenizer directory"
         )
@@ -130,7 +131,9 @@ def load_tokenizer(spec: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
-        raise ValueError(f"token counter 'hf:{spec}': cannot load a tokenizer from {path} ({e})") from None
+        raise InvalidValueError(
+            f"token counter 'hf:{spec}': cannot load a tokenizer from {path} ({e})"
+        ) from None
 
 
 def resolve_token_counter(spec: str | TokenCounter) -> TokenCounter:
@@ -139,7 +142,7 @@ def resolve_token_counter(spec: str | TokenCounter) -> TokenCounter:
     if callable(spec):
         return spec
     if not isinstance(spec, str):
-        raise ValueError(f"token_counter must be a name or a str -> int callable, got {spec!r}")
+        raise InvalidValueError(f"token_counter must be a name or a str -> int callable, got {spec!r}")
     kind, sep, arg = spec.partition(":")
     if sep and kind == "hf":
         return hf_token_counter(load_tokenizer(arg))
@@ -160,14 +163,16 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.prompt_set not in PROMPT_SETS:
-            raise ValueError(f"unknown prompt_set {self.prompt_set!r}; known: {', '.join(PROMPT_SETS)}")
+            raise InvalidValueError(
+                f"unknown prompt_set {self.prompt_set!r}; known: {', '.join(PROMPT_SETS)}"
+            )
         bad = [s for s in self.scaffolds if s not in SCAFFOLDS]
         if bad:
-            raise ValueError(f"unknown scaffold(s) {bad}; known: {', '.join(SCAFFOLDS)}")
+            raise InvalidValueError(f"unknown scaffold(s) {bad}; known: {', '.join(SCAFFOLDS)}")
         from posttrain_lab.benchmarks.silo.scoring import SCORINGS
 
         if not isinstance(self.scoring, str):
-            raise ValueError(
+            raise InvalidValueError(
                 f"scoring must be a scoring mode name ({', '.join(SCORINGS.names())}), got {self.scoring!r}"
             )
         self.scoring = SCORINGS.canonical(self.scoring.strip().lower())
@@ -175,9 +180,9 @@ class EngineConfig:
         if isinstance(self.token_counter, str) and self.token_counter.startswith("hf:"):
             self.token_counter = counter  # a tokenizer is loaded once per config, not once per case
         if self.max_rounds < 1:
-            raise ValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
+            raise InvalidValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
         if self.max_calls_per_turn is not None and self.max_calls_per_turn < 1:
-            raise ValueError(f"max_calls_per_turn must be >= 1 or None, got {self.max_calls_per_turn}")
+            raise InvalidValueError(f"max_calls_per_turn must be >= 1 or None, got {self.max_calls_per_turn}")
 
 
 def case_task_id(case: dict[str, Any]) -> str:
@@ -187,7 +192,7 @@ def case_task_id(case: dict[str, Any]) -> str:
         return tid
     m = _TASK_RE.match(str(case.get("case_id", "")))
     if m is None:
-        raise ValueError(
+        raise InvalidValueError(
             f"case {case.get('case_id')!r}: cannot tell the task id (no task_id, case_id not like 'I-01')"
         )
     return m.group(1)
@@ -335,13 +340,13 @@ class SiloEngine:
         self.cfg = config or EngineConfig()
         configs = case.get("agent_configs")
         if not isinstance(configs, list) or not configs:
-            raise ValueError(f"case {case.get('case_id')!r}: 'agent_configs' must be a non-empty list")
+            raise InvalidValueError(f"case {case.get('case_id')!r}: 'agent_configs' must be a non-empty list")
         self.n = len(configs)
         self.protocol_name = canonical_protocol(protocol)
         self.task_id = case_task_id(case)
         expected = (case.get("expected_output") or {}).get("per_agent_values")
         if not isinstance(expected, list) or len(expected) != self.n:
-            raise ValueError(
+            raise InvalidValueError(
                 f"case {case.get('case_id')!r}: expected_output.per_agent_values must be a list of "
                 f"{self.n} values (one per agent)"
             )
@@ -351,7 +356,7 @@ class SiloEngine:
         else:
             seats = list(agents)
             if len(seats) != self.n:
-                raise ValueError(f"got {len(seats)} agents for a case with {self.n} agents")
+                raise InvalidValueError(f"got {len(seats)} agents for a case with {self.n} agents")
         self.agent_name = agent_name or getattr(seats[0], "name", "agent")
         case_id = str(case.get("case_id", self.task_id))
         self.agents = seats
@@ -374,7 +379,7 @@ class SiloEngine:
             sys_msg = system_prompt(self.protocol_name, i, n, cfg.prompt_set)
             up = ac.get("user_prompt") if isinstance(ac, dict) else None
             if not isinstance(up, str):
-                raise ValueError(
+                raise InvalidValueError(
                     f"case {self.case.get('case_id')!r}: agent_configs[{i}].user_prompt must be a string"
                 )
             usr = user_prompt(up, cfg.prompt_set)

@@ -20,6 +20,8 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
+
 LEVEL_I_TOLERANCE = 0.01
 LEADER_FACTOR = 1.5
 
@@ -120,13 +122,13 @@ def success_rate(answers: Sequence[Any], expected: Sequence[Any]) -> float:
     wrong. An instance succeeds iff S == 1."""
     _check_lengths(answers, expected)
     if not expected:
-        raise ValueError("success_rate needs at least one agent")
+        raise InvalidValueError("success_rate needs at least one agent")
     return sum(is_correct(a, e) for a, e in zip(answers, expected, strict=True)) / len(expected)
 
 
 def _check_lengths(answers: Sequence[Any], expected: Sequence[Any]) -> None:
     if len(answers) != len(expected):
-        raise ValueError(
+        raise InvalidValueError(
             f"answers has {len(answers)} entries but expected has {len(expected)} (one per agent)"
         )
 
@@ -145,7 +147,7 @@ def partial_credit(answer: Any, expected: Any, level: int) -> float:
       correct answer with duplicates scores below 1).
     """
     if level not in (1, 2, 3):
-        raise ValueError(f"level must be 1, 2 or 3, got {level!r}")
+        raise InvalidValueError(f"level must be 1, 2 or 3, got {level!r}")
     if answer is None:
         return 0.0
     a, y = normalize_value(answer), normalize_value(expected)
@@ -207,13 +209,13 @@ def partial_correctness(answers: Sequence[Any], expected: Sequence[Any], level: 
     """P = (1/N) Σ_i q_i with q_i from `partial_credit`; `None` answers score 0."""
     _check_lengths(answers, expected)
     if not expected:
-        raise ValueError("partial_correctness needs at least one agent")
+        raise InvalidValueError("partial_correctness needs at least one agent")
     return sum(partial_credit(a, e, level) for a, e in zip(answers, expected, strict=True)) / len(expected)
 
 
 def _nonneg(name: str, value: Any) -> float:
     if isinstance(value, bool) or not _is_number(value) or value < 0 or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise InvalidValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return value
 
 
@@ -232,7 +234,7 @@ def token_consumption_paper(output_tokens: int | Sequence[int], max_rounds: int 
         output_tokens = sum(_nonneg("output_tokens[i]", t) for t in output_tokens)
     total = _nonneg("output_tokens", output_tokens)
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-        raise ValueError(f"max_rounds must be a positive integer, got {max_rounds!r}")
+        raise InvalidValueError(f"max_rounds must be a positive integer, got {max_rounds!r}")
     return total / max_rounds
 
 
@@ -246,7 +248,7 @@ def communication_density(message_count: int, num_agents: int) -> float:
     """
     m = _nonneg("message_count", message_count)
     if isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1:
-        raise ValueError(f"num_agents must be a positive integer, got {num_agents!r}")
+        raise InvalidValueError(f"num_agents must be a positive integer, got {num_agents!r}")
     if num_agents == 1:
         return 0.0
     return m / (num_agents * (num_agents - 1))

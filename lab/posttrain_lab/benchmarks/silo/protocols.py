@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.registry import Registry
 from posttrain_lab.benchmarks.silo.parsing import ToolCall
 
@@ -60,7 +61,7 @@ class Protocol:
 
     def __init__(self, num_agents: int) -> None:
         if num_agents < 1:
-            raise ValueError(f"num_agents must be >= 1, got {num_agents}")
+            raise InvalidValueError(f"num_agents must be >= 1, got {num_agents}")
         self.n = num_agents
         self.received = [0] * num_agents  # data items delivered to agent i
         self.sent = [0] * num_agents  # messages / broadcasts / writes by agent i

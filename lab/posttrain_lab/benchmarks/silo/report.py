@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from posttrain.utils.tables import markdown_table, print_table
 from posttrain_lab.benchmarks.silo.metrics import relative_coordination_cost
@@ -302,7 +303,7 @@ def rows_scoring(rows: Sequence[dict[str, Any]], where: Path) -> str:
 
     modes = sorted({row_scoring(r) for r in rows})
     if len(modes) != 1:
-        raise ValueError(f"{where} mixes scoring modes {modes}; rescore it with --scoring NAME")
+        raise InvalidValueError(f"{where} mixes scoring modes {modes}; rescore it with --scoring NAME")
     return modes[0]
 
 
@@ -327,7 +328,7 @@ def rescore_rows(run_dir: Path, rows: Sequence[dict[str, Any]], scoring: Scoring
         try:
             doc = json.loads(res_path.read_text(encoding="utf-8"))
         except ValueError as e:
-            raise ValueError(f"{res_path}: invalid JSON ({e})") from None
+            raise InvalidValueError(f"{res_path}: invalid JSON ({e})") from None
         inp = inputs_from_results(doc, str(res_path))
         met = scoring.score(inp)
         correct = scoring.correct_list(inp)
@@ -374,7 +375,7 @@ def load_scored_rows(
         raise FileNotFoundError(f"{path} does not exist (run `posttrain silo run --out {run_dir}` first)")
     rows = load_rows(path)
     if not rows:
-        raise ValueError(f"{path} has no finished cases")
+        raise InvalidValueError(f"{path} has no finished cases")
     stored = rows_scoring(rows, path)
     mode = get_scoring(scoring).name if scoring is not None else stored
     if mode == stored:
@@ -398,7 +399,9 @@ def write_report(
     suffix = f".{mode}" if rescored else ""
     rows = [r for r in all_rows if not is_oracle(r)]
     if not rows:
-        raise ValueError(f"{path} holds only N = 1 oracle rows; Table 1 and Table 2 need the N = k runs too")
+        raise InvalidValueError(
+            f"{path} holds only N = 1 oracle rows; Table 1 and Table 2 need the N = k runs too"
+        )
     t2 = table2(all_rows)
     t1 = table1(rows)
     fails = failure_summary(rows)

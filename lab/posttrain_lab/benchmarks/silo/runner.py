@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from posttrain.utils.progress import progress_bar
 from posttrain_lab.benchmarks.silo.agents.base import Agent
@@ -136,7 +137,7 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
         try:
             k = row_key(row)
         except KeyError as e:
-            raise ValueError(f"{path}: a row lacks the key field {e}") from None
+            raise InvalidValueError(f"{path}: a row lacks the key field {e}") from None
         if k not in seen:
             seen.add(k)
             rows.append(row)
@@ -219,7 +220,7 @@ class CaseSource:
                 case = load_case(self.cases_dir / f"{task_id}_n{n}.json")
                 found = case_task_id(case)
                 if found != task_id:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"{self.cases_dir}/{task_id}_n{n}.json holds task {found}, not {task_id}"
                     )
             else:
@@ -280,7 +281,7 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
     rows = load_rows(results_path)
     scored = sorted({row_scoring(r) for r in rows})
     if scored and scored != [ecfg.scoring]:
-        raise ValueError(
+        raise InvalidValueError(
             f"{results_path} holds cases scored with --scoring {', '.join(scored)}; resume with "
             f"--scoring {scored[0]} (a report in the other mode: posttrain silo report {out} "
             f"--scoring {ecfg.scoring})"
@@ -288,7 +289,7 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
     done = {row_key(r) for r in rows}
     labels = [a.label for a in agents]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"agent labels must be unique, got {labels}")
+        raise InvalidValueError(f"agent labels must be unique, got {labels}")
     source = CaseSource(Path(cfg.cases_dir) if cfg.cases_dir else None)
     jobs = plan(cfg, agents, source)
     todo = [j for j in jobs if job_key(j) not in done]

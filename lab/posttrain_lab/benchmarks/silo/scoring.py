@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.registry import Registry
 from posttrain_lab.benchmarks.silo import metrics
 
@@ -62,7 +63,7 @@ class CaseScoreInput:
         n = self.num_agents
         for name in ("expected", "answers", "submitted"):
             if len(getattr(self, name)) != n:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{name} has {len(getattr(self, name))} entries, expected {n} (one per agent)"
                 )
 
@@ -195,7 +196,7 @@ def paper_partial(answer: Any, expected: Any, level: int) -> float:
       value maps to its k-th occurrence in y (surplus copies are skipped).
     """
     if level not in (1, 2, 3):
-        raise ValueError(f"level must be 1, 2 or 3, got {level!r}")
+        raise InvalidValueError(f"level must be 1, 2 or 3, got {level!r}")
     y, a = paper_normalize(expected), paper_normalize(answer)
     if level == 1:
         if _is_num(y) and _is_num(a):
@@ -257,13 +258,13 @@ def inputs_from_results(doc: dict[str, Any], where: str = "results.json") -> Cas
     def need(key: str, kind: type | tuple[type, ...]) -> Any:
         v = doc.get(key)
         if not isinstance(v, kind) or isinstance(v, bool):
-            raise ValueError(f"{where}: key {key!r} missing or not {kind}")
+            raise InvalidValueError(f"{where}: key {key!r} missing or not {kind}")
         return v
 
     n = need("num_agents", int)
     subs = need("submissions", list)
     if len(subs) != n:
-        raise ValueError(f"{where}: 'submissions' has {len(subs)} entries, expected {n}")
+        raise InvalidValueError(f"{where}: 'submissions' has {len(subs)} entries, expected {n}")
     tokens = need("tokens", dict)
     comm = doc.get("communication") or {}
     counts = comm.get("messages")

@@ -23,6 +23,7 @@ from posttrain.algos.advantages import (
     grpo,
     register_advantage,
 )
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError
 
 Tensor = torch.Tensor
 
@@ -37,18 +38,20 @@ def _check_spans(session: int, spans: Any, k: int, seq_len: int) -> list[tuple[i
     try:
         pairs = [(s, e) for s, e in spans]
     except (TypeError, ValueError):
-        raise ValueError(
+        raise InvalidValueError(
             f"hian_advantages: turn_spans[{session}] must be a list of (start, end) pairs"
         ) from None
     if len(pairs) != k:
-        raise ValueError(
+        raise InvalidValueError(
             f"hian_advantages: session {session} has {k} turn rewards but {len(pairs)} turn spans"
         )
     for j, (s, e) in enumerate(pairs):
         if not (isinstance(s, int) and isinstance(e, int)) or isinstance(s, bool) or isinstance(e, bool):
-            raise ValueError(f"hian_advantages: turn_spans[{session}][{j}] = {(s, e)!r}: expected two ints")
+            raise InvalidValueError(
+                f"hian_advantages: turn_spans[{session}][{j}] = {(s, e)!r}: expected two ints"
+            )
         if not 0 <= s <= e <= seq_len:
-            raise ValueError(
+            raise InvalidValueError(
                 f"hian_advantages: turn_spans[{session}][{j}] = ({s}, {e}): expected 0 <= start <= end "
                 f"<= seq_len ({seq_len}); end is exclusive"
             )
@@ -105,20 +108,22 @@ def hian_advantages(
     """
     where = "hian_advantages"
     if turn_grouping not in ("pool", "turn_index"):
-        raise ValueError(f"{where}: turn_grouping must be 'pool' or 'turn_index', got {turn_grouping!r}")
+        raise InvalidValueError(
+            f"{where}: turn_grouping must be 'pool' or 'turn_index', got {turn_grouping!r}"
+        )
     if turn_norm not in TURN_NORMS:
-        raise ValueError(f"{where}: turn_norm must be one of {TURN_NORMS}, got {turn_norm!r}")
+        raise InvalidValueError(f"{where}: turn_norm must be one of {TURN_NORMS}, got {turn_norm!r}")
     for key, val in (("w_turn", w_turn), ("w_sess", w_sess), ("eps", eps)):
         if not is_number(val):
-            raise ValueError(f"{where}: {key} must be a number, got {val!r}")
+            raise InvalidValueError(f"{where}: {key} must be a number, got {val!r}")
     if eps < 0:
-        raise ValueError(f"{where}: eps must be >= 0, got {eps!r}")
+        raise InvalidValueError(f"{where}: eps must be >= 0, got {eps!r}")
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
-        raise ValueError(f"{where}: seq_len must be an int >= 0, got {seq_len!r}")
+        raise InvalidValueError(f"{where}: seq_len must be an int >= 0, got {seq_len!r}")
     r_sess, inv, n_groups = check_rewards_groups(where, session_rewards, group_ids)
     b = r_sess.shape[0]
     if len(turn_rewards) != b or len(turn_spans) != b:
-        raise ValueError(
+        raise InvalidValueError(
             f"{where}: expected {b} entries (one per session) in turn_rewards and turn_spans, "
             f"got {len(turn_rewards)} and {len(turn_spans)}"
         )
@@ -129,24 +134,24 @@ def hian_advantages(
     first = 0
     for i, tr in enumerate(turn_rewards):
         if not isinstance(tr, Tensor):
-            raise TypeError(f"{where}: turn_rewards[{i}] must be a tensor, got {type(tr).__name__}")
+            raise InvalidTypeError(f"{where}: turn_rewards[{i}] must be a tensor, got {type(tr).__name__}")
         tr2 = tr.detach().to(dtype=dtype, device=device)
         if tr2.dim() == 1:
             tr2 = tr2.unsqueeze(-1)
         if tr2.dim() != 2:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{where}: turn_rewards[{i}] must have shape (K,) or (K, C), got {tuple(tr.shape)}"
             )
         if tr2.shape[0] > 0:  # an empty session has no criteria to compare
             if n_crit is None:
                 n_crit, first = tr2.shape[1], i
             elif tr2.shape[1] != n_crit:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{where}: turn_rewards[{i}] has {tr2.shape[1]} criteria, "
                     f"turn_rewards[{first}] has {n_crit}"
                 )
         if not torch.isfinite(tr2).all():
-            raise ValueError(f"{where}: turn_rewards[{i}] contains a non-finite value")
+            raise InvalidValueError(f"{where}: turn_rewards[{i}] contains a non-finite value")
         pairs = _check_spans(i, turn_spans[i], tr2.shape[0], seq_len)
         if pairs:
             vals.append(tr2)
@@ -193,7 +198,7 @@ def hian_advantages(
         overlapping = (cover > 1).any(dim=1).nonzero()
         if overlapping.numel():
             i = int(overlapping[0, 0])
-            raise ValueError(f"{where}: turn_spans[{i}] has overlapping spans")
+            raise InvalidValueError(f"{where}: turn_spans[{i}] has overlapping spans")
         tok_turn = marks.cumsum(dim=1)[:, :seq_len]  # 0 = outside any turn, else turn id + 1
         inside = tok_turn > 0
         idx = (tok_turn - 1).clamp(min=0)
@@ -273,7 +278,7 @@ def turn_spans_from_index(turn_index: Tensor, num_turns: Tensor) -> list[list[tu
                 lasts[k] = t
                 counts[k] = counts.get(k, 0) + 1
         if any(k > k_i for k in counts):
-            raise ValueError(f"duca: row {i} has tokens of turn {max(counts)} but num_turns = {k_i}")
+            raise InvalidValueError(f"duca: row {i} has tokens of turn {max(counts)} but num_turns = {k_i}")
         spans = []
         for k in range(1, k_i + 1):
             if k not in counts:
@@ -281,7 +286,9 @@ def turn_spans_from_index(turn_index: Tensor, num_turns: Tensor) -> list[list[tu
                 continue
             s, e = firsts[k], lasts[k] + 1
             if e - s != counts[k]:
-                raise ValueError(f"duca: row {i}: the tokens of turn {k} are not contiguous in turn_index")
+                raise InvalidValueError(
+                    f"duca: row {i}: the tokens of turn {k} are not contiguous in turn_index"
+                )
             spans.append((s, e))
         out.append(spans)
     return out
@@ -333,22 +340,22 @@ def duca(
         if v is None
     ]
     if missing:
-        raise ValueError(
+        raise InvalidValueError(
             f"advantage estimator 'duca' needs the per-turn inputs {missing} of a multi-turn episode runner "
             "(rollout.runner.name=multi-turn with turn_inputs=true)"
         )
     b = r.shape[0]
     if turn_index.dim() != 2 or turn_index.shape[0] != b:
-        raise ValueError(f"duca: turn_index must have shape ({b}, T), got {tuple(turn_index.shape)}")
+        raise InvalidValueError(f"duca: turn_index must have shape ({b}, T), got {tuple(turn_index.shape)}")
     if turn_rewards.dim() not in (2, 3) or turn_rewards.shape[0] != b:
-        raise ValueError(
+        raise InvalidValueError(
             f"duca: turn_rewards must have shape ({b}, K, C) or ({b}, K), got {tuple(turn_rewards.shape)}"
         )
     if tuple(num_turns.shape) != (b,):
-        raise ValueError(f"duca: num_turns must have shape ({b},), got {tuple(num_turns.shape)}")
+        raise InvalidValueError(f"duca: num_turns must have shape ({b},), got {tuple(num_turns.shape)}")
     k_max = turn_rewards.shape[1]
     if bool((num_turns < 0).any()) or bool((num_turns > k_max).any()):
-        raise ValueError(
+        raise InvalidValueError(
             f"duca: num_turns must be in [0, {k_max}] (the turn_rewards width), got {num_turns.tolist()}"
         )
     spans = turn_spans_from_index(turn_index.cpu(), num_turns.cpu())

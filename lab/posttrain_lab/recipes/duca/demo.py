@@ -30,6 +30,7 @@ import torch
 from posttrain.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from posttrain.rollout.episodes import Episodes, PromptFormatter
 from posttrain.rollout.multiturn import MultiTurnRunner
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.duca.sales import ScriptedSeller
 
 CONFIG = Path(__file__).resolve().parent / "duca-sales.yaml"
@@ -99,7 +100,7 @@ class TeacherEngine(RolloutEngine):
         self.tok, self.seller = tokenizer, seller
         self.marker = user_turn.split("{observation}")[0].lstrip("\n")
         if not self.marker:
-            raise ValueError("TeacherEngine: user_turn must put a marker before '{observation}'")
+            raise InvalidValueError("TeacherEngine: user_turn must put a marker before '{observation}'")
 
     @property
     def pad_token_id(self) -> int:

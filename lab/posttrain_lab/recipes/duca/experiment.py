@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.stats import mean_se
 from posttrain_lab.recipes.duca.sales import CRITERIA
 
@@ -100,7 +101,7 @@ def env_params(a: argparse.Namespace, customer_url: str | None, conversion_rewar
     if a.customer == "rule":
         return [f"rollout.runner.params.env_params={{{common}}}"]
     if not customer_url:
-        raise ValueError("--customer llm needs the served customer's URL (run inside customer_server)")
+        raise InvalidValueError("--customer llm needs the served customer's URL (run inside customer_server)")
     return [
         "rollout.runner.params.env=sales-llm",
         f'rollout.runner.params.env_params={{{common}, base_url: "{customer_url}", '

@@ -45,6 +45,7 @@ from typing import Any
 
 from posttrain.envs.base import Env, StepResult, register_env
 from posttrain.tasks.base import Example, Task, check_split_sizes
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 
 
 @dataclass(frozen=True)
@@ -141,12 +142,12 @@ class SalesEnv(Env):
         conversion_reward: float = 1.0,
     ) -> None:
         if isinstance(conversion_reward, bool) or not isinstance(conversion_reward, int | float):
-            raise ValueError(
+            raise InvalidValueError(
                 f"environment 'sales': conversion_reward must be a number, got {conversion_reward!r}"
             )
         self.conversion_reward = float(conversion_reward)
         if multi_offer not in MULTI_OFFER:
-            raise ValueError(
+            raise InvalidValueError(
                 f"environment 'sales': multi_offer must be one of {list(MULTI_OFFER)}, got {multi_offer!r}"
             )
         if (
@@ -154,14 +155,16 @@ class SalesEnv(Env):
             or not isinstance(accept_prob, int | float)
             or not 0 < accept_prob <= 1
         ):
-            raise ValueError(f"environment 'sales': accept_prob must be in (0, 1], got {accept_prob!r}")
+            raise InvalidValueError(
+                f"environment 'sales': accept_prob must be in (0, 1], got {accept_prob!r}"
+            )
         self.multi_offer, self.accept_prob = multi_offer, float(accept_prob)
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"environment 'sales': max_turns must be an int >= 1, got {max_turns!r}")
+            raise InvalidValueError(f"environment 'sales': max_turns must be an int >= 1, got {max_turns!r}")
         if not 0.0 <= float(cue_prob) <= 1.0:
-            raise ValueError(f"environment 'sales': cue_prob must be in [0, 1], got {cue_prob!r}")
+            raise InvalidValueError(f"environment 'sales': cue_prob must be in [0, 1], got {cue_prob!r}")
         if isinstance(max_words, bool) or not isinstance(max_words, int) or max_words < 1:
-            raise ValueError(f"environment 'sales': max_words must be an int >= 1, got {max_words!r}")
+            raise InvalidValueError(f"environment 'sales': max_words must be an int >= 1, got {max_words!r}")
         self.max_turns = max_turns
         self.cue_prob = float(cue_prob)
         self.max_words = max_words
@@ -172,7 +175,7 @@ class SalesEnv(Env):
         meta = getattr(example, "meta", None) or {}
         need, budget = meta.get("need"), meta.get("budget")
         if need not in CATEGORIES or isinstance(budget, bool) or not isinstance(budget, int):
-            raise ValueError(
+            raise InvalidValueError(
                 f"environment 'sales': example {getattr(example, 'id', '?')!r} needs meta.need in "
                 f"{list(CATEGORIES)} and an int meta.budget, got need={need!r}, budget={budget!r}"
             )
@@ -215,7 +218,7 @@ class SalesEnv(Env):
 
     def step(self, agent_text: str) -> StepResult:
         if self.turn >= self.max_turns or self.converted:
-            raise RuntimeError("environment 'sales': step() after the session ended; call reset()")
+            raise PosttrainRuntimeError("environment 'sales': step() after the session ended; call reset()")
         self.turn += 1
         rewards = self.turn_rewards(agent_text)
         for k, v in rewards.items():
@@ -309,7 +312,7 @@ class SalesTask(Task):
             if matching_products(need, b)  # every scenario can convert
         ]
         if n_train + n_heldout > len(combos):
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'sales': n_train + n_heldout = {n_train + n_heldout} exceeds the {len(combos)} "
                 "distinct scenarios"
             )

@@ -34,6 +34,7 @@ from pydantic import Field, ValidationError, field_validator
 from posttrain.clients import AgentError, OpenAIChatAgent
 from posttrain.envs.base import StepResult, register_env
 from posttrain.utils.config import StrictModel
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.duca.sales import SalesEnv
 
 CUSTOMER_PROMPT = (
@@ -79,7 +80,7 @@ class SalesLLMParams(StrictModel):
     @classmethod
     def _http_url(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
-            raise ValueError(
+            raise InvalidValueError(
                 f"must start with http:// or https:// (e.g. http://127.0.0.1:8000/v1), got {v!r}"
             )
         return v
@@ -144,7 +145,7 @@ class SalesLLMEnv(SalesEnv):
         if p.api_key_env:
             api_key = os.environ.get(p.api_key_env)
             if not api_key:
-                raise ValueError(
+                raise InvalidValueError(
                     f"environment 'sales-llm': api_key_env: the environment variable {p.api_key_env!r} "
                     "is not set or empty (give the name of a variable holding the key, or omit api_key_env)"
                 )

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from posttrain.integrations import verl as integ
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.duca.advantages import hian_advantages
 
 
@@ -67,7 +68,9 @@ def register() -> None:
     """Add ``duca_hian`` to verl's advantage registry (idempotent); never replaces another estimator."""
     adv = integ.core_algos().ADV_ESTIMATOR_REGISTRY
     if adv.get("duca_hian") not in (None, hian_advantage_for_verl):
-        raise ValueError("verl already has an advantage estimator named 'duca_hian' that is not posttrain's")
+        raise InvalidValueError(
+            "verl already has an advantage estimator named 'duca_hian' that is not posttrain's"
+        )
     adv["duca_hian"] = hian_advantage_for_verl
 
 

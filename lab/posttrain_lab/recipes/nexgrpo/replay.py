@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from posttrain.hooks.base import REPLAY_BUFFERS, PromptPlan, ReplayBuffer, RunInfo, Trajectory
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.registry import Registry
 
 #: Embedding functions ``fn(policy, input_ids, attention_mask, score_mask) -> (n, d)`` for boundary
@@ -73,7 +74,7 @@ def sequence_confidence(logp: list[float], mode: str = "geo") -> float:
         return math.exp(sum(logp) / len(logp))
     if mode == "mean":
         return sum(math.exp(v) for v in logp) / len(logp)
-    raise ValueError(f"confidence must be 'geo' or 'mean', got {mode!r}")
+    raise InvalidValueError(f"confidence must be 'geo' or 'mean', got {mode!r}")
 
 
 def _quantile(sorted_vals: list[float], q: float) -> float:
@@ -93,16 +94,16 @@ def mid_confidence_gate(
     if mode == "none" or not conf:
         return [True] * len(conf)
     if not 0 <= low <= high:
-        raise ValueError(f"gate: need 0 <= low <= high, got low={low}, high={high}")
+        raise InvalidValueError(f"gate: need 0 <= low <= high, got low={low}, high={high}")
     if mode == "quantile":
         if high > 1:
-            raise ValueError(f"gate 'quantile': high must be <= 1, got {high}")
+            raise InvalidValueError(f"gate 'quantile': high must be <= 1, got {high}")
         s = sorted(conf)
         lo, hi = _quantile(s, low), _quantile(s, high)
     elif mode == "absolute":
         lo, hi = low, high
     else:
-        raise ValueError(f"gate must be one of {', '.join(_GATES)}, got {mode!r}")
+        raise InvalidValueError(f"gate must be one of {', '.join(_GATES)}, got {mode!r}")
     return [lo <= c <= hi for c in conf]
 
 
@@ -129,7 +130,7 @@ def select_indices(
     if mode == "uniform":
         return rng.sample(range(n), k)
     if mode != "softmax":
-        raise ValueError(f"select must be one of {', '.join(_SELECT)}, got {mode!r}")
+        raise InvalidValueError(f"select must be one of {', '.join(_SELECT)}, got {mode!r}")
     left, out = list(range(n)), []
     for _ in range(k):
         m = max(scores[i] for i in left)
@@ -159,7 +160,7 @@ def replay_is_weights(
     elif mode in ("shape-grad", "exgrpo"):  # exgrpo: ExGRPO's f(w) = w/(w+β) as its gradient weight
         w = beta * w / (w + beta) ** 2
     else:
-        raise ValueError(f"is_mode must be one of {', '.join(_IS_MODES)}, got {mode!r}")
+        raise InvalidValueError(f"is_mode must be one of {', '.join(_IS_MODES)}, got {mode!r}")
     return torch.where(mask.bool(), w, torch.ones_like(w))
 
 
@@ -268,39 +269,43 @@ class ExperienceReplay(ReplayBuffer):
         p = {**_BASE_DEFAULTS, **cls.defaults, **params}
         unknown = sorted(set(p) - set(_BASE_DEFAULTS))
         if unknown:
-            raise ValueError(
+            raise InvalidValueError(
                 f"unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join(_BASE_DEFAULTS)}"
             )
         if not (isinstance(p["ratio"], int | float) and 0 <= p["ratio"] <= 1):
-            raise ValueError(f"ratio must lie in [0, 1], got {p['ratio']!r}")
+            raise InvalidValueError(f"ratio must lie in [0, 1], got {p['ratio']!r}")
         for key in ("per_group", "max_per_question", "max_correct_per_question", "max_entries", "max_bytes"):
             if not (isinstance(p[key], int) and p[key] >= 1):
-                raise ValueError(f"{key} must be an integer >= 1, got {p[key]!r}")
+                raise InvalidValueError(f"{key} must be an integer >= 1, got {p[key]!r}")
         if not (isinstance(p["start_step"], int) and p["start_step"] >= 0):
-            raise ValueError(f"start_step must be an integer >= 0, got {p['start_step']!r}")
+            raise InvalidValueError(f"start_step must be an integer >= 0, got {p['start_step']!r}")
         if not (isinstance(p["start_accuracy"], int | float) and 0 <= p["start_accuracy"] <= 1):
-            raise ValueError(f"start_accuracy must lie in [0, 1], got {p['start_accuracy']!r}")
+            raise InvalidValueError(f"start_accuracy must lie in [0, 1], got {p['start_accuracy']!r}")
         if p["gate"] not in _GATES:
-            raise ValueError(f"gate must be one of {', '.join(_GATES)}, got {p['gate']!r}")
+            raise InvalidValueError(f"gate must be one of {', '.join(_GATES)}, got {p['gate']!r}")
         if not 0 <= p["gate_low"] <= p["gate_high"] or (p["gate"] == "quantile" and p["gate_high"] > 1):
-            raise ValueError(
+            raise InvalidValueError(
                 f"gate_low / gate_high: need 0 <= low <= high (<= 1 for quantiles), got {p['gate_low']}, {p['gate_high']}"
             )
         if p["gate_scope"] not in _GATE_SCOPES:
-            raise ValueError(f"gate_scope must be one of {', '.join(_GATE_SCOPES)}, got {p['gate_scope']!r}")
+            raise InvalidValueError(
+                f"gate_scope must be one of {', '.join(_GATE_SCOPES)}, got {p['gate_scope']!r}"
+            )
         if p["similarity"] not in _SIMILARITY:
-            raise ValueError(f"similarity must be one of {', '.join(_SIMILARITY)}, got {p['similarity']!r}")
+            raise InvalidValueError(
+                f"similarity must be one of {', '.join(_SIMILARITY)}, got {p['similarity']!r}"
+            )
         if not (isinstance(p["near_miss_distance"], int | float) and 0 <= p["near_miss_distance"] <= 1):
-            raise ValueError(f"near_miss_distance must lie in [0, 1], got {p['near_miss_distance']!r}")
+            raise InvalidValueError(f"near_miss_distance must lie in [0, 1], got {p['near_miss_distance']!r}")
         if p["select"] not in _SELECT:
-            raise ValueError(f"select must be one of {', '.join(_SELECT)}, got {p['select']!r}")
+            raise InvalidValueError(f"select must be one of {', '.join(_SELECT)}, got {p['select']!r}")
         if p["is_mode"] not in _IS_MODES:
-            raise ValueError(f"is_mode must be one of {', '.join(_IS_MODES)}, got {p['is_mode']!r}")
+            raise InvalidValueError(f"is_mode must be one of {', '.join(_IS_MODES)}, got {p['is_mode']!r}")
         for key in ("temperature", "is_clip", "is_beta", "sigma"):
             if not (isinstance(p[key], int | float) and p[key] > 0):
-                raise ValueError(f"{key} must be a number > 0, got {p[key]!r}")
+                raise InvalidValueError(f"{key} must be a number > 0, got {p[key]!r}")
         if p["confidence"] not in ("geo", "mean"):
-            raise ValueError(f"confidence must be 'geo' or 'mean', got {p['confidence']!r}")
+            raise InvalidValueError(f"confidence must be 'geo' or 'mean', got {p['confidence']!r}")
         if p["embedding"] is not None:
             EMBEDDERS.get(p["embedding"])  # unknown names fail at config time
 
@@ -318,7 +323,9 @@ class ExperienceReplay(ReplayBuffer):
         if not self.started and batch_acc > self.p["start_accuracy"] and step + 1 >= self.p["start_step"]:
             self.started = True
         if b.logprobs is None:
-            raise ValueError("hooks.replay: the episodes carry no sampling log-probs (needed as logp_past)")
+            raise InvalidValueError(
+                "hooks.replay: the episodes carry no sampling log-probs (needed as logp_past)"
+            )
         gids = b.group_ids.cpu()
         keep_rows: list[int] = []
         for g in torch.unique(gids[fresh]).tolist():
@@ -382,7 +389,9 @@ class ExperienceReplay(ReplayBuffer):
             return None
         fn = EMBEDDERS.get(name)
         if name == "policy-mean" and self.policy is None:
-            raise ValueError("hooks.replay: embedding 'policy-mean' needs the policy (bind() was not called)")
+            raise InvalidValueError(
+                "hooks.replay: embedding 'policy-mean' needs the policy (bind() was not called)"
+            )
         ids, attn, score = batch.select(rows).model_inputs()
         dev = self.policy.device if self.policy is not None else ids.device
         return fn(self.policy, ids.to(dev), attn.to(dev), score.to(dev))

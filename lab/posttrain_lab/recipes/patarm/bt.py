@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from posttrain.utils.config import StrictModel
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.patarm.data import PreferencePair
 
 
@@ -80,7 +81,7 @@ def load_bt_model(
 
         path = Path(resolve_model_dir(spec))
         if not (path / "config.json").is_file():
-            raise ValueError(f"BT model {spec!r}: not a preset and no config.json in {path}")
+            raise InvalidValueError(f"BT model {spec!r}: not a preset and no config.json in {path}")
         cls = (
             PreTrainedTokenizerFast
             if _declared_tokenizer_class(path) in _GENERIC_TOKENIZER_CLASSES
@@ -180,7 +181,7 @@ def train_bt(cfg: BTConfig, pairs: list[PreferencePair], *, progress: bool = Fal
     from posttrain.models import pick_device
 
     if not pairs:
-        raise ValueError("train_bt: no preference pairs")
+        raise InvalidValueError("train_bt: no preference pairs")
     dev = pick_device() if cfg.device == "auto" else cfg.device
     model, tok = load_bt_model(cfg.model, device=dev, dtype=cfg.dtype, seed=cfg.seed)
     rm = BTRewardModel(

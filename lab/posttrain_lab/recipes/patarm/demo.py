@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.patarm.data import PreferencePair
 
 TRACE_TEMPLATES = ("range", "fixed", "check")
@@ -37,7 +38,7 @@ ANSWER_MARK = "#### "
 def _final_answer(text: str, where: str) -> str:
     at = text.rfind(ANSWER_MARK)
     if at < 0:
-        raise ValueError(
+        raise InvalidValueError(
             f"{where}: trace template 'check' needs a final answer after {ANSWER_MARK.strip()!r} "
             "(verifiable-task format); use trace template 'range' or 'fixed' for other data"
         )
@@ -79,7 +80,9 @@ def judgment_traces(
     from posttrain_lab.recipes.patarm.prompts import pointwise_prompt
 
     if template not in TRACE_TEMPLATES:
-        raise ValueError(f"unknown trace template {template!r}; expected one of {', '.join(TRACE_TEMPLATES)}")
+        raise InvalidValueError(
+            f"unknown trace template {template!r}; expected one of {', '.join(TRACE_TEMPLATES)}"
+        )
     rng = random.Random(seed)
     rows = []
     for k, p in enumerate(pairs):
@@ -310,7 +313,9 @@ def run_rm_demo(
     from posttrain_lab.recipes.patarm.evaluate import evaluate_pointwise, table, write_reports
 
     if trace not in TRACE_TEMPLATES:
-        raise ValueError(f"unknown trace template {trace!r}; expected one of {', '.join(TRACE_TEMPLATES)}")
+        raise InvalidValueError(
+            f"unknown trace template {trace!r}; expected one of {', '.join(TRACE_TEMPLATES)}"
+        )
     t0 = time.perf_counter()
     out = Path(out_dir)
     prepare_run_dir(out, overwrite=overwrite, can_resume=False)

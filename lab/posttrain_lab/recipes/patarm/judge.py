@@ -41,6 +41,7 @@ from typing import Any
 from posttrain.clients.batch import EndpointGenerator
 from posttrain.rollout.episodes import PromptFormatter
 from posttrain.rollout.reward_source import RewardHandle, RewardSource, ScoredBatch
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.patarm.prompts import DEFAULT_SCALE, normalise_score, parse_score, pointwise_prompt
 
 
@@ -126,11 +127,11 @@ class HFJudge(Judge):
             from posttrain.models import load_model_and_tokenizer, pick_device
 
             if model is None:
-                raise ValueError("HFJudge: give a model name/path or model_obj + tokenizer")
+                raise InvalidValueError("HFJudge: give a model name/path or model_obj + tokenizer")
             dev = pick_device() if device == "auto" else device
             model_obj, tokenizer = load_model_and_tokenizer(model, dtype=dtype, device=dev, seed=seed)
         elif tokenizer is None:
-            raise ValueError("HFJudge: pass the tokenizer together with model_obj")
+            raise InvalidValueError("HFJudge: pass the tokenizer together with model_obj")
         model_obj.eval()
         self.model, self.tokenizer = model_obj, tokenizer
         self.formatter = JudgeFormatter(tokenizer, chat=chat_template, enable_thinking=enable_thinking)
@@ -274,14 +275,16 @@ class JudgeRewardSource(RewardSource):
         fallback: bool = True,
     ) -> None:
         if samples < 1:
-            raise ValueError(f"judge reward source: samples must be >= 1, got {samples}")
+            raise InvalidValueError(f"judge reward source: samples must be >= 1, got {samples}")
         if batch_size < 1:
-            raise ValueError(f"judge reward source: batch_size must be >= 1, got {batch_size}")
+            raise InvalidValueError(f"judge reward source: batch_size must be >= 1, got {batch_size}")
         if max_retries < 0:
-            raise ValueError(f"judge reward source: max_retries must be >= 0, got {max_retries}")
+            raise InvalidValueError(f"judge reward source: max_retries must be >= 0, got {max_retries}")
         lo, hi = float(scale[0]), float(scale[1])
         if not hi > lo:
-            raise ValueError(f"judge reward source: scale must be (min, max) with max > min, got {scale}")
+            raise InvalidValueError(
+                f"judge reward source: scale must be (min, max) with max > min, got {scale}"
+            )
         self.judge = judge
         self.samples = samples
         self.scale = (lo, hi)
@@ -300,7 +303,7 @@ class JudgeRewardSource(RewardSource):
     # -------------------------------------------------------------------------------------- api
     def submit(self, completions: list[str], examples: list[Any]) -> RewardHandle:
         if len(completions) != len(examples):
-            raise ValueError(f"judge: {len(completions)} completions for {len(examples)} examples")
+            raise InvalidValueError(f"judge: {len(completions)} completions for {len(examples)} examples")
         return _Handle(lambda: self._score(list(completions), list(examples)))
 
     def close(self) -> None:

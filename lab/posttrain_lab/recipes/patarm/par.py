@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.patarm.prompts import DEFAULT_SCALE
 
 ParRule = Literal["antisymmetric", "indicator"]
@@ -69,13 +70,13 @@ def par_rewards(
     (``antisymmetric`` or ``indicator``, both proposed designs). ``delta`` defaults to a quarter of
     the scale range (graded option only)."""
     if rule not in PAR_RULES:
-        raise ValueError(f"unknown PAR rule {rule!r}; accepted: {', '.join(PAR_RULES)}")
+        raise InvalidValueError(f"unknown PAR rule {rule!r}; accepted: {', '.join(PAR_RULES)}")
     if format_penalty < 0:
-        raise ValueError(f"format_penalty must be >= 0, got {format_penalty}")
+        raise InvalidValueError(f"format_penalty must be >= 0, got {format_penalty}")
     mean_c, mean_r = _mean(chosen_scores), _mean(rejected_scores)
     d = float(delta) if delta is not None else (float(scale[1]) - float(scale[0])) / 4.0
     if d <= 0:
-        raise ValueError(f"delta must be > 0, got {d}")
+        raise InvalidValueError(f"delta must be > 0, got {d}")
     wrong_sign = -1.0 if rule == "antisymmetric" else 0.0
 
     def side(scores: Sequence[float | None], other: float | None, better: bool) -> list[float]:

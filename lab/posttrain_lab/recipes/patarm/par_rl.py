@@ -36,6 +36,7 @@ from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, Episodes
 from posttrain.rollout.reward_source import RewardHandle, RewardSource, ScoredBatch, _Ready
 from posttrain.tasks.base import Example
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.patarm.data import PreferencePair
 from posttrain_lab.recipes.patarm.par import par_rewards
 from posttrain_lab.recipes.patarm.preference_task import example_pair
@@ -152,7 +153,7 @@ class PARRewardSource(RewardSource):
         sides: dict[str, dict[str, list[int]]] = {}
         for i, meta in enumerate(metas):
             if "par_pair" not in meta:
-                raise ValueError(
+                raise InvalidValueError(
                     "reward source 'par' needs the episodes of the runner 'par' (examples without "
                     "'par_pair' in meta)"
                 )

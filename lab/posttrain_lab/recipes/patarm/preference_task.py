@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 from posttrain.tasks.base import Example, Task, check_split_sizes, register_task
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.patarm.data import PreferencePair, load_preferences, synthetic_pairs
 
 
@@ -28,7 +29,7 @@ def pair_example(pair: PreferencePair, idx: int) -> Example:
 def example_pair(ex: Example) -> PreferencePair:
     m = ex.meta
     if "chosen" not in m or "rejected" not in m:
-        raise ValueError(
+        raise InvalidValueError(
             f"example {ex.id!r} is not a preference pair (meta needs 'chosen' and 'rejected'); use the "
             "task 'preferences' with the runner 'par'"
         )
@@ -66,9 +67,9 @@ class PreferenceTask(Task):
     ) -> None:
         super().__init__()
         if (path is None) == (synthetic_task is None):
-            raise ValueError("task 'preferences': give exactly one of path or synthetic_task")
+            raise InvalidValueError("task 'preferences': give exactly one of path or synthetic_task")
         if not 0.0 <= heldout_fraction < 1.0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"task 'preferences': heldout_fraction must be in [0, 1), got {heldout_fraction}"
             )
         for k, v in (("n_train", n_train), ("n_heldout", n_heldout)):

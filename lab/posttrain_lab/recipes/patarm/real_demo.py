@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.utils.config import settings_diff
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import atomic_write_json
 from posttrain.utils.stats import mean_se as _mean_se
 from posttrain.utils.stats import se_binomial
@@ -135,7 +136,7 @@ def mean_se(xs: list[float]) -> dict[str, float]:
 def near_miss_index(chosen: str, failing: list[str]) -> int:
     """The failing completion most similar to ``chosen`` (``difflib`` ratio; ties: the first)."""
     if not failing:
-        raise ValueError("near_miss_index: no failing completion")
+        raise InvalidValueError("near_miss_index: no failing completion")
     ratios = [difflib.SequenceMatcher(None, chosen, f, autojunk=False).ratio() for f in failing]
     return max(range(len(failing)), key=lambda i: (ratios[i], -i))
 
@@ -276,7 +277,7 @@ def build_pairs(s: RealRMSettings, out: Path, *, seed: int = 0) -> dict[str, Any
         print(f"[rm-real] pairs {name}/{split}: {len(pairs)} of {len(exs)} prompts {st}", flush=True)
     for k, v in made.items():
         if not v:
-            raise ValueError(
+            raise InvalidValueError(
                 f"demo rm: no {k} pairs could be built (every sampled completion passed, or none passed and the "
                 "task has no reference solution); raise samples_per_prompt or change the task"
             )
@@ -378,7 +379,7 @@ def run_judge_arm(
     if done is not None:
         return done
     if arm not in JUDGE_ARMS:
-        raise ValueError(f"unknown judge arm {arm!r}; expected one of {', '.join(JUDGE_ARMS)}")
+        raise InvalidValueError(f"unknown judge arm {arm!r}; expected one of {', '.join(JUDGE_ARMS)}")
     t0 = time.perf_counter()
     train = load_preferences(out / "pairs" / "train.jsonl")
     held = eval_pairs(s, load_preferences(out / "pairs" / "eval.jsonl"))
@@ -456,7 +457,7 @@ def _par_arm(
 
     sft_dir = out / "judges" / "sft-model"
     if not (sft_dir / "config.json").is_file():
-        raise ValueError(f"demo rm: PAR arm needs the SFT judge in {sft_dir}; run the 'sft' arm first")
+        raise InvalidValueError(f"demo rm: PAR arm needs the SFT judge in {sft_dir}; run the 'sft' arm first")
     overrides = [
         f"out_dir={out / 'judges' / ('par_' + rule)}",
         f"model.name={sft_dir}",
@@ -558,7 +559,7 @@ def run_rlhf_arm(
     if done is not None:
         return done
     if arm not in RLHF_ARMS:
-        raise ValueError(f"unknown RLHF arm {arm!r}; expected one of {', '.join(RLHF_ARMS)}")
+        raise InvalidValueError(f"unknown RLHF arm {arm!r}; expected one of {', '.join(RLHF_ARMS)}")
     t0 = time.perf_counter()
     overrides = [
         f"out_dir={out / 'rlhf' / f'{arm}-s{seed}'}",
@@ -588,7 +589,7 @@ def run_rlhf_arm(
     if arm == "judge":
         judge_dir = out / "judges" / "par_antisymmetric-model"
         if not (judge_dir / "config.json").is_file():
-            raise ValueError(f"demo rm: RLHF arm 'judge' needs {judge_dir}; run the judge arms first")
+            raise InvalidValueError(f"demo rm: RLHF arm 'judge' needs {judge_dir}; run the judge arms first")
         cfg.reward.source.params = {
             "judge": "hf",
             "model": str(judge_dir),
@@ -736,7 +737,7 @@ def run_real_rm_demo(
     # threads change speed, not results
     diff = settings_diff(prev, cur, ignore=("threads",)) if prev is not None else {}
     if diff:
-        raise ValueError(
+        raise InvalidValueError(
             f"demo rm: {out} holds a run with other settings ({', '.join(diff)} differ); use another --out "
             "or delete it"
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from posttrain.rollout.registry import REWARD_SOURCES, RUNNERS, RewardSourceContext, RunnerContext
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.recipes.patarm.prompts import DEFAULT_SCALE
 
 
@@ -53,7 +54,7 @@ def judge_reward_source(
 
     if judge == "hf":
         if not model:
-            raise ValueError(
+            raise InvalidValueError(
                 "reward source 'judge' (judge=hf): set params.model (a checkpoint, hub id or preset)"
             )
         j: Any = HFJudge(
@@ -69,7 +70,9 @@ def judge_reward_source(
         )
     elif judge == "endpoint":
         if not base_url or not model:
-            raise ValueError("reward source 'judge' (judge=endpoint): set params.base_url and params.model")
+            raise InvalidValueError(
+                "reward source 'judge' (judge=endpoint): set params.base_url and params.model"
+            )
         j = EndpointJudge(
             base_url,
             model,
@@ -83,7 +86,9 @@ def judge_reward_source(
     elif judge == "random":
         j = RandomJudge(scale=scale, seed=ctx.seed)
     else:
-        raise ValueError(f"reward source 'judge': unknown judge {judge!r}; accepted: hf, endpoint, random")
+        raise InvalidValueError(
+            f"reward source 'judge': unknown judge {judge!r}; accepted: hf, endpoint, random"
+        )
     return JudgeRewardSource(
         j,
         samples=samples,

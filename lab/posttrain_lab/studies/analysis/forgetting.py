@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from posttrain.utils.errors import InvalidValueError
+
 Stage = Literal["none", "pseudo", "actual"]
 
 
@@ -82,7 +84,7 @@ def verdicts(
     (forgetting F_s measured from score(M_0) as before) — a proposed addition for restoration budgets
     that cost knowledge by themselves."""
     if not (len(steps) == len(tuned) == len(restored)):
-        raise ValueError(
+        raise InvalidValueError(
             f"steps, tuned and restored need the same length ({len(steps)}, {len(tuned)}, {len(restored)})"
         )
     out = []
@@ -109,7 +111,7 @@ def transition_step(vs: Sequence[CheckpointVerdict], *, calibrated: bool = False
 def log_steps(total: int, k: int) -> list[int]:
     """k distinct log-spaced integer steps in [1, total], always including ``total``."""
     if total < 1 or k < 1:
-        raise ValueError(f"log_steps: total and k must be positive, got {total}, {k}")
+        raise InvalidValueError(f"log_steps: total and k must be positive, got {total}, {k}")
     k = min(k, total)
     if k == 1:
         return [total]

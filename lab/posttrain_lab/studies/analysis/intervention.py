@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.analysis.probe import LETTERS, MCQ, ProbeSet, format_example, header
 
 CORRECT = "consistent-correct-exp-sample"
@@ -81,7 +82,7 @@ def template_explainer(template: str = DEFAULT_TEMPLATE) -> Callable[[MCQ, int],
         try:
             return template.format(**fields)
         except KeyError as e:
-            raise ValueError(
+            raise InvalidValueError(
                 f"explanation template {template!r}: unknown field {e}; known: {', '.join(sorted(fields))}"
             ) from None
 
@@ -151,10 +152,10 @@ def build_groups(
     (``base.results[i]`` belongs to ``pool[i]``). ``explain`` maps (question, target) pairs to
     explanations (default: :func:`template_explainer`)."""
     if len(base.results) != len(pool):
-        raise ValueError(f"{len(base.results)} probe results for {len(pool)} pool questions")
+        raise InvalidValueError(f"{len(base.results)} probe results for {len(pool)} pool questions")
     for q, r in zip(pool, base.results, strict=True):
         if r.id != q.id:
-            raise ValueError(
+            raise InvalidValueError(
                 f"probe result {r.id!r} does not belong to question {q.id!r} (same order expected)"
             )
     names = list(groups) if groups is not None else group_names(ratios)
@@ -165,11 +166,11 @@ def build_groups(
     need_wrong = any(group_ratio(n) is not None for n in names)
     for n in names:
         if n != CORRECT and group_ratio(n) is None:
-            raise ValueError(f"unknown group {n!r}; known: {', '.join(group_names(ratios))}")
+            raise InvalidValueError(f"unknown group {n!r}; known: {', '.join(group_names(ratios))}")
     caps = [len(correct)] * need_correct + [len(wrong)] * need_wrong + ([size] if size else [])
     n_items = min(caps) if caps else 0
     if n_items == 0:
-        raise ValueError(
+        raise InvalidValueError(
             f"cannot build equal-size groups: the base model answered {len(correct)} of {len(pool)} pool "
             "questions correctly and the groups need both correct and wrong ones"
         )

@@ -26,6 +26,8 @@ from typing import Literal
 
 import numpy as np
 
+from posttrain.utils.errors import InvalidValueError
+
 Ties = Literal["dense", "average"]
 
 __all__ = [
@@ -46,18 +48,18 @@ def _pair(p_base, p_ft) -> list[tuple[np.ndarray, np.ndarray]]:
     if base and np.isscalar(base[0]):
         base, ft = [base], [ft] if ft and np.isscalar(ft[0]) else ft
     if len(base) != len(ft):
-        raise ValueError(f"p_base has {len(base)} questions but p_ft has {len(ft)}; they must match")
+        raise InvalidValueError(f"p_base has {len(base)} questions but p_ft has {len(ft)}; they must match")
     if not base:
-        raise ValueError("no questions")
+        raise InvalidValueError("no questions")
     out = []
     for i, (a, b) in enumerate(zip(base, ft, strict=True)):
         a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
         if a.ndim != 1 or a.shape != b.shape or a.size < 1:
-            raise ValueError(
+            raise InvalidValueError(
                 f"question {i}: p_base has shape {a.shape} but p_ft has shape {b.shape}; they must match"
             )
         if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-            raise ValueError(f"question {i}: a distribution contains NaN or infinite values")
+            raise InvalidValueError(f"question {i}: a distribution contains NaN or infinite values")
         out.append((a, b))
     return out
 
@@ -82,14 +84,14 @@ def rank_order(values: Sequence[float], ties: Ties = "dense") -> list[float]:
                 out[idx[k]] = (i + j) / 2 + 1
             i = j + 1
         return out
-    raise ValueError(f"ties must be 'dense' or 'average', got {ties!r}")
+    raise InvalidValueError(f"ties must be 'dense' or 'average', got {ties!r}")
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     """Pearson correlation; NaN when either vector is constant (or shorter than 2)."""
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"pearson: vectors of equal length expected, got {a.shape} and {b.shape}")
+        raise InvalidValueError(f"pearson: vectors of equal length expected, got {a.shape} and {b.shape}")
     if a.size < 2:
         return float("nan")
     da, db = a - a.mean(), b - b.mean()
@@ -116,7 +118,7 @@ def kl_consistency(p_base, p_ft, *, per_question: bool = False):
     vals = []
     for a, b in _pair(p_base, p_ft):
         if np.any(a < 0) or np.any(b < 0) or a.sum() <= 0 or b.sum() <= 0:
-            raise ValueError("kl_consistency: distributions must be non-negative and not all zero")
+            raise InvalidValueError("kl_consistency: distributions must be non-negative and not all zero")
         a, b = a / a.sum(), b / b.sum()
         with np.errstate(divide="ignore", invalid="ignore"):
             vals.append(float(np.where(a > 0, a * (np.log(a) - np.log(b)), 0.0).sum()))
@@ -129,7 +131,7 @@ def cosine_consistency(p_base, p_ft, *, per_question: bool = False):
     for a, b in _pair(p_base, p_ft):
         den = float(np.linalg.norm(a) * np.linalg.norm(b))
         if den == 0:
-            raise ValueError("cosine_consistency: a distribution is all zeros")
+            raise InvalidValueError("cosine_consistency: a distribution is all zeros")
         vals.append(float(a @ b) / den)
     return vals if per_question else float(np.mean(vals))
 
@@ -222,12 +224,12 @@ def spearman_partial_correlation(
     controls = [[float(v) for v in c] for c in zs_raw] if several else [[float(v) for v in zs_raw]]
     n = len(xs)
     if len(ys) != n or any(len(c) != n for c in controls):
-        raise ValueError(
+        raise InvalidValueError(
             f"spearman_partial_correlation: x, y and z need the same length (got {n}, {len(ys)}, "
             f"{[len(c) for c in controls]})"
         )
     if n < 3:
-        raise ValueError(f"spearman_partial_correlation: need at least 3 points, got {n}")
+        raise InvalidValueError(f"spearman_partial_correlation: need at least 3 points, got {n}")
 
     def rank(v: list[float]) -> np.ndarray:  # average ranks, 1 = smallest
         return np.asarray(rank_order([-u for u in v], "average"), dtype=np.float64)

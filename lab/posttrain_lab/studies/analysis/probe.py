@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from posttrain.utils.errors import InvalidValueError
+
 LETTERS = tuple(chr(i) for i in range(ord("A"), ord("Z")))
 VICUNA_TEMPLATE = (
     "A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
@@ -70,9 +72,13 @@ class MCQ:
 
     def __post_init__(self) -> None:
         if not 2 <= len(self.choices) <= len(LETTERS):
-            raise ValueError(f"MCQ {self.id!r}: {len(self.choices)} choices; expected 2..{len(LETTERS)}")
+            raise InvalidValueError(
+                f"MCQ {self.id!r}: {len(self.choices)} choices; expected 2..{len(LETTERS)}"
+            )
         if not 0 <= self.answer < len(self.choices):
-            raise ValueError(f"MCQ {self.id!r}: answer {self.answer} outside 0..{len(self.choices) - 1}")
+            raise InvalidValueError(
+                f"MCQ {self.id!r}: answer {self.answer} outside 0..{len(self.choices) - 1}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         d = {"id": self.id, "question": self.question, "choices": list(self.choices), "answer": self.answer}
@@ -83,24 +89,26 @@ class MCQ:
 
 def _mcq_from_row(row: Any, where: str) -> MCQ:
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise InvalidValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     missing = [k for k in ("question", "choices", "answer") if k not in row]
     if missing:
-        raise ValueError(f"{where}: missing key {missing[0]!r} (got keys: {', '.join(sorted(row))})")
+        raise InvalidValueError(f"{where}: missing key {missing[0]!r} (got keys: {', '.join(sorted(row))})")
     choices = row["choices"]
     if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
-        raise ValueError(f"{where}: 'choices' must be a list of strings")
+        raise InvalidValueError(f"{where}: 'choices' must be a list of strings")
     ans = row["answer"]
     if isinstance(ans, str) and len(ans) == 1 and ans in LETTERS:
         ans = LETTERS.index(ans)
     if not isinstance(ans, int) or isinstance(ans, bool):
-        raise ValueError(f"{where}: 'answer' must be an option index (0-based) or a letter, got {ans!r}")
+        raise InvalidValueError(
+            f"{where}: 'answer' must be an option index (0-based) or a letter, got {ans!r}"
+        )
     try:
         return MCQ(
             str(row["question"]), tuple(choices), ans, str(row.get("id", "")), dict(row.get("meta") or {})
         )
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise InvalidValueError(f"{where}: {e}") from None
 
 
 def load_mcqs(path: str | Path) -> list[MCQ]:
@@ -112,7 +120,7 @@ def load_mcqs(path: str | Path) -> list[MCQ]:
     for line, row in iter_jsonl(path):
         out.append(_mcq_from_row(row, f"{path}: line {line}"))
     if not out:
-        raise ValueError(f"{path}: no questions")
+        raise InvalidValueError(f"{path}: no questions")
     return out
 
 
@@ -173,7 +181,7 @@ def probe_prompt(
     (:func:`probe` does that)."""
     if style == "base":
         if shots > len(dev):
-            raise ValueError(f"{shots}-shot prompt needs {shots} dev examples, got {len(dev)}")
+            raise InvalidValueError(f"{shots}-shot prompt needs {shots} dev examples, got {len(dev)}")
         picked = [dev[i] for i in dev_order(len(dev), dev_seed)[:shots]]
         return header(domain) + "".join(format_example(d) for d in picked) + format_example(q, False)
     text = header(domain) + format_example(q, False)
@@ -181,7 +189,7 @@ def probe_prompt(
         return VICUNA_TEMPLATE.format(text)
     if style == "chat":
         return text
-    raise ValueError(f"probe style must be 'base', 'vicuna' or 'chat', got {style!r}")
+    raise InvalidValueError(f"probe style must be 'base', 'vicuna' or 'chat', got {style!r}")
 
 
 def letter_token_ids(tokenizer: Any, n: int) -> list[int]:
@@ -190,10 +198,10 @@ def letter_token_ids(tokenizer: Any, n: int) -> list[int]:
     for letter in LETTERS[:n]:
         enc = tokenizer(letter)["input_ids"]
         if not enc:
-            raise ValueError(f"the tokenizer encodes {letter!r} as no token")
+            raise InvalidValueError(f"the tokenizer encodes {letter!r} as no token")
         ids.append(int(enc[-1]))
     if len(set(ids)) != n:
-        raise ValueError(f"the tokenizer maps option letters {LETTERS[:n]} to non-distinct ids {ids}")
+        raise InvalidValueError(f"the tokenizer maps option letters {LETTERS[:n]} to non-distinct ids {ids}")
     return ids
 
 
@@ -244,7 +252,7 @@ class ProbeSet:
 def _encode(tokenizer: Any, text: str, style: Style) -> list[int]:
     if style == "chat":
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("style 'chat' needs a tokenizer with a chat template; use style 'vicuna'")
+            raise InvalidValueError("style 'chat' needs a tokenizer with a chat template; use style 'vicuna'")
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
         )
@@ -284,7 +292,7 @@ def probe(
     if hasattr(model, "model") and hasattr(model, "tokenizer") and tokenizer is None:
         model, tokenizer = model.model, model.tokenizer
     if style != "base" and shots:
-        raise ValueError(f"style {style!r} is 0-shot (the fine-tuned format); shots must be 0")
+        raise InvalidValueError(f"style {style!r} is 0-shot (the fine-tuned format); shots must be 0")
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     encoded = [

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from posttrain.utils.config import StrictModel
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.analysis.synthetic import SyntheticConfig
 
 
@@ -59,11 +60,11 @@ class SourceConfig(StrictModel):
     @model_validator(mode="after")
     def _source(self) -> SourceConfig:
         if self.synthetic is None and (self.base is None or self.probes is None):
-            raise ValueError(
+            raise InvalidValueError(
                 "set `synthetic` (the built-in setting, e.g. synthetic={}) or both `base` and `probes`"
             )
         if self.synthetic is None and self.shots and self.dev is None:
-            raise ValueError(f"shots={self.shots} needs `dev` (a JSONL of solved MCQs) or shots=0")
+            raise InvalidValueError(f"shots={self.shots} needs `dev` (a JSONL of solved MCQs) or shots=0")
         return self
 
 
@@ -105,7 +106,9 @@ class InterventionConfig(SourceConfig):
     @model_validator(mode="after")
     def _pool(self) -> InterventionConfig:
         if self.synthetic is None and self.pool is None:
-            raise ValueError("set `pool` (a JSONL of MCQs the groups are built from) or use `synthetic`")
+            raise InvalidValueError(
+                "set `pool` (a JSONL of MCQs the groups are built from) or use `synthetic`"
+            )
         return self
 
 
@@ -139,13 +142,13 @@ class ForgettingConfig(SourceConfig):
         if self.synthetic is None and (
             (self.ift_data is None and self.ift_run is None) or self.restore_data is None
         ):
-            raise ValueError(
+            raise InvalidValueError(
                 "set `ift_data` (or `ift_run`) and `restore_data` (JSONL files) or use `synthetic`"
             )
         if self.checkpoints is not None and self.ift_run is None:
             bad = [s for s in self.checkpoints if not 1 <= s <= self.ift.steps]
             if bad:
-                raise ValueError(f"checkpoints {bad} outside 1..ift.steps={self.ift.steps}")
+                raise InvalidValueError(f"checkpoints {bad} outside 1..ift.steps={self.ift.steps}")
         return self
 
 
@@ -283,7 +286,7 @@ def run_consistency(cfg: ConsistencyConfig) -> dict[str, Any]:
         tuned_name = cfg.tuned
     else:
         if st.world is None:
-            raise ValueError("set `tuned` (the fine-tuned model)")
+            raise InvalidValueError("set `tuned` (the fine-tuned model)")
         pool = st.world.mcqs("pool")
         groups = build_groups(
             pool,
@@ -501,7 +504,9 @@ def run_forgetting(cfg: ForgettingConfig) -> dict[str, Any]:
         if cfg.checkpoints:
             missing = [s for s in cfg.checkpoints if s not in ckpts]
             if missing:
-                raise ValueError(f"{cfg.ift_run}: no checkpoint for steps {missing} (saved: {sorted(ckpts)})")
+                raise InvalidValueError(
+                    f"{cfg.ift_run}: no checkpoint for steps {missing} (saved: {sorted(ckpts)})"
+                )
         steps = sorted(set(cfg.checkpoints)) if cfg.checkpoints else sorted(ckpts)
     else:  # 1. IFT with the SFT trainer, checkpoints at the chosen steps
         tr = _sft(
@@ -669,7 +674,7 @@ def _run_checkpoints(run: str) -> dict[int, str]:
             if p.is_dir() and p.name.startswith("step_") and (p / "model" / "config.json").is_file():
                 found[int(p.name[len("step_") :])] = str(p / "model")
     if not found:
-        raise ValueError(
+        raise InvalidValueError(
             f"ift_run {run!r}: no saved checkpoints (expected {root}/step_*/model; save them with "
             "checkpoint.every and a checkpoint.keep large enough to keep the early ones)"
         )

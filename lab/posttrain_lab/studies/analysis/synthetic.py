@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import Field
 
 from posttrain.utils.config import StrictModel
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.analysis.probe import MCQ, format_example, header
 
 TOWNS = ("Lima", "Oslo", "Rome", "Kiev", "Bern", "Doha", "Riga", "Baku", "Suva", "Apia", "Male", "Sana")
@@ -184,7 +185,7 @@ class SyntheticWorld:
 def _names(n: int, rng: random.Random, length: int) -> list[str]:
     capacity = 26**length
     if n > capacity // 2:
-        raise ValueError(
+        raise InvalidValueError(
             f"n_entities={n} is too many for names of {length} characters (at most {capacity // 2})"
         )
     out: list[str] = []
@@ -200,9 +201,9 @@ def _names(n: int, rng: random.Random, length: int) -> list[str]:
 def build_world(cfg: SyntheticConfig | None = None) -> SyntheticWorld:
     cfg = cfg or SyntheticConfig()
     if cfg.n_choices > cfg.n_values:
-        raise ValueError(f"n_choices ({cfg.n_choices}) cannot exceed n_values ({cfg.n_values})")
+        raise InvalidValueError(f"n_choices ({cfg.n_choices}) cannot exceed n_values ({cfg.n_values})")
     if cfg.exam_frac + cfg.pool_frac + cfg.test_frac > 1 + 1e-9:
-        raise ValueError("exam_frac + pool_frac + test_frac must be at most 1")
+        raise InvalidValueError("exam_frac + pool_frac + test_frac must be at most 1")
     rng = random.Random(cfg.seed)
     towns = TOWNS[: cfg.n_values]
     ents = _names(cfg.n_entities, rng, cfg.name_length)
@@ -289,7 +290,7 @@ def pretrain_base(
         have = json.loads(stamp.read_text())
         if have != want:
             changed = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
-            raise ValueError(
+            raise InvalidValueError(
                 f"{out_dir} holds a base model pre-trained for another synthetic config (differs in: "
                 f"{', '.join(changed)}); use another directory or delete it"
             )

@@ -30,7 +30,7 @@ from typing import Any
 
 from posttrain.train.sft_data import SFTExample
 from posttrain.utils.data import DataFileError, iter_jsonl
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 
 OPEN, CLOSE = "[[", "]]"
 DEFAULT_PROMPT_FORMAT = "{instruction}\n{input}\n"
@@ -159,7 +159,7 @@ def render_prompt(
     """(prompt text, key spans in it). ``masked`` (a mask string) renders ``I^m`` instead (no spans)."""
     parts = re.split(r"(\{instruction\}|\{input\})", prompt_format)
     if parts.count("{instruction}") != 1 or parts.count("{input}") > 1:
-        raise ValueError(
+        raise InvalidValueError(
             f"prompt_format must contain '{{instruction}}' once and '{{input}}' at most once, got {prompt_format!r}"
         )
     instr = ex.instruction if masked is None else ex.masked_instruction(masked)

@@ -25,6 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.cit.data import CITDataError, InstructionExample, parse_markup
 
 TEMPLATES = ("concretizing", "reasoning", "constraint", "breadth")
@@ -126,7 +127,7 @@ def rewrite_rules(
     elif template == "breadth":
         marked = _breadth(ex, rules)
     else:
-        raise ValueError(f"unknown rewrite template {template!r}; known: {', '.join(TEMPLATES)}")
+        raise InvalidValueError(f"unknown rewrite template {template!r}; known: {', '.join(TEMPLATES)}")
     text, spans = parse_markup(marked, f"{ex.source}: {template} rewrite")
     return InstructionExample(text, ex.input, ex.output, ex.task, spans, ex.source, ex.meta)
 
@@ -197,7 +198,7 @@ def diversify(
     falling back to ``rules``)."""
     for t in templates:
         if t not in TEMPLATES:
-            raise ValueError(f"unknown rewrite template {t!r}; known: {', '.join(TEMPLATES)}")
+            raise InvalidValueError(f"unknown rewrite template {t!r}; known: {', '.join(TEMPLATES)}")
     if rewriter is not None:
         return {t: rewriter.rewrite(examples, t, concrete, rules) for t in templates}
     return {t: [rewrite_rules(ex, t, concrete, rules) for ex in examples] for t in templates}

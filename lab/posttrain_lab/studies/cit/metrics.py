@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from posttrain.utils.errors import InvalidValueError
+
 
 def cl_metrics(acc: Sequence[Sequence[float]], acc_init: Sequence[float] | None = None) -> dict[str, Any]:
     """``average_accuracy``, ``backward_transfer``, ``forward_transfer`` (None without ``acc_init``),
@@ -26,7 +28,7 @@ def cl_metrics(acc: Sequence[Sequence[float]], acc_init: Sequence[float] | None 
     BWT / FWT / forgetting are None for T = 1."""
     a = np.asarray(acc, dtype=np.float64)
     if a.ndim != 2 or a.shape[0] != a.shape[1] or a.shape[0] == 0:
-        raise ValueError(f"acc must be a square T x T matrix (stages x tasks), got shape {a.shape}")
+        raise InvalidValueError(f"acc must be a square T x T matrix (stages x tasks), got shape {a.shape}")
     t = a.shape[0]
     out: dict[str, Any] = {"average_accuracy": float(a[-1].mean())}
     if t == 1:
@@ -36,7 +38,7 @@ def cl_metrics(acc: Sequence[Sequence[float]], acc_init: Sequence[float] | None 
     if acc_init is not None:
         b = np.asarray(acc_init, dtype=np.float64)
         if b.shape != (t,):
-            raise ValueError(f"acc_init must have one entry per task ({t}), got shape {b.shape}")
+            raise InvalidValueError(f"acc_init must have one entry per task ({t}), got shape {b.shape}")
         out["forward_transfer"] = float(np.mean([a[j - 1, j] - b[j] for j in range(1, t)]))
     else:
         out["forward_transfer"] = None
@@ -51,7 +53,7 @@ def p_score(acc_by_rewrite: dict[str, dict[str, float]]) -> float:
     instructions, averaged over rewrite templates then tasks. ``acc_by_rewrite[template][task]``."""
     vals = [v for per_task in acc_by_rewrite.values() for v in per_task.values()]
     if not vals:
-        raise ValueError("p_score: no held-out accuracies")
+        raise InvalidValueError("p_score: no held-out accuracies")
     return float(np.mean(vals))
 
 
@@ -59,5 +61,5 @@ def v_score(satisfied: Sequence[bool]) -> float:
     """KPIG-style V-score (proposed design): fraction of outputs satisfying their instruction's
     key-part constraints (rule checks per task)."""
     if not len(satisfied):
-        raise ValueError("v_score: no outputs")
+        raise InvalidValueError("v_score: no outputs")
     return float(np.mean([bool(s) for s in satisfied]))

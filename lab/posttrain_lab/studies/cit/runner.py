@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 
 from posttrain.train.sft import SFTConfig
 from posttrain.utils.config import StrictModel
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.cit.data import (
     DEFAULT_MASK,
     DEFAULT_PROMPT_FORMAT,
@@ -60,11 +61,13 @@ class StreamConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> StreamConfig:
         if self.source != "builtin" and self.test_data is None:
-            raise ValueError("stream.test_data: a JSONL stream (stream.source=<file>) needs a test file")
+            raise InvalidValueError(
+                "stream.test_data: a JSONL stream (stream.source=<file>) needs a test file"
+            )
         if not self.tasks:
-            raise ValueError("stream.tasks: at least one task")
+            raise InvalidValueError("stream.tasks: at least one task")
         if set(self.tasks) & set(self.heldout):
-            raise ValueError("stream.heldout: held-out tasks must not be training tasks")
+            raise InvalidValueError("stream.heldout: held-out tasks must not be training tasks")
         return self
 
 
@@ -157,7 +160,7 @@ class CITConfig(StrictModel):
             for m in data["methods"] or []:
                 if isinstance(m, str):
                     if m not in METHOD_PRESETS:
-                        raise ValueError(
+                        raise InvalidValueError(
                             f"methods: unknown method {m!r}; built-in: {', '.join(METHOD_PRESETS)} "
                             "(or give {name, replay, hinge, diversify})"
                         )
@@ -169,12 +172,12 @@ class CITConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> CITConfig:
         if self.sft.task.prompt_template != "{prompt}":
-            raise ValueError(
+            raise InvalidValueError(
                 "sft.task.prompt_template: CIT renders prompts with prompt_format; leave it '{prompt}'"
             )
         names = [m.name for m in self.methods]
         if len(set(names)) != len(names) or not names:
-            raise ValueError(f"methods: names must be unique and at least one, got {names}")
+            raise InvalidValueError(f"methods: names must be unique and at least one, got {names}")
         return self
 
 
@@ -219,7 +222,9 @@ def generate_outputs(lm: Any, cfg: CITConfig, examples: list[InstructionExample]
         with torch.no_grad():
             for s in range(0, len(examples), cfg.eval.batch_size):
                 chunk = examples[s : s + cfg.eval.batch_size]
-                batch = generate_completions(lm, [fmt.encode(prompt_text(e, cfg.prompt_format)) for e in chunk], params)
+                batch = generate_completions(
+                    lm, [fmt.encode(prompt_text(e, cfg.prompt_format)) for e in chunk], params
+                )
                 for row, m in zip(batch.completion_ids, batch.completion_mask, strict=True):
                     ids = [int(i) for i, k in zip(row, m, strict=True) if k]
                     outs.append(lm.tokenizer.decode(ids, skip_special_tokens=True).strip())

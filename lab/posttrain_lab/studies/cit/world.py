@@ -26,6 +26,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.cit.data import InstructionExample, parse_markup
 
 CITIES = ("Oslo", "Lima", "Rome", "Riga", "Baku", "Kiev", "Doha", "Bern")
@@ -211,7 +212,7 @@ def make_task(
     """``n`` examples of built-in task ``name`` (each ``split`` its own RNG stream); examples whose
     (instruction, input) occurs in ``avoid`` (e.g. the training split) are redrawn."""
     if name not in GENERATORS:
-        raise ValueError(f"unknown built-in CIT task {name!r}; known: {', '.join(GENERATORS)}")
+        raise InvalidValueError(f"unknown built-in CIT task {name!r}; known: {', '.join(GENERATORS)}")
     rng = random.Random(f"{name}-{split}-{seed}")
     seen = {(e.instruction, e.input) for e in avoid or []}
     out: list[InstructionExample] = []

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.scpg.tasks import SCPGExample
 from posttrain_lab.studies.scpg.trees import Tree
 
@@ -168,7 +169,7 @@ def realise(m: Meaning, template: str) -> Tree:
         return Tree("S", [_np(m.patient), passive, period])
     if template in ("F", "G"):
         if m.loc is None:
-            raise ValueError(f"template {template} needs a location")
+            raise InvalidValueError(f"template {template} needs a location")
         if template == "F":
             vp = Tree("VP", [Tree("VBD", [past]), _np(m.patient)])
             return Tree("S", [loc[0], Tree(",", [","]), _np(m.agent), vp, period])
@@ -178,7 +179,7 @@ def realise(m: Meaning, template: str) -> Tree:
         rel = Tree("SBAR", [Tree("WHNP", [Tree("WDT", ["that"])]), inner])
         vp = Tree("VP", [Tree("VBD", ["was"]), Tree("NP", [_np(m.agent), rel])])
         return Tree("S", [Tree("NP", [Tree("PRP", ["it"])]), vp, period])
-    raise ValueError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
+    raise InvalidValueError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
 
 
 def allowed_templates(m: Meaning) -> tuple[str, ...]:
@@ -353,7 +354,7 @@ def _read_lines(path: Path) -> list[str]:
             f"{path}: missing (SGCP layout: <dir>/<split>/{{src,tgt,ref}}.txt and <file>{PARSE_SUFFIX})"
         ) from None
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+        raise InvalidValueError(f"{path}: not UTF-8 text ({e})") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -368,16 +369,16 @@ _SUFFIX = re.compile(r"-\d+$")
 def tree_from_sgcp_json(obj: object, where: str = "parse") -> Tree:
     """A tree from SGCP's JSON parse (module docstring): ``ROOT`` is the root, ``NP-2`` has label ``NP``."""
     if not isinstance(obj, dict) or "ROOT" not in obj:
-        raise ValueError(f"{where}: expected a JSON object with a 'ROOT' key (SGCP parse)")
+        raise InvalidValueError(f"{where}: expected a JSON object with a 'ROOT' key (SGCP parse)")
     seen: set[str] = set()
 
     def build(name: str) -> Tree:
         if name in seen:
-            raise ValueError(f"{where}: node {name!r} occurs twice (not a tree)")
+            raise InvalidValueError(f"{where}: node {name!r} occurs twice (not a tree)")
         seen.add(name)
         kids = obj[name]
         if not isinstance(kids, list) or not all(isinstance(k, str) for k in kids):
-            raise ValueError(f"{where}: children of {name!r} must be a list of strings")
+            raise InvalidValueError(f"{where}: children of {name!r} must be a list of strings")
         return Tree(_SUFFIX.sub("", name), [build(k) if k in obj else k for k in kids])
 
     return build("ROOT")
@@ -409,7 +410,7 @@ def parse_tree_line(line: str, where: str = "parse") -> Tree:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: bad JSON parse ({e})") from None
+            raise InvalidValueError(f"{where}: bad JSON parse ({e})") from None
         return tree_from_sgcp_json(obj, where)
     return Tree.from_bracketed(line)
 
@@ -420,14 +421,16 @@ def _read_trees(path: Path) -> list[Tree]:
         try:
             out.append(parse_tree_line(line, "parse"))
         except ValueError as e:
-            raise ValueError(f"{path}:{n}: bad parse ({e})") from None
+            raise InvalidValueError(f"{path}:{n}: bad parse ({e})") from None
     return out
 
 
 def _roles(convention: str) -> tuple[str, str]:
     """(file of the target, file of the exemplar) in val/test splits."""
     if convention not in CONVENTIONS:
-        raise ValueError(f"unknown SGCP-layout convention {convention!r}; known: {', '.join(CONVENTIONS)}")
+        raise InvalidValueError(
+            f"unknown SGCP-layout convention {convention!r}; known: {', '.join(CONVENTIONS)}"
+        )
     return ("ref", "tgt") if convention == "sgcp" else ("tgt", "ref")
 
 
@@ -455,12 +458,12 @@ def load_sgcp_split(
             ("parses", trees[k], d / f"{k}.txt{parse_suffix}"),
         ):
             if len(items) != n:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{fname}: {len(items)} lines, but {d / 'src.txt'} has {n} ({what} must align line by line)"
                 )
         for i, s in enumerate(sents[k], 1):
             if not s.strip():
-                raise ValueError(f"{d / f'{k}.txt'}:{i}: empty sentence")
+                raise InvalidValueError(f"{d / f'{k}.txt'}:{i}: empty sentence")
     if "ref" not in names:
         target = exemplar = "tgt"
     return [

@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.registry import Registry
 from posttrain_lab.studies.scpg.trees import Tree
 
@@ -57,7 +58,7 @@ def get_parser(name: str) -> ConstituencyParser:
     factory = PARSERS.get(name)
     parser = factory()
     if not callable(getattr(parser, "parse", None)):
-        raise ValueError(f"parser {name!r}: {type(parser).__name__} has no parse(sentence) method")
+        raise InvalidValueError(f"parser {name!r}: {type(parser).__name__} has no parse(sentence) method")
     return parser
 
 
@@ -81,7 +82,7 @@ METRIC_MODES = ("posttrain", "sgcp")
 
 def _check_mode(mode: str) -> None:
     if mode not in METRIC_MODES:
-        raise ValueError(f"unknown metric mode {mode!r}; known: {', '.join(METRIC_MODES)}")
+        raise InvalidValueError(f"unknown metric mode {mode!r}; known: {', '.join(METRIC_MODES)}")
 
 
 def bleu4(
@@ -93,7 +94,7 @@ def bleu4(
 
     _check_mode(mode)
     if len(hypotheses) != len(references):
-        raise ValueError(f"bleu4: {len(hypotheses)} hypotheses vs {len(references)} references")
+        raise InvalidValueError(f"bleu4: {len(hypotheses)} hypotheses vs {len(references)} references")
     if not hypotheses:
         return 0.0
     if mode == "sgcp":
@@ -151,7 +152,9 @@ def ted(a: Tree, b: Tree, *, height: int | None = None, mode: str = "posttrain")
     _check_mode(mode)
     if mode == "sgcp":
         if height:
-            raise ValueError("ted: SGCP's TED has no pruning; leave ted_height unset with metrics=sgcp")
+            raise InvalidValueError(
+                "ted: SGCP's TED has no pruning; leave ted_height unset with metrics=sgcp"
+            )
         return int(zss.simple_distance(sgcp_tree(b), sgcp_tree(a)))
 
     def to_zss(t: Tree) -> Any:

@@ -35,6 +35,7 @@ from pydantic import Field, field_validator, model_validator
 
 from posttrain.train.config import OptimizerConfig
 from posttrain.utils.config import StrictModel, check_choice
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.scpg.tasks import SCPG_FORMATS, TRIPLET_FORMATS, SCPGExample
 
 # ---------------------------------------------------------------------------------------- configs
@@ -171,7 +172,7 @@ class EvalConfig(StrictModel):
     @model_validator(mode="after")
     def _sgcp_no_pruning(self) -> EvalConfig:
         if self.metrics == "sgcp" and self.ted_height:
-            raise ValueError("ted_height: SGCP's TED has no pruning; leave it unset with metrics=sgcp")
+            raise InvalidValueError("ted_height: SGCP's TED has no pruning; leave it unset with metrics=sgcp")
         return self
 
 
@@ -350,7 +351,7 @@ def train_pairs(
 
     pairs, dropped = _fit(pairs, adapter.tokenizer, max_length)
     if not pairs:
-        raise ValueError(f"{name}: every training pair is longer than max_length={max_length} tokens")
+        raise InvalidValueError(f"{name}: every training pair is longer than max_length={max_length} tokens")
     cfg = SFTConfig(
         model=ModelConfig(name=str(Path(out_dir) / "model"), adapter="seq2seq", device=device),
         steps=steps,
@@ -398,7 +399,9 @@ def stage_pairs(
             continue
         failures += 1
         if failures > 100 + n:
-            raise ValueError(f"stage {stage}: most pre-training trees give no example (last tree: {t})")
+            raise InvalidValueError(
+                f"stage {stage}: most pre-training trees give no example (last tree: {t})"
+            )
     return out
 
 
@@ -613,7 +616,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     fmt = cfg.format or _format_of(cfg.model.name)
     if fmt is None:
-        raise ValueError(
+        raise InvalidValueError(
             f"eval: {cfg.model.name!r} has no scpg.json naming its format (not a `posttrain scpg finetune` "
             "run folder); set format="
         )
@@ -621,7 +624,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     corpus = Corpus(cfg.data)
     if cfg.split not in corpus.splits:
-        raise ValueError(f"eval: the data has no {cfg.split!r} split")
+        raise InvalidValueError(f"eval: the data has no {cfg.split!r} split")
     examples = corpus.splits[cfg.split][: cfg.n]
     templates = corpus.templates.get(cfg.split, [])[: cfg.n]
     model, tok = load_seq2seq(cfg.model.name, dtype=cfg.model.dtype, device=_device(cfg.model.device))

@@ -36,6 +36,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.scpg.trees import MASK, Tree, format_production
 
 SEP = " <sep> "
@@ -68,7 +69,7 @@ def tree_forming(tree: Tree, rng: random.Random, fmt: str = "bracket") -> tuple[
 def node_deleting(tree: Tree, rng: random.Random, fmt: str = "bracket") -> tuple[str, str]:
     cands = [p for p, _ in tree.subtrees() if p]
     if not cands:
-        raise ValueError(f"node deleting: tree {tree} has no non-terminal below the root")
+        raise InvalidValueError(f"node deleting: tree {tree} has no non-terminal below the root")
     pos = rng.choice(cands)
     return (
         f"node deleting position: {', '.join(map(str, pos))} node: {tree.label_at(pos)} "
@@ -118,7 +119,7 @@ def tree_pruning(tree: Tree, rng: random.Random) -> tuple[str, str]:
 def _phrases(tree: Tree) -> list[Tree]:
     subs = [t for _, t in tree.subtrees() if t.height() > 2]
     if not subs:
-        raise ValueError(f"tree {tree}: no constituent above the pre-terminals (height > 2)")
+        raise InvalidValueError(f"tree {tree}: no constituent above the pre-terminals (height > 2)")
     return subs
 
 
@@ -224,7 +225,7 @@ def mask_inter_span(
     with no span at all is redrawn (the authors would train on an empty target)."""
     n = len(tokens)
     if n == 0:
-        raise ValueError("mask_inter_span: no tokens")
+        raise InvalidValueError("mask_inter_span: no tokens")
     marks = [0] * n
     while not any(marks):
         for i in range(n):
@@ -258,7 +259,7 @@ def fill_mask(
     tree: Tree, prefix: str, rng: random.Random, base_p: float = MASK_PROBABILITY
 ) -> tuple[str, str]:
     if prefix not in FILL_MASK_PREFIXES:
-        raise ValueError(f"fill-mask prefix {prefix!r}; accepted: {', '.join(FILL_MASK_PREFIXES)}")
+        raise InvalidValueError(f"fill-mask prefix {prefix!r}; accepted: {', '.join(FILL_MASK_PREFIXES)}")
     p = base_p * 2 if prefix.startswith("high") else base_p
     fn = mask_intra_bracket if "intra" in prefix else mask_inter_span
     src, tgt = fn(tree_tokens(tree), p, rng)
@@ -328,7 +329,7 @@ TRIPLET_FORMATS = ("triplet", "triplet_sentencetree", "triplet_nooutputtree")
 
 def format_scpg(ex: SCPGExample, fmt: str, prune_height: int = PRUNE_HEIGHT) -> tuple[str, str]:
     if fmt not in SCPG_FORMATS:
-        raise ValueError(f"SCPG format {fmt!r}; accepted: {', '.join(SCPG_FORMATS)}")
+        raise InvalidValueError(f"SCPG format {fmt!r}; accepted: {', '.join(SCPG_FORMATS)}")
     fields = scpg_fields(ex, prune_height)
     src, tgt = SCPG_FORMATS[fmt]
     return src.format(**fields), tgt.format(**fields)
@@ -350,7 +351,7 @@ def split_scpg_output(text: str, fmt: str) -> tuple[str, str | None]:
     if fmt == "triplet_sentencetree":
         sent, _, tree = text.partition("<tgt>")
         return sent.strip(), tree.strip() or None
-    raise ValueError(f"SCPG format {fmt!r}; accepted: {', '.join(SCPG_FORMATS)}")
+    raise InvalidValueError(f"SCPG format {fmt!r}; accepted: {', '.join(SCPG_FORMATS)}")
 
 
 # ------------------------------------------------------------------------------------------ samplers

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
+from posttrain.utils.errors import InvalidValueError
+
 Child = Union["Tree", str]
 Position = tuple[int, ...]
 
@@ -51,13 +53,13 @@ class Tree:
         between tokens is free (``( S ...`` is accepted). Raises ``ValueError`` naming the character
         position for empty input, a missing label, an unclosed or unopened bracket, or trailing text."""
         if not isinstance(text, str):
-            raise ValueError(f"bracketed tree: expected a string, got {type(text).__name__}")
+            raise InvalidValueError(f"bracketed tree: expected a string, got {type(text).__name__}")
         toks = list(_tokenize(text))
         if not toks:
-            raise ValueError("bracketed tree: empty input at position 0 (expected '(')")
+            raise InvalidValueError("bracketed tree: empty input at position 0 (expected '(')")
         tree, i = _parse(toks, 0, text)
         if i < len(toks):
-            raise ValueError(
+            raise InvalidValueError(
                 f"bracketed tree: trailing text at position {toks[i][1]}: {text[toks[i][1] :][:20]!r}"
             )
         return tree
@@ -89,7 +91,7 @@ class Tree:
             return self.to_bracketed()
         if fmt == "slash":
             return self.to_slash()
-        raise ValueError(f"linearisation: unknown format {fmt!r}; accepted: bracket, slash")
+        raise InvalidValueError(f"linearisation: unknown format {fmt!r}; accepted: bracket, slash")
 
     def copy(self) -> Tree:
         return Tree(self.label, [c.copy() if isinstance(c, Tree) else c for c in self.children])
@@ -118,7 +120,7 @@ class Tree:
         for depth, k in enumerate(position):
             if not isinstance(node, Tree) or not isinstance(k, int) or not 1 <= k <= len(node.children):
                 n = len(node.children) if isinstance(node, Tree) else 0
-                raise ValueError(
+                raise InvalidValueError(
                     f"tree position {tuple(position)}: step {depth + 1} asks for child {k!r} of a node with "
                     f"{n} children (positions are 1-based)"
                 )
@@ -191,10 +193,12 @@ class Tree:
         parent at its place (the ``node deleting`` target)."""
         position = tuple(position)
         if not position:
-            raise ValueError("delete_node: the root cannot be deleted (position ())")
+            raise InvalidValueError("delete_node: the root cannot be deleted (position ())")
         node = self.node_at(position)
         if not isinstance(node, Tree):
-            raise ValueError(f"delete_node: position {position} is a leaf ({node!r}), not a non-terminal")
+            raise InvalidValueError(
+                f"delete_node: position {position} is a leaf ({node!r}), not a non-terminal"
+            )
         out = self.copy()
         parent = out.node_at(position[:-1])
         assert isinstance(parent, Tree)
@@ -209,9 +213,9 @@ class Tree:
         ``<mask>`` and every shallower leaf ``<mask>``; ``none``: the node becomes a bare label leaf and
         shallower leaves are dropped (the "tree without leaves")."""
         if height < 2:
-            raise ValueError(f"prune: height must be >= 2 (the root is level 1), got {height}")
+            raise InvalidValueError(f"prune: height must be >= 2 (the root is level 1), got {height}")
         if retain not in ("original", "mask", "none"):
-            raise ValueError(f"prune: retain must be original, mask or none, got {retain!r}")
+            raise InvalidValueError(f"prune: retain must be original, mask or none, got {retain!r}")
 
         def walk(t: Tree, level: int) -> Child:
             if level == height:
@@ -283,19 +287,19 @@ def _tokenize(text: str) -> Iterator[tuple[str, int]]:
 def _parse(toks: list[tuple[str, int]], i: int, text: str) -> tuple[Tree, int]:
     tok, at = toks[i]
     if tok != "(":
-        raise ValueError(f"bracketed tree: expected '(' at position {at}, found {tok!r}")
+        raise InvalidValueError(f"bracketed tree: expected '(' at position {at}, found {tok!r}")
     open_at = at
     i += 1
     if i >= len(toks):
-        raise ValueError(f"bracketed tree: unbalanced, '(' at position {open_at} is never closed")
+        raise InvalidValueError(f"bracketed tree: unbalanced, '(' at position {open_at} is never closed")
     tok, at = toks[i]
     if tok in "()":
-        raise ValueError(f"bracketed tree: expected a label at position {at}, found {tok!r}")
+        raise InvalidValueError(f"bracketed tree: expected a label at position {at}, found {tok!r}")
     tree = Tree(tok, [])
     i += 1
     while True:
         if i >= len(toks):
-            raise ValueError(
+            raise InvalidValueError(
                 f"bracketed tree: unbalanced, '(' at position {open_at} is never closed "
                 f"(input ends at position {len(text)})"
             )

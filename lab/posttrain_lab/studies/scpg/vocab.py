@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.studies.scpg.trees import Tree
 
 N_NODES = 100
@@ -45,7 +46,9 @@ def _source_token(tok: str) -> str | None:
 def _token_id(tokenizer: Any, tok: str) -> int:
     ids = tokenizer.encode(tok, add_special_tokens=False)
     if len(ids) != 1:
-        raise ValueError(f"token {tok!r} encodes to {len(ids)} ids {ids}; it was not added as one token")
+        raise InvalidValueError(
+            f"token {tok!r} encodes to {len(ids)} ids {ids}; it was not added as one token"
+        )
     return int(ids[0])
 
 
@@ -70,7 +73,9 @@ def add_node_tokens(model: Any, tokenizer: Any) -> list[str]:
     emb = model.get_input_embeddings().weight
     unk = tokenizer.unk_token_id
     if unk is None:
-        raise ValueError("add_node_tokens: the tokenizer has no unk token to initialise <none>/<sep> from")
+        raise InvalidValueError(
+            "add_node_tokens: the tokenizer has no unk token to initialise <none>/<sep> from"
+        )
     with torch.no_grad():
         for tok in new:
             src = _source_token(tok)
@@ -94,7 +99,7 @@ def add_nonterminal_tokens(
     import torch
 
     if init not in ("node", "unk"):
-        raise ValueError(f"add_nonterminal_tokens: init must be 'node' or 'unk', got {init!r}")
+        raise InvalidValueError(f"add_nonterminal_tokens: init must be 'node' or 'unk', got {init!r}")
     new = _add(tokenizer, list(labels), single_word=True)
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     emb = model.get_input_embeddings().weight

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.clients.openai_chat import OpenAIChatAgent
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.registry import Registry
 from posttrain_lab.benchmarks.silo.agents.adversarial import ADVERSARIAL_KINDS, AdversarialAgent
 from posttrain_lab.benchmarks.silo.agents.base import Agent, AgentError, AgentReply, Seat, current_seat
@@ -34,7 +35,7 @@ def _scripted(answer_style: str = "json") -> Agent:
 def _openai(**options: Any) -> Agent:
     """base_url, model, api_key, temperature, concurrency, timeout_s, max_retries, max_tokens."""
     if not options.get("base_url") or not options.get("model"):
-        raise ValueError("agent 'openai' needs base_url and model (--base-url, --model)")
+        raise InvalidValueError("agent 'openai' needs base_url and model (--base-url, --model)")
     return OpenAIChatAgent(**options)
 
 
@@ -42,7 +43,7 @@ def _openai(**options: Any) -> Agent:
 def _hf(model: str | None = None, **options: Any) -> Agent:
     """model (a local model directory or a preset), max_new_tokens, temperature, max_context, device."""
     if not model:
-        raise ValueError("agent 'hf' needs model (a local model directory or a preset name; --model)")
+        raise InvalidValueError("agent 'hf' needs model (a local model directory or a preset name; --model)")
     from posttrain_lab.benchmarks.silo.agents.hf import HFAgent
 
     return HFAgent(model, **options)
@@ -74,7 +75,7 @@ def make_agent(name: str, **options: Any) -> Agent:
     try:
         factory = AGENTS.get(name)
     except KeyError:
-        raise ValueError(f"unknown agent kind {name!r}; known: {', '.join(AGENT_KINDS)}") from None
+        raise InvalidValueError(f"unknown agent kind {name!r}; known: {', '.join(AGENT_KINDS)}") from None
     return factory(**options)
 
 

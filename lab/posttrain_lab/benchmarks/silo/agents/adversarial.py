@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import re
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.benchmarks.silo.agents.base import Agent, AgentReply
 from posttrain_lab.benchmarks.silo.parsing import format_tool_call
 
@@ -44,7 +45,9 @@ def _raw(tool: str, body: str) -> str:
 class AdversarialAgent(Agent):
     def __init__(self, kind: str = "random", seed: int = 0, flood_size: int = 300) -> None:
         if kind not in ADVERSARIAL_KINDS:
-            raise ValueError(f"unknown adversarial kind {kind!r}; known: {', '.join(ADVERSARIAL_KINDS)}")
+            raise InvalidValueError(
+                f"unknown adversarial kind {kind!r}; known: {', '.join(ADVERSARIAL_KINDS)}"
+            )
         self.kind, self.seed, self.flood_size = kind, seed, flood_size
         self.name = f"adversarial-{kind}"
 

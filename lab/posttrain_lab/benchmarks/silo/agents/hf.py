@@ -19,6 +19,7 @@ import asyncio
 import threading
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.benchmarks.silo.agents.base import Agent, AgentReply
 
 
@@ -37,7 +38,7 @@ class HFAgent(Agent):
         from posttrain.models import load_model_and_tokenizer
 
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise InvalidValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.model, self.tokenizer = load_model_and_tokenizer(model, dtype=dtype, device=device, seed=seed)
         self.name = f"hf:{model}"
         self.max_new_tokens = max_new_tokens
@@ -45,7 +46,9 @@ class HFAgent(Agent):
         limit = getattr(self.model.config, "max_position_embeddings", None) or 4096
         self.max_context = min(max_context or limit, limit)
         if self.max_context <= max_new_tokens:
-            raise ValueError(f"max_context {self.max_context} must exceed max_new_tokens {max_new_tokens}")
+            raise InvalidValueError(
+                f"max_context {self.max_context} must exceed max_new_tokens {max_new_tokens}"
+            )
         self.device = device
         self.seed = seed
         self.calls = 0

@@ -14,6 +14,7 @@ Public API (re-exported by `posttrain_lab.benchmarks.silo`):
 
 from __future__ import annotations
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain_lab.benchmarks.silo.tasks import level1 as _level1  # noqa: F401  (registers I-01..I-10)
 from posttrain_lab.benchmarks.silo.tasks import level2 as _level2  # noqa: F401  (registers II-11..II-20)
 from posttrain_lab.benchmarks.silo.tasks import level3 as _level3  # noqa: F401  (registers III-21..III-30)
@@ -35,7 +36,9 @@ def _spec(task_id: str):
     try:
         return TASKS.get(task_id)
     except (KeyError, TypeError):
-        raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {', '.join(TASK_IDS)}") from None
+        raise InvalidValueError(
+            f"unknown SILO-BENCH task {task_id!r}; known: {', '.join(TASK_IDS)}"
+        ) from None
 
 
 def task_info(task_id: str) -> TaskInfo:

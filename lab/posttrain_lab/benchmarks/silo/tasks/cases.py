@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 from posttrain.utils.io import atomic_write_text
 from posttrain_lab.benchmarks.silo.tasks._base import (
     COMPLEXITY,
@@ -49,14 +49,14 @@ def _lookup(task_id: str) -> TaskSpec:
         return TASKS.get(task_id)
     except (KeyError, TypeError):
         known = ", ".join(TASKS.names())
-        raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {known}") from None
+        raise InvalidValueError(f"unknown SILO-BENCH task {task_id!r}; known: {known}") from None
 
 
 def _check_num_agents(num_agents: Any) -> int:
     if isinstance(num_agents, bool) or not isinstance(num_agents, int):
-        raise ValueError(f"num_agents must be an integer >= 2, got {num_agents!r}")
+        raise InvalidValueError(f"num_agents must be an integer >= 2, got {num_agents!r}")
     if num_agents < 2:
-        raise ValueError(
+        raise InvalidValueError(
             f"num_agents must be >= 2 (SILO-BENCH partitions the input over N >= 2 agents; the N = 1 "
             f"oracle baseline is run from a case's full input instead), got {num_agents}"
         )
@@ -71,7 +71,7 @@ def case_rng(task_id: str, num_agents: int, seed: int) -> random.Random:
     stream is identical across processes and platforms and never touches the global `random` state.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+        raise InvalidValueError(f"seed must be an integer, got {seed!r}")
     return random.Random(f"silo-bench/{task_id}/n{num_agents}/seed{seed}")
 
 

@@ -18,6 +18,8 @@ Rule (derived from each task's definition and optimal topology; docs/silo-tasks.
 
 from __future__ import annotations
 
+from posttrain.utils.errors import InvalidValueError
+
 
 def dependency_peers(task_id: str, num_agents: int, agent_id: int) -> list[int]:
     """Sorted ids of the peers whose shards agent `agent_id`'s expected answer depends on."""
@@ -25,9 +27,9 @@ def dependency_peers(task_id: str, num_agents: int, agent_id: int) -> list[int]:
 
     info = task_info(task_id)
     if isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1:
-        raise ValueError(f"num_agents must be a positive integer, got {num_agents!r}")
+        raise InvalidValueError(f"num_agents must be a positive integer, got {num_agents!r}")
     if isinstance(agent_id, bool) or not isinstance(agent_id, int) or not 0 <= agent_id < num_agents:
-        raise ValueError(f"agent_id must be an integer in [0, {num_agents - 1}], got {agent_id!r}")
+        raise InvalidValueError(f"agent_id must be an integer in [0, {num_agents - 1}], got {agent_id!r}")
     if task_id in ("II-11", "II-20"):
         return list(range(agent_id))
     if task_id == "II-14":

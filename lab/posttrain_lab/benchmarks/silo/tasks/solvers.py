@@ -28,6 +28,7 @@ from functools import reduce
 from itertools import accumulate, pairwise
 from typing import Any
 
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.registry import Registry
 from posttrain_lab.benchmarks.silo.parsing import LiteralError, parse_data_literal
 
@@ -48,11 +49,13 @@ def solve(task_id: str, shards: list[Any], prompt: str) -> list[Any]:
     from posttrain_lab.benchmarks.silo.tasks import TASK_IDS, task_info
 
     if task_id not in SOLVERS:
-        raise ValueError(f"unknown SILO-BENCH task {task_id!r}; known: {', '.join(TASK_IDS)}")
+        raise InvalidValueError(f"unknown SILO-BENCH task {task_id!r}; known: {', '.join(TASK_IDS)}")
     if not isinstance(shards, list) or not shards:
-        raise ValueError(f"solve({task_id}): shards must be a non-empty list (one shard per agent)")
+        raise InvalidValueError(f"solve({task_id}): shards must be a non-empty list (one shard per agent)")
     if not isinstance(prompt, str):
-        raise ValueError(f"solve({task_id}): prompt must be the task text (str), got {type(prompt).__name__}")
+        raise InvalidValueError(
+            f"solve({task_id}): prompt must be the task text (str), got {type(prompt).__name__}"
+        )
     result = SOLVERS.get(task_id)(shards, prompt)
     if task_info(task_id).is_segmented:
         return result
@@ -67,7 +70,9 @@ def _fresh(value: Any) -> Any:
 def _parse(prompt: str, pattern: str, what: str, task_id: str) -> re.Match[str]:
     m = re.search(pattern, prompt)
     if m is None:
-        raise ValueError(f"solve({task_id}): cannot find {what} in the task text (pattern {pattern!r})")
+        raise InvalidValueError(
+            f"solve({task_id}): cannot find {what} in the task text (pattern {pattern!r})"
+        )
     return m
 
 
@@ -361,7 +366,9 @@ def _iii25(shards, prompt):
     try:
         centroids = parse_data_literal(m.group(1))
     except LiteralError as e:
-        raise ValueError(f"solve(III-25): the initial centroids are not a list of [x, y] ({e})") from None
+        raise InvalidValueError(
+            f"solve(III-25): the initial centroids are not a list of [x, y] ({e})"
+        ) from None
     k = len(centroids)
     sums = [[0.0, 0.0, 0] for _ in range(k)]  # per-cluster (Σx, Σy, count) partial sums, agent by agent
     for s in shards:
