@@ -152,7 +152,7 @@ def check_rl_hooks(
     group_filter: Any = None,
 ) -> None:
     """Refuse what data-parallel RL does not support yet (nothing to check in one process): a global
-    batch that does not split evenly, group-filtering samplers (their extra sampling rounds would
+    batch that does not split evenly, group filters (their extra sampling rounds would
     differ per rank), replay buffers (their stores would be per rank) and, with FSDP2, engines that
     copy the weights into another runtime (``sync_weights``, e.g. vLLM: not wired to the sharded
     parameters yet)."""
@@ -173,9 +173,9 @@ def check_rl_hooks(
             f"rollout.prompts_per_step={prompts_per_step} is not a multiple of the world size {n}; every "
             "rank trains on prompts_per_step / world_size prompts"
         )
-    if group_filter is not None or getattr(sampler, "filters_groups", False):
+    if group_filter is not None:
         raise InvalidValueError(
-            f"hooks.sampler / hooks.filter {type(group_filter or sampler).__name__} filters groups (extra sampling rounds), which "
+            f"hooks.filter {type(group_filter).__name__} filters groups (extra sampling rounds), which "
             "multi-process training does not support yet; run it in one process"
         )
     from posttrain.hooks.base import NoReplay
