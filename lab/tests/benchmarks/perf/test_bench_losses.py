@@ -87,7 +87,7 @@ def test_timing_helpers():
 
 
 def test_run_isolated_rejects_foreign_targets():
-    with pytest.raises(ValueError, match=r"posttrain\.module:function"):
+    with pytest.raises(ValueError, match=r"posttrain\[_lab\]\.module:function"):
         run_isolated("os:system", {"command": "true"})
 
 
