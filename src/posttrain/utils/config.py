@@ -93,7 +93,45 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping that gives one key twice (PyYAML would silently keep the last value)."""
+
+    def __init__(self, key: Any, first_line: int, second_line: int) -> None:
+        super().__init__(f"duplicate key {key!r} (lines {first_line} and {second_line})")
+        self.key = key
+        self.first_line = first_line
+        self.second_line = second_line
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping holding the same key twice.
+
+    PyYAML keeps the last of two equal keys, so ``steps: 2`` followed by ``steps: 7`` runs 7 steps
+    and a second ``rollout:`` block drops every key of the first one, with no warning. Merge keys
+    (``<<: *anchor``) are not duplicates: the keys written next to them override the merged ones
+    as YAML specifies."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # unhashable key: SafeLoader's own check reports it
+                continue
+            line = key_node.start_mark.line + 1
+            if first is not None:
+                raise DuplicateKeyError(key, first, line)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds ({} for an empty file); a missing file, a directory,
+    invalid YAML, a duplicate key or a top level that is not a mapping is a :class:`ConfigError`
+    naming the file."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
@@ -102,7 +140,12 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         listing = f" (it holds: {', '.join(yamls)})" if yamls else ""
         raise ConfigError(f"config file {path} is a directory; expected a YAML file{listing}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # a SafeLoader
+    except DuplicateKeyError as e:
+        raise ConfigError(
+            f"{path}: duplicate key {e.key!r} at lines {e.first_line} and {e.second_line}; "
+            "YAML would keep only the second: remove or merge one of them"
+        ) from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from e
     if data is None:
