@@ -28,7 +28,8 @@ QWEN_VOCAB = 152064  # ln|V| + ln ln|V| = 14.4113
         ([0.0, 0.05, 0.1, 0.95], 4, 12, "hardest-first", [4, 4, 7, 17]),
         # capped at 12 and the overflow handed out in descending difficulty, cycling
         ([0.0, 0.05, 0.1, 0.95], 4, 12, "capped", [6, 6, 8, 12]),
-        # leftover 3 goes to the hardest prompt first (up to G_max), not one each round-robin
+        # the authors' k / (Σk + 1e-8) puts each share of the 16 extra just under 4 (floor 3, counts 7),
+        # so leftover 4 goes to the hardest prompt first (up to G_max), not one each round-robin
         ([0.3, 0.3, 0.3, 0.3], 4, 12, "hardest-first", [11, 7, 7, 7]),
         ([0.3, 0.3, 0.3, 0.3], 4, 12, "capped", [8, 8, 8, 8]),
     ],
