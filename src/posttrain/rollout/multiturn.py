@@ -20,7 +20,7 @@ message, the next generation prompt). An agent turn cut by ``max_new_tokens`` (n
 an EOS appended as an environment token, so every turn ends the way the template expects. Because
 that EOS is not the policy's, a cut turn would otherwise cost nothing: ``cut_violation`` (default
 ``"auto"`` = the environment's ``format`` criterion when it has one; a criterion name; or null for
-the behaviour before 0.3) marks every cut turn as violating that criterion (−1).
+the behaviour before the 2026-12-01 fixes) marks every cut turn as violating that criterion (−1).
 
 Context cap: a conversation whose context (prompt + completion) plus the next turn's
 ``max_new_tokens`` would exceed ``max_context`` is cut before that turn: its row gets finish reason

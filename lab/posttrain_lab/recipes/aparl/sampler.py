@@ -15,11 +15,11 @@ and every threshold is a parameter.
   ``hooks.sampler.params``, now refused with a message saying where they went).
 * **Outer loop** (every ``stage_steps`` steps; default ``null`` = one pass over the pool, the
   *current* pool (``stage_pool: current``, default) or the original one (``stage_pool: original``,
-  the behaviour before 0.3)): the policy's perplexity of the task's **reference completion**
+  the behaviour before the 2026-12-01 fixes)): the policy's perplexity of the task's **reference completion**
   given the prompt (``target: reference``, :meth:`Task.reference_completion` with ``reference_style``;
   on scratchpad arithmetic that is the reasoning lines plus ``#### answer``, what the policy writes),
   ``PPL(x) = exp(−mean_t log π(y*_t | x))`` (completion tokens + EOS, temperature 1);
-  ``target: answer`` scores the bare gold answer string (the behaviour before 0.3, only right where
+  ``target: answer`` scores the bare gold answer string (the behaviour before the 2026-12-01 fixes, only right where
   the completion IS the answer, e.g. a label). For every item still in the pool, computed in batches of
   ``batch_size`` rows through the model adapter's chunked log-probs
   (:func:`posttrain.models.sequence_logprobs`); the cost (seconds, rows, tokens) is logged as
@@ -36,7 +36,7 @@ and every threshold is a parameter.
   - ``heldout``: the held-out accuracy of the trainer's latest evaluation (``eval.every``; before the
     first evaluation the training accuracy of the last stage);
   - ``train``: the mean accuracy over EVERY group sampled in the stage, in every sampling round
-    (before 0.3 only the groups DAPO kept, 0 < acc < 1, which pulls the signal toward 0.5);
+    (before the 2026-12-01 fixes only the groups DAPO kept, 0 < acc < 1, which pulls the signal toward 0.5);
   - ``minibatch``: per-step Monte-Carlo proficiency, the mean accuracy of the groups sampled in the
     latest ``signal_window`` steps (every round). A third-party summary of the paper describes the
     schedule this way; here the level is checked after EVERY step (perplexities are still re-scored

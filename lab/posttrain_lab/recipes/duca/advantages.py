@@ -89,7 +89,7 @@ def hian_advantages(
         S_{i,k} = Σ_c z_c(r_{i,k,c})
         turn_norm="fused" (default): A^turn_{i,k} = (S_{i,k} − μ_S) / (σ_S + ε) over the same pool, so
             the turn term has unit variance like the session term however many criteria vary;
-        turn_norm="per_criterion" (before 0.3): A^turn_{i,k} = S_{i,k}; its variance grows with the
+        turn_norm="per_criterion" (before the 2026-12-01 fixes): A^turn_{i,k} = S_{i,k}; its variance grows with the
             number of criteria that vary in the pool (up to C), so the turn horizon dominates;
         turn_norm="mean": A^turn_{i,k} = S_{i,k} / C (the criteria's mean z-score; variance ≤ 1, shrinking
             when few criteria vary).
@@ -331,7 +331,7 @@ def duca(
     ``turn_rewards`` (B, K_max, C) the C criteria per turn and ``num_turns`` (B,). Each criterion is
     z-scored on its own (``turn_grouping``: "pool" = all turns of the group, "turn_index" = turns with
     the same index), summed, re-normalised in the same pools (``turn_norm: fused``, default; ``per_criterion``
-    keeps the plain sum, the behaviour before 0.3) and fused with the group-normalised session advantage:
+    keeps the plain sum, the behaviour before the 2026-12-01 fixes) and fused with the group-normalised session advantage:
     A_{i,t} = w_turn · A^turn_{i,k(t)} + w_sess · A^sess_i. Returns (B, T); 0 on non-policy tokens.
     """
     missing = [

@@ -11,7 +11,7 @@ Scenario (a :class:`SalesTask` example): a customer with a hidden **need** (a pr
 Customer rules, per agent turn (deterministic given the reset seed):
 
 0. The agent names MORE than one distinct product in a turn (``multi_offer: decline``, default):
-   the customer declines ("Please recommend just one."), reveals nothing and buys nothing. Before 0.3
+   the customer declines ("Please recommend just one."), reveals nothing and buys nothing. Before the 2026-12-01 fixes
    (``multi_offer: allow``) naming the whole catalogue (it is in the prompt) converted every scenario
    on the first turn.
 1. The agent names one product (``Aero``, ``Titan``, ...): if it is of the needed category and within
@@ -126,7 +126,7 @@ class SalesEnv(Env):
     """Rule-based simulated customer (see the module docstring). ``max_turns``: turn limit;
     ``cue_prob``: chance a cue is revealed on a turn without a question; ``max_words``: the format
     check's word limit; ``multi_offer``: ``decline`` (a turn naming several products is declined)
-    or ``allow`` (before 0.3); ``accept_prob``: chance a fitting offer is bought; ``conversion_reward``: the session reward of a
+    or ``allow`` (before the 2026-12-01 fixes); ``accept_prob``: chance a fitting offer is bought; ``conversion_reward``: the session reward of a
     sale (1; e.g. 10 to test an estimator's sensitivity to the session reward's scale)."""
 
     criteria = CRITERIA

@@ -219,7 +219,7 @@ def test_duca_zscores_each_criterion_and_rejects_missing_inputs(tok):
     ti = torch.tensor([[1, 1, 0, 2], [1, 0, 2, 2]])
     tr = torch.tensor([[[0.0, 10.0], [-1.0, 30.0], [0.0, 0.0]], [[-1.0, 20.0], [0.0, 40.0], [0.0, 0.0]]])
     num = torch.tensor([2, 2])
-    # turn_norm=per_criterion: the plain sum of the per-criterion z-scores (the behaviour before 0.3)
+    # turn_norm=per_criterion: the plain sum of the per-criterion z-scores (the behaviour before the 2026-12-01 fixes)
     a = get_advantage("duca")(
         torch.zeros(2),
         torch.tensor([0, 0]),
