@@ -13,9 +13,11 @@ Rewards never `eval`/`exec` completion text.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Protocol, runtime_checkable
 
 from posttrain.tasks.base import Example, check_params
+from posttrain.utils.errors import InvalidTypeError
 from posttrain.utils.registry import Registry
 
 # Text that marks the end of a completion when the decoder left special tokens in.
@@ -92,10 +94,38 @@ def list_rewards() -> list[str]:
     return REWARDS.names()
 
 
+class NonNumericReward(InvalidTypeError):
+    """A reward function returned something that is not a number (a str, None, bytes, a list, ...).
+
+    ``float("1.0")`` would silently score 1.0, so the pool scores the item 0 and counts it as a
+    reward error, the way it treats an exception or a NaN (never silently)."""
+
+
+def as_reward_value(value: Any, example: Example, what: str = "reward") -> float:
+    """``value`` as a float when it is a number: bool, int, float, a ``numbers.Real`` (numpy's int
+    and float scalars) or a zero-dimensional numpy array / torch tensor holding one. Anything else
+    raises :class:`NonNumericReward` naming ``what``, the item's id and the type, instead of being
+    converted (``"1.0"`` used to score 1.0)."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        item = value.item()  # numpy 0-d array / np.bool_, torch 0-d tensor
+        if isinstance(item, numbers.Real):
+            return float(item)
+    item_id = getattr(example, "id", None)
+    raise NonNumericReward(
+        f"{what} for item {item_id!r} returned {type(value).__name__} ({value!r:.80}); "
+        "expected a number (bool, int, float or a numpy/torch scalar)"
+    )
+
+
 def score_detailed(fn: RewardFn, completion: str, example: Example) -> tuple[float, dict[str, float] | None]:
-    """`(reward, components or None)` for any reward function."""
+    """`(reward, components or None)` for any reward function; a value that is not a number raises
+    :class:`NonNumericReward` (see :func:`as_reward_value`)."""
     detailed = getattr(fn, "detailed", None)
     if detailed is not None:
         value, comps = detailed(completion, example)
-        return float(value), {k: float(v) for k, v in comps.items()}
-    return float(fn(completion, example)), None
+        return as_reward_value(value, example), {
+            k: as_reward_value(v, example, f"reward component {k!r}") for k, v in comps.items()
+        }
+    return as_reward_value(fn(completion, example), example), None

@@ -13,8 +13,9 @@ Protocol (one design, documented in docs/tasks-and-rewards.md):
   heartbeat. The parent wakes at the earliest deadline `start + timeout_s`; if that item is still
   running, the worker is killed (SIGKILL) and replaced, the item gets reward 0 and counts as a
   timeout, and the rest of the chunk is re-queued.
-- A reward that raises, or returns NaN / inf, gives reward 0 and counts as an error (the worker keeps
-  going); the first failure of each kind in a batch keeps its traceback (`RewardResult.failures`),
+- A reward that raises, or returns NaN / inf or a value that is not a number (a str such as "1.0",
+  None, ...: ``NonNumericReward``, never converted), gives reward 0 and counts as an error (the worker
+  keeps going); the first failure of each kind in a batch keeps its traceback (`RewardResult.failures`),
   which the trainer and `posttrain eval` print once per kind. A worker
   that dies (os._exit, segfault, OOM kill) is replaced; the item it was running gets reward 0 and
   counts as an error; the rest of its chunk is re-queued. An item caught in 3 worker deaths

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.rewards.base import get_reward, register_reward
+from posttrain.rewards.base import as_reward_value, get_reward, register_reward
 from posttrain.tasks.base import Example
 from posttrain.utils.errors import InvalidValueError
 
@@ -74,7 +74,10 @@ class WeightedReward:
                 s()
 
     def detailed(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
-        values = {label: float(fn(completion, example)) for label, _, fn in self.parts}
+        values = {
+            label: as_reward_value(fn(completion, example), example, f"reward part {label!r}")
+            for label, _, fn in self.parts
+        }
         total = sum(w * values[label] for label, w, _ in self.parts)
         return total, values
 
