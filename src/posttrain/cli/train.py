@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -177,6 +178,37 @@ def _positive(option: str):
     return check
 
 
+def _out_problem(out: Path) -> str | None:
+    """Why the result JSON could not be written to ``out`` (None when it can), found before the
+    evaluation runs so an unwritable ``--out`` does not cost a finished evaluation. Probes the nearest
+    existing folder on the way with a temporary file (what the atomic write does), creating nothing."""
+    if out.is_dir():
+        return f"--out {out} is a directory; give a file path such as {out / 'eval.json'}"
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"--out {out}: {folder} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"--out {out}: cannot write in {folder} ({e.strerror or e})"
+    return None
+
+
+def _write_out(out: Path, res: dict[str, Any]) -> None:
+    """Write the result JSON to ``out``; when that fails after all (disk full, the folder changed during
+    the evaluation), print the whole result on stdout first, then the error: the result is not lost."""
+    from posttrain.utils.io import atomic_write_json
+
+    try:
+        atomic_write_json(out, res)
+    except OSError as e:
+        typer.echo(json.dumps(res, default=str))
+        fail(f"could not write --out {out} ({e.strerror or e}); the result is the JSON line above")
+
+
 @app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def eval_cmd(
     overrides: list[str] | None = typer.Argument(
@@ -218,8 +250,10 @@ def eval_cmd(
         truncation_warning,
     )
     from posttrain.utils.config import ConfigError
-    from posttrain.utils.io import atomic_write_json
 
+    problem = _out_problem(out) if out is not None else None
+    if problem:
+        fail(problem)
     flags: dict[str, object] = {}
     if task_params is not None:
         try:
@@ -264,7 +298,7 @@ def eval_cmd(
             err=True,
         )
     if out is not None:
-        atomic_write_json(out, res)
+        _write_out(out, res)
     if isinstance(res.get("report"), dict) and res["report"].get("table"):
         from posttrain.utils.tables import print_table
 
