@@ -247,9 +247,10 @@ def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> li
             f"model.name={s.model}",
             f"optimizer.lr={s.lr or 2e-5}",
             "rollout.max_batch_size=32",
-            # bf16 autocast over fp32 master weights and the fast decode loop (docs/precision.md,
-            # docs/bench-generate.md): the real model's steps cost ~1.6x less than fp32 + HF generate
-            "model.precision=bf16",
+            # the CPU's native precision (bf16 autocast with AVX512-BF16/AMX, ~1.6x cheaper steps there;
+            # fp32 on AVX2-only CPUs, where bf16 runs ~8x slower) and the fast decode loop
+            # (docs/precision.md, docs/bench-generate.md)
+            "model.precision=auto",
             "rollout.engine={name: fast}",
         ]
         shared = [o for o in shared if not o.startswith(("eval.at_start", "eval.at_end", "eval.every"))]

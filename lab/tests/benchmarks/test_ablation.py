@@ -118,7 +118,7 @@ def test_real_model_settings_are_checked():
     # the pre-check gave 0.000 with `numeric` (first line) and 0.033 on startend:quotation: the real-model
     # settings read the last number, train the postscript instruction, and run bf16 on the fast engine
     assert (
-        "reward.name=last_number" in o and "model.precision=bf16" in o and "rollout.engine={name: fast}" in o
+        "reward.name=last_number" in o and "model.precision=auto" in o and "rollout.engine={name: fast}" in o
     )
     assert any("max_value: 10" in x for x in o)
     oi = arm_overrides(AblationSettings(model="smollm2-135m", task="instructions"), "grpo", 0, Path("r"))

@@ -138,8 +138,10 @@ class ModelConfig(StrictModel):
     """Preset name (``posttrain.models.list_presets()``), a local Hugging Face model directory, or a
     run folder (its latest checkpoint's model; an SFT run's ``model/``)."""
     dtype: str = "float32"
-    precision: str = "fp32"
-    """Compute precision: "fp32", or "bf16" = bf16 autocast for the rollout and the training
+    precision: str = "auto"
+    """Compute precision: "auto" (default: bf16 where the hardware has it natively — a CUDA GPU, a CPU
+    with AVX512-BF16 or AMX — else fp32; resolved when the config is validated, so a run's config.yaml
+    records what ran), "fp32", or "bf16" = bf16 autocast for the rollout and the training
     forward/backward over fp32 master weights and AdamW state, log-softmax and losses in fp32
     (needs ``dtype: float32``; docs/precision.md). Same meaning on CPU and GPU."""
     device: str = "auto"
@@ -183,6 +185,18 @@ class ModelConfig(StrictModel):
         from posttrain.models.precision import check_precision
 
         return check_precision(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_auto_precision(cls, data: Any) -> Any:
+        """``precision: auto`` (or unset) becomes fp32 or bf16 for this machine, printed once."""
+        if not isinstance(data, dict) or str(data.get("precision", "auto")).lower() != "auto":
+            return data
+        from posttrain.models.precision import announce_precision, resolve_precision
+
+        resolved, why = resolve_precision("auto", data.get("device", "auto"), data.get("dtype", "float32"))
+        announce_precision("auto", resolved, why)
+        return {**data, "precision": resolved}
 
     @model_validator(mode="after")
     def _precision_needs_fp32_weights(self) -> ModelConfig:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.models.precision import cpu_capability
 from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 from posttrain_lab.benchmarks.perf.llama_cpp import LlamaCppWorker, LlamaCppWorkerDied, llama_cpp_version
 
@@ -307,6 +308,7 @@ def run_generate_bench(
         "repeats": repeats,
         "warmup": warmup,
         "threads": threads,
+        "cpu_capability": cpu_capability(),
         "rows": rows,
         "bandwidth_gb_s": bw,
         "matmul_gflops": rate,
@@ -335,7 +337,8 @@ def print_generate_report(result: dict[str, Any], console: Any = None) -> None:
     console = console or Console(width=max(Console().width, 150))  # the table has 9 columns
     title = (
         f"generate: {result['model']}, prompt {result['prompt_tokens']} tokens, {result['new_tokens']} new "
-        f"tokens, median of {result['repeats']} (min-max), {result['threads']} threads"
+        f"tokens, median of {result['repeats']} (min-max), {result['threads']} threads, "
+        f"CPU {result.get('cpu_capability', '?')}"
     )
     rows = [
         [

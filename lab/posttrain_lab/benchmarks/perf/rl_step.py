@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from posttrain.models.precision import cpu_capability
 from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 
 #: posttrain's step must take at most this multiple of the floor (the issue's target).
@@ -81,16 +82,18 @@ class RLStepPreset:
     lr: float = 1e-5
     grad_clip: float = 1.0
     temperature: float = 1.0
-    precision: str = "fp32"  # model.precision of every side: fp32, or bf16 autocast (TRL: bf16=True)
+    precision: str = "fp32"  # model.precision of every side: fp32, bf16 autocast (TRL: bf16=True), or
+    # auto (bf16 where the CPU has AVX512-BF16/AMX, else fp32: resolved here, printed with the report)
     engine: str = "hf"  # posttrain's rollout engine (rollout.engine): hf or fast
 
     def __post_init__(self) -> None:
-        from posttrain.models.precision import check_precision
+        from posttrain.models.precision import check_precision, resolve_precision
 
         try:
-            check_precision(self.precision)
+            check_precision(self.precision, allow_auto=True)
         except ValueError as e:
             raise InvalidValueError(f"rl-step preset {self.name!r}: {e}") from None
+        object.__setattr__(self, "precision", resolve_precision(self.precision, "cpu")[0])
         if self.engine not in ("hf", "fast"):
             raise InvalidValueError(
                 f"rl-step preset {self.name!r}: engine must be hf or fast, got {self.engine!r}"
@@ -125,14 +128,15 @@ PRESETS: dict[str, RLStepPreset] = {
     "tiny": RLStepPreset("tiny", model="tiny", num_prompts=16, group_size=8, new_tokens=8),
     "small": RLStepPreset("small", model="small", num_prompts=8, group_size=8, new_tokens=32),
     # the built-in real model (SmolLM2-135M, `posttrain models prepare smollm2-135m`): the issue's
-    # 8 prompts x 4 completions x 32 tokens, every side in bf16 autocast, posttrain on the fast engine
+    # 8 prompts x 4 completions x 32 tokens, every side in the CPU's native precision (bf16 autocast
+    # with AVX512-BF16/AMX, else fp32), posttrain on the fast engine
     "smol": RLStepPreset(
         "smol",
         model="smollm2-135m",
         num_prompts=8,
         group_size=4,
         new_tokens=32,
-        precision="bf16",
+        precision="auto",
         engine="fast",
     ),
 }
@@ -937,7 +941,7 @@ def run_rl_step_bench(
     }
     result: dict[str, Any] = {
         "preset": preset.name,
-        "config": asdict(preset) | {"batch_size": preset.batch_size},
+        "config": asdict(preset) | {"batch_size": preset.batch_size, "cpu_capability": cpu_capability()},
         "repeats": repeats,
         "warmup": warmup,
         **summarize(
@@ -1076,7 +1080,7 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         )
     cfgp = result["config"]
     console.print(
-        f"precision {cfgp.get('precision', 'fp32')}, posttrain engine {cfgp.get('engine', 'hf')}; posttrain "
+        f"CPU {cfgp.get('cpu_capability', '?')}, precision {cfgp.get('precision', 'fp32')}, posttrain engine {cfgp.get('engine', 'hf')}; posttrain "
         f"rollout_logp_diff {_fmt(result.get('posttrain_rollout_logp_diff'))}, rollout ratio mean "
         f"{_fmt(result.get('posttrain_rollout_ratio_mean'))}; posttrain / TRL target <= "
         f"{result.get('target_posttrain_over_trl')}; load average "

@@ -193,9 +193,11 @@ def test_presets_match_the_issue_and_validate():
     assert (tiny.num_prompts, tiny.group_size, tiny.new_tokens, tiny.model) == (16, 8, 8, "tiny")
     assert (small.num_prompts, small.group_size, small.new_tokens, small.model) == (8, 8, 32, "small")
     assert tiny.batch_size == 128
-    smol = rs.get_preset("smol")  # the real model, bf16, fast engine (issue: speed on a real model)
+    smol = rs.get_preset("smol")  # the real model, the CPU's native precision, fast engine
     assert (smol.model, smol.num_prompts, smol.group_size, smol.new_tokens) == ("smollm2-135m", 8, 4, 32)
-    assert (smol.precision, smol.engine) == ("bf16", "fast")
+    from posttrain.models.precision import resolve_precision
+
+    assert (smol.precision, smol.engine) == (resolve_precision("auto", "cpu")[0], "fast")  # fp32 on AVX2
     assert (tiny.precision, tiny.engine) == ("fp32", "hf")  # the tiny target is unchanged
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
         rs.RLStepPreset("x", "tiny", 2, 2, 2, precision="fp8")
