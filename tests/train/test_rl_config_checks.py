@@ -35,6 +35,28 @@ def test_top_p_below_one_is_refused_where_rollout_logprobs_are_used(extra):
     load_rl_config(None, [*TINY, "rollout.top_p=1.0", *extra])
 
 
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("rollout.min_new_tokens=4", r"rollout\.min_new_tokens=4 \(EOS masked\)"),
+        ("rollout.suppress_eos=true", r"rollout\.suppress_eos=true \(EOS masked\)"),
+    ],
+)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["hooks.replay.name=posttrain.hooks:NoReplay"],
+        ["rollout.engine={name: vllm, params: {tis_mode: token_truncate}}"],
+    ],
+)
+def test_eos_masking_is_refused_where_rollout_logprobs_are_used(setting, named, extra):
+    """min_new_tokens / suppress_eos renormalise the engine's distribution without EOS, exactly as top_p
+    renormalises it over the nucleus: the rollout log-probs are biased the same way."""
+    with pytest.raises(ValueError, match=named + r".*used by"):
+        load_rl_config(None, [*TINY, setting, *extra])
+    load_rl_config(None, [*TINY, setting])  # nothing uses the rollout log-probs: fine
+
+
 # ----------------------------------------------------------------------------- single update warning
 @pytest.mark.parametrize("objective", ["dgpo", "maspo", "dapo"])
 def test_ratio_objectives_with_one_on_policy_update_warn_at_config_time(objective):

@@ -691,12 +691,20 @@ class RLConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _top_p_logprobs(self) -> RLConfig:
-        """``rollout.top_p < 1``: the engine's sampling log-probs are renormalised over the nucleus,
-        the trainer's over the full vocabulary, so every use of rollout log-probs would be biased
-        (the defect of TRL issue 6789). Refused where they are used: replay importance weights,
-        losses with the ``rollout_logp`` input, the engine's truncated IS (``tis_mode``)."""
-        if self.rollout.top_p >= 1.0:
+    def _biased_rollout_logprobs(self) -> RLConfig:
+        """Sampling settings that change the distribution the engine samples from: ``rollout.top_p < 1``
+        (renormalised over the nucleus: the defect of TRL issue 6789), ``rollout.min_new_tokens > 0`` and
+        ``rollout.suppress_eos`` (renormalised without EOS). The engine's log-probs are then not the
+        trainer's full-vocabulary ones, so every use of rollout log-probs would be biased. Refused where
+        they are used: replay importance weights, losses with the ``rollout_logp`` input, the engine's
+        truncated IS (``tis_mode``)."""
+        r = self.rollout
+        settings = [
+            *([f"rollout.top_p={r.top_p} (renormalised over the nucleus)"] if r.top_p < 1.0 else []),
+            *([f"rollout.min_new_tokens={r.min_new_tokens} (EOS masked)"] if r.min_new_tokens > 0 else []),
+            *(["rollout.suppress_eos=true (EOS masked)"] if r.suppress_eos else []),
+        ]
+        if not settings:
             return self
         from posttrain.algos import get_policy_loss
 
@@ -709,9 +717,10 @@ class RLConfig(StrictModel):
             users.append("rollout.engine.params.tis_mode (truncated importance sampling)")
         if users:
             raise InvalidValueError(
-                f"rollout.top_p={self.rollout.top_p}: sampling log-probs are renormalised over the "
-                "nucleus while the trainer's are over the full vocabulary, so their ratio is biased; "
-                f"used by {'; '.join(users)}. Set rollout.top_p=1.0 (or drop those parts)."
+                f"{'; '.join(settings)}: the engine's sampling log-probs are then not the trainer's "
+                f"full-vocabulary ones, so their ratio is biased; used by {'; '.join(users)}. Drop the "
+                "sampling setting (rollout.top_p=1.0, rollout.min_new_tokens=0, rollout.suppress_eos=false) "
+                "or those parts."
             )
         return self
 
