@@ -116,3 +116,62 @@ def test_eval_warns_when_rewards_failed(tmp_path):
     assert res.exit_code == 0, res.output
     assert "warning: 3 of 3 rewards failed (3 errors, 0 timeouts) and scored 0" in res.output
     assert "KeyError" in res.output
+
+
+def _heldout_breaking_reward(task):
+    """Right on training items, raises on every held-out item (a reward broken where only eval looks)."""
+    held = {e.id for e in task.split("heldout")}
+
+    def reward(completion, example):
+        if example.id in held:
+            raise KeyError("held-out field missing")
+        return 1.0
+
+    return reward
+
+
+def test_failed_heldout_rewards_stop_training_instead_of_reading_as_accuracy_0(tmp_path, capsys):
+    from posttrain import RLConfig, RLTrainer
+    from posttrain.tasks import get_task
+
+    task = get_task("arithmetic", digits=1, ops="+", n_train=40, n_heldout=10)
+    cfg = RLConfig.model_validate(
+        {
+            "model": {"name": "tiny", "device": "cpu"},
+            "steps": 1,
+            "reward": {"num_workers": 0},
+            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 3},
+            "eval": {"at_start": True, "at_end": False, "n": 10},
+            "checkpoint": {"final": False},
+            "out_dir": str(tmp_path / "run"),
+        }
+    )
+    with RLTrainer(cfg, task=task, reward=_heldout_breaking_reward(task)) as tr:
+        with pytest.raises(
+            RewardFailureError, match=r"evaluation at step 0: 10 of 10 held-out rewards failed"
+        ):
+            tr.train(progress=False)
+    assert "warning: evaluation at step 0: 10 of 10 rewards failed" in capsys.readouterr().err
+
+
+def test_failed_heldout_rewards_warn_when_the_run_allows_them(tmp_path, capsys):
+    from posttrain import RLConfig, RLTrainer
+    from posttrain.tasks import get_task
+
+    task = get_task("arithmetic", digits=1, ops="+", n_train=40, n_heldout=10)
+    cfg = RLConfig.model_validate(
+        {
+            "model": {"name": "tiny", "device": "cpu"},
+            "steps": 1,
+            "reward": {"num_workers": 0, "max_failed_frac": 1.0},
+            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 3},
+            "eval": {"at_start": True, "at_end": False, "n": 10},
+            "checkpoint": {"final": False},
+            "out_dir": str(tmp_path / "run"),
+        }
+    )
+    with RLTrainer(cfg, task=task, reward=_heldout_breaking_reward(task)) as tr:
+        summary = tr.train(progress=False)
+    assert summary["steps"] == 1
+    err = capsys.readouterr().err
+    assert "warning: evaluation at step 0: 10 of 10 rewards failed (10 errors, 0 timeouts)" in err

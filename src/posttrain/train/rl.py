@@ -46,6 +46,7 @@ resume. Distributed concerns live in :mod:`posttrain.train.dist`.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -711,11 +712,32 @@ class RLTrainer(RunLoopTrainer):
                     metric_hooks=self.hooks(),
                 )
             )
+        self._check_eval_rewards(result)
         for hook in self.hooks():  # curricula read the held-out accuracy
             observe_eval = getattr(hook, "observe_eval", None)
             if observe_eval is not None:
                 observe_eval(result, self.step_idx)
         return result
+
+    def _check_eval_rewards(self, result: dict[str, Any]) -> None:
+        """Held-out rewards that failed (raised, hung, NaN) are scored 0, so the accuracy would count a
+        broken reward as a wrong model: say so on stderr as ``posttrain eval`` does, and stop the run, as
+        a training batch does, when more than ``reward.max_failed_frac`` of them failed."""
+        from posttrain.rewards.failures import RewardFailureError
+        from posttrain.train.evaluate import reward_failure_warning
+
+        warning = reward_failure_warning(result)
+        if warning is None:
+            return
+        print(f"warning: evaluation at step {self.step_idx}: {warning}", file=sys.stderr, flush=True)
+        failed = int(result.get("reward_errors", 0)) + int(result.get("reward_timeouts", 0))
+        if failed > self.cfg.reward.max_failed_frac * max(int(result.get("n", 0)), 1):
+            raise RewardFailureError(
+                f"evaluation at step {self.step_idx}: {failed} of {result.get('n')} held-out rewards failed, "
+                f"more than reward.max_failed_frac={self.cfg.reward.max_failed_frac:g}; the held-out accuracy "
+                "would not measure the model. Fix the reward (its first failure is above), or raise "
+                "reward.max_failed_frac (1 = never stop)"
+            )
 
     # ---------------------------------------------------------------------------------- full run
     def train(
