@@ -146,11 +146,11 @@ def test_failed_heldout_rewards_stop_training_instead_of_reading_as_accuracy_0(t
             "out_dir": str(tmp_path / "run"),
         }
     )
-    with RLTrainer(cfg, task=task, reward=_heldout_breaking_reward(task)) as tr:
-        with pytest.raises(
-            RewardFailureError, match=r"evaluation at step 0: 10 of 10 held-out rewards failed"
-        ):
-            tr.train(progress=False)
+    with (
+        RLTrainer(cfg, task=task, reward=_heldout_breaking_reward(task)) as tr,
+        pytest.raises(RewardFailureError, match=r"evaluation at step 0: 10 of 10 held-out rewards failed"),
+    ):
+        tr.train(progress=False)
     assert "warning: evaluation at step 0: 10 of 10 rewards failed" in capsys.readouterr().err
 
 
