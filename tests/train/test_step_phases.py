@@ -389,9 +389,7 @@ class _ReplayWithEnvTokens(_ReplayWithInputs):
 
 
 def test_replayed_trajectory_keeps_its_action_mask(tmp_path):
-    tr = make(
-        tmp_path, "hooks.replay.name=test-replay-env", "rollout.max_new_tokens=4", "rollout.min_new_tokens=4"
-    )
+    tr = make(tmp_path, "hooks.replay.name=test-replay-env", "rollout.max_new_tokens=4")
     ctx = _quiet()
     try:
         tr.step()

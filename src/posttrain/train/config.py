@@ -194,7 +194,12 @@ class ModelConfig(StrictModel):
             return data
         from posttrain.models.precision import announce_precision, resolve_precision
 
-        resolved, why = resolve_precision("auto", data.get("device", "auto"), data.get("dtype", "float32"))
+        try:
+            resolved, why = resolve_precision(
+                "auto", data.get("device", "auto"), data.get("dtype", "float32")
+            )
+        except (RuntimeError, ValueError, TypeError):  # a bad device name: model.device's own check says so
+            return {**data, "precision": "fp32"}
         announce_precision("auto", resolved, why)
         return {**data, "precision": resolved}
 
