@@ -70,10 +70,6 @@ def plugin_params(name: str) -> dict[str, Any]:
 
 def core_algos() -> Any:
     """verl's ``core_algos`` module (its registries), or an ImportError naming the extra."""
-    return _core_algos()
-
-
-def _core_algos() -> Any:
     try:
         from verl.trainer.ppo import core_algos
     except ImportError as e:
@@ -126,7 +122,7 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, A
             f"policy loss {loss.name!r} needs extra inputs {list(loss.inputs)} that verl's policy-loss "
             "signature does not pass; it cannot be registered in verl"
         )
-    core_algos = _core_algos()
+    algos = core_algos()
 
     def fn(
         old_log_prob: torch.Tensor,
@@ -143,7 +139,7 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, A
         zero = torch.zeros((), dtype=batch.logp.dtype, device=batch.logp.device)
         per_token = torch.where(batch.valid, t.loss if isw is None else t.loss * isw, zero)
         info = dict(_config_get(config, "global_batch_info") or {})
-        value = core_algos.agg_loss(
+        value = algos.agg_loss(
             loss_mat=per_token, loss_mask=batch.valid.to(per_token.dtype), loss_agg_mode=loss_agg_mode, **info
         )
         v = batch.valid
@@ -173,7 +169,7 @@ def register(params: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str,
     """Register posttrain's losses in verl's registries (idempotent); ``params``
     (default: ``$POSTTRAIN_VERL_PARAMS``) sets loss-specific parameters per posttrain name. Returns
     ``{verl name: posttrain name}`` of what is registered."""
-    core_algos = _core_algos()
+    algos = core_algos()
     if params is None:
         raw = os.environ.get(ENV_PARAMS, "").strip()
         try:
@@ -191,7 +187,7 @@ def register(params: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str,
             check_param_names("policy loss", loss.name, p, loss.defaults)
             name = loss.name
         _params[name] = dict(p)
-    table = core_algos.POLICY_LOSS_REGISTRY
+    table = algos.POLICY_LOSS_REGISTRY
     added: dict[str, str] = {}
     for name in list_policy_losses():
         if get_policy_loss(name).inputs:

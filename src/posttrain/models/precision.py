@@ -95,7 +95,9 @@ def resolve_precision(
     if setting != "auto":
         return setting, "set explicitly"
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if str(device) == "auto" else device
-    if str(dtype).lower() not in ("float32", "fp32", "float"):
+    from posttrain.models.loading import DTYPE_NAMES
+
+    if DTYPE_NAMES.get(str(dtype).lower()) != "float32":
         return "fp32", f"weights stored in {dtype} (bf16 autocast needs float32 master weights)"
     ok, why = native_bf16(dev, flags=flags)
     return ("bf16" if ok else "fp32"), why
