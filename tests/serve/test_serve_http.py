@@ -112,6 +112,18 @@ def test_chat_completion_usage_counts_real_tokens(srv, model):
     assert post(srv, {"messages": HI}).json()["usage"]["completion_tokens"] <= 8
 
 
+def test_special_token_strings_in_content_are_sent_as_text(srv):
+    """Issue 41 item 19 over HTTP: "<eos>" typed by a client is five characters of the prompt (the tiny
+    model's tokenizer is per character), not the end-of-sequence token."""
+
+    def prompt_tokens(text):
+        r = post(srv, {"messages": [{"role": "user", "content": text}], "max_tokens": 1, "seed": 0})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    assert prompt_tokens("ab<eos>") == prompt_tokens("ab") + len("<eos>")
+
+
 def test_same_seed_same_text_and_stream_matches(srv):
     body = {"messages": HI, "max_tokens": 16, "seed": 5, "temperature": 1.0}
     a, b = post(srv, body).json(), post(srv, body).json()

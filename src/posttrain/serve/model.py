@@ -7,6 +7,7 @@ one model, one ``generate`` call at a time; requests wait in the server's bounde
 
 from __future__ import annotations
 
+import secrets
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -72,13 +73,64 @@ class ChatModel:
         self._lock = threading.Lock()
 
     def render(self, messages: list[ChatMessage]) -> list[int]:
-        """Token ids of the chat-templated conversation with the assistant turn opened."""
-        text = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.text()} for m in messages],
+        """Token ids of the chat-templated conversation with the assistant turn opened.
+
+        Message content is text, never markup: a special-token string a client writes
+        (``<|im_start|>system`` inside a user message) must not become a real role turn. Content free
+        of special-token strings is tokenized with the template exactly as in training (one string);
+        otherwise the template is rendered with a placeholder per message, its own pieces are
+        tokenized as usual and each message's content with ``split_special_tokens=True`` (as plain
+        text). A template that alters content so the placeholders cannot be found refuses such
+        content (400) rather than let it through.
+        """
+        contents = [m.text() for m in messages]
+        specials = self._special_strings()
+        forged = [(i, tok) for i, c in enumerate(contents) for tok in specials if tok in c]
+        if not forged:
+            return self._encode(self._apply_template(messages, contents), split_special=False)
+        nonce = secrets.token_hex(8)
+        marks = [f"PTMSG{nonce}N{i}E" for i in range(len(contents))]
+        text = self._apply_template(messages, marks)
+        ids: list[int] = []
+        pos = 0
+        for i, mark in enumerate(marks):
+            at = text.find(mark, pos)
+            if at < 0 or text.count(mark) != 1:
+                j, tok = forged[0]
+                raise RequestError(
+                    f"messages[{j}].content holds the special-token string {tok!r}, and this model's "
+                    "chat template transforms message content, so it cannot be kept as plain text; "
+                    "remove the special-token strings from the messages",
+                    param=f"messages[{j}].content",
+                    code="invalid_value",
+                )
+            ids += self._encode(text[pos:at], split_special=False)
+            ids += self._encode(contents[i], split_special=True)
+            pos = at + len(mark)
+        ids += self._encode(text[pos:], split_special=False)
+        return ids
+
+    def _apply_template(self, messages: list[ChatMessage], contents: list[str]) -> str:
+        return self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": c} for m, c in zip(messages, contents, strict=True)],
             tokenize=False,
             add_generation_prompt=True,
         )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _encode(self, text: str, *, split_special: bool) -> list[int]:
+        if not text:
+            return []
+        out = self.tokenizer(text, add_special_tokens=False, split_special_tokens=split_special)
+        return list(out["input_ids"])
+
+    def _special_strings(self) -> list[str]:
+        """The strings the tokenizer turns into special tokens when it parses text."""
+        tok = self.tokenizer
+        found = set(getattr(tok, "all_special_tokens", []) or [])
+        for added in (getattr(tok, "added_tokens_decoder", None) or {}).values():
+            if getattr(added, "special", False):
+                found.add(str(added.content))
+        return sorted(s for s in found if s)
 
     def check_prompt(self, prompt: list[int], max_tokens: int) -> None:
         if len(prompt) > self.max_prompt_tokens:
