@@ -371,6 +371,23 @@ def test_dash_h_and_version():
     # (the lab's commands join through the posttrain.cli entry point: lab/tests/test_entry_points.py)
 
 
+def test_help_text_keeps_its_square_brackets():
+    """Rich reads a lowercase `[word]` as markup and drops it: `serve -h` printed `pip install -e "."`
+    (issue 41 item 23). Every command's help and option help renders to its own text."""
+    import typer.main
+    from rich.text import Text
+
+    assert 'pip install -e ".[serve]"' in _ok(_invoke(["serve", "-h"])).output
+
+    def walk(cmd, path):
+        for text in [cmd.help or "", *(getattr(p, "help", None) or "" for p in cmd.params)]:
+            assert Text.from_markup(text).plain == text.replace("\\[", "["), (path, text)
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+
+
 def test_a_run_folder_is_accepted_as_a_model(tmp_path):
     run = tmp_path / "run"
     _ok(_rl(run, "steps=1"))

@@ -59,7 +59,7 @@ def serve(
     """OpenAI-compatible HTTP server: /v1/chat/completions (stream optional), /v1/models, /health.
 
     Bounded request size, prompt length, max_tokens, n and requests in flight; errors are OpenAI JSON
-    (docs/serve.md). Needs the serve extra: pip install -e ".[serve]".
+    (docs/serve.md). Needs the serve extra: pip install -e ".\\[serve]".
     """
     _require_extra()
     cfg = _config(
