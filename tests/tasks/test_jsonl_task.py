@@ -211,6 +211,27 @@ def test_file_level_errors(tmp_path: Path) -> None:
         get_task("jsonl", path=empty, prompt_template="{question} }")
 
 
+def test_a_utf8_byte_order_mark_is_accepted_by_rl_and_sft_alike(tmp_path: Path) -> None:
+    """Issue 41 item 23: a file saved "UTF-8 with BOM" (Windows editors) was refused by the task reader
+    (`rl`, `eval`) and accepted by the SFT reader; both accept it now, .jsonl and .json."""
+    from posttrain.train.sft_data import read_sft_file
+
+    bom = "\ufeff"
+    jl = tmp_path / "bom.jsonl"
+    jl.write_text(bom + "\n".join(json.dumps(r) for r in GSM_ROWS) + "\n", encoding="utf-8")
+    ja = tmp_path / "bom.json"
+    ja.write_text(bom + json.dumps(GSM_ROWS), encoding="utf-8")
+    for p in (jl, ja):
+        assert p.read_bytes().startswith(b"\xef\xbb\xbf")
+        t = get_task("jsonl", path=p, answer_extract="gsm8k", heldout_fraction=0.0)
+        assert [e.answer for e in t.split("train")] == ["72", "10"], p
+    sft = [{"prompt": "1+1=", "completion": "2"}]
+    (tmp_path / "sft.jsonl").write_text(bom + json.dumps(sft[0]) + "\n", encoding="utf-8")
+    (tmp_path / "sft.json").write_text(bom + json.dumps(sft), encoding="utf-8")
+    for name in ("sft.jsonl", "sft.json"):
+        assert len(read_sft_file(tmp_path / name)) == 1, name
+
+
 def test_json_array_files_and_parquet(tmp_path: Path) -> None:
     p = tmp_path / "rows.json"
     p.write_text(json.dumps(GSM_ROWS))

@@ -133,7 +133,7 @@ def read_raw_rows(path: Path) -> list[tuple[int, Any]]:
         return list(enumerate(table.to_pylist(), start=1))
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is accepted
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise DatasetError(f"{path}: invalid JSON file ({e})") from e
         if not isinstance(data, list):
@@ -143,7 +143,8 @@ def read_raw_rows(path: Path) -> list[tuple[int, Any]]:
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
+                # a UTF-8 byte-order mark opening the file is accepted, as the SFT reader does
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 rows.append((n, DatasetError(f"{path}: row {n}: not valid UTF-8 ({e.reason})")))
                 continue
