@@ -204,6 +204,62 @@ def test_ctrl_c_says_where_it_stopped_and_how_to_resume(tmp_path, monkeypatch):
     )
 
 
+class _KilledBySigterm(Exception):
+    pass
+
+
+@pytest.fixture
+def sigterm_fallback():
+    """A SIGTERM handler for the test process itself (the default one would end pytest): a command
+    that leaves SIGTERM unhandled fails the test with _KilledBySigterm instead."""
+    import signal
+
+    def fallback(signum, frame):
+        raise _KilledBySigterm
+
+    previous = signal.signal(signal.SIGTERM, fallback)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm_at_step(monkeypatch, trainer_cls, step_idx):
+    import signal
+
+    real_step = trainer_cls.step
+
+    def step(self):
+        if self.step_idx == step_idx:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self)
+
+    monkeypatch.setattr(trainer_cls, "step", step)
+
+
+@pytest.mark.parametrize("command", ["rl", "sft"])
+def test_sigterm_says_where_it_stopped_and_how_to_resume(tmp_path, monkeypatch, sigterm_fallback, command):
+    """Issue 41 item 23: SIGTERM (Slurm, Kubernetes) is handled as Ctrl-C: where it stopped, the last
+    checkpoint, the resume command; exit 143; the previous SIGTERM handler is restored afterwards."""
+    import signal
+
+    from posttrain.train.sft import SFTTrainer
+
+    run = tmp_path / "run"
+    if command == "rl":
+        _sigterm_at_step(monkeypatch, RLTrainer, 2)
+        res = _rl(run, "steps=5", "checkpoint.every=1")
+    else:
+        _sigterm_at_step(monkeypatch, SFTTrainer, 2)
+        data = tmp_path / "train.jsonl"
+        data.write_text(json.dumps({"prompt": "1+1=", "completion": "2"}) + "\n")
+        sft = ["sft", "model.name=tiny", f"data={data}", "batch_size=1", "threads=1"]
+        res = _invoke([*sft, f"out_dir={run}", "steps=5", "checkpoint.every=1", "--no-progress"])
+    assert res.exit_code == 143, res.output
+    assert "SIGTERM received: interrupted at step 2 of 5" in res.output
+    assert f"last checkpoint: {run / 'checkpoints' / 'step_000002'} (step 2)" in res.output
+    assert f"resume with: posttrain {command}" in res.output and "--resume" in res.output
+    assert signal.getsignal(signal.SIGTERM).__name__ == "fallback"
+
+
 def test_corrupt_trainer_state_is_named(tmp_path):
     run = tmp_path / "run"
     _ok(_rl(run, "steps=1"))

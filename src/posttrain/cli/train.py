@@ -65,14 +65,51 @@ def _check_run_dir(cfg: Any, *, resume: bool, overwrite: bool, allow_config_chan
         fail(str(e))
 
 
-def _interrupted(command: str, cfg: Any, step: int, config: Path | None, overrides: list[str]) -> NoReturn:
-    """Ctrl-C: say where training stopped, the last checkpoint and the exact command to resume."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what Slurm, Kubernetes and ``kill`` send) while training: handled as Ctrl-C is."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While training, SIGTERM raises :class:`Terminated` in the main thread (a ``KeyboardInterrupt``),
+    so a scheduler's stop prints where the run stopped and how to resume instead of dying silently;
+    the previous handler is restored afterwards. (Signals reach only the main thread.)"""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(
+    command: str,
+    cfg: Any,
+    step: int,
+    config: Path | None,
+    overrides: list[str],
+    exc: BaseException | None = None,
+) -> NoReturn:
+    """Ctrl-C or SIGTERM: say where training stopped, the last checkpoint and the exact command to
+    resume; exit 130 for Ctrl-C, 143 (128 + SIGTERM) for SIGTERM, as a shell reports them."""
     from posttrain.train.run_dir import interrupted_message, resume_command
 
     cmd = resume_command(command, config, overrides)
     msg = interrupted_message(cfg.out_dir, step, cfg.steps, resume_command=cmd)
+    terminated = isinstance(exc, Terminated)
+    if terminated:
+        msg = f"SIGTERM received: {msg}"
     typer.secho(msg, fg=typer.colors.YELLOW, err=True)
-    raise typer.Exit(code=130)
+    raise typer.Exit(code=143 if terminated else 130)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -108,11 +145,12 @@ def rl(
             fail(str(e))
         with trainer:
             try:
-                summary = trainer.train(
-                    progress=progress, overwrite=overwrite, allow_config_change=allow_config_change
-                )
-            except KeyboardInterrupt:
-                _interrupted("posttrain rl", cfg, trainer.step_idx, config, overrides or [])
+                with _sigterm_as_interrupt():
+                    summary = trainer.train(
+                        progress=progress, overwrite=overwrite, allow_config_change=allow_config_change
+                    )
+            except KeyboardInterrupt as e:
+                _interrupted("posttrain rl", cfg, trainer.step_idx, config, overrides or [], e)
             except (RunDirError, CheckpointError, RewardFailureError) as e:
                 fail(str(e))
     last = summary.get("last") or {}
@@ -159,9 +197,10 @@ def sft(
             fail(str(e))
         with trainer:
             try:
-                summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
-            except KeyboardInterrupt:
-                _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [])
+                with _sigterm_as_interrupt():
+                    summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
+            except KeyboardInterrupt as e:
+                _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [], e)
             except (RunDirError, CheckpointError, SFTDataError, ValueError, FileNotFoundError) as e:
                 fail(str(e))
     typer.echo(
