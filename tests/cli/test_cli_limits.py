@@ -216,8 +216,12 @@ def test_rl_prompt_longer_than_the_context_is_refused_or_skipped(tmp_path):
     data = _rows(tmp_path / "t.jsonl", rows)
     task = ["task.name=jsonl", f"task.params={{path: {data}, heldout_fraction: 0.3}}"]
     res = _invoke(["rl", *QUICK, *task, f"out_dir={tmp_path / 'r'}", "steps=1"])
+    # the file's row (issue 41 item 23: it named the row's place in the shuffled split)
     _refused(
-        res, "task 'jsonl': train split row", "the prompt is 4095 tokens", "rollout.overlong_prompts=skip"
+        res,
+        f"task 'jsonl': train split: {data} row 4 (id ",
+        "the prompt is 4095 tokens",
+        "rollout.overlong_prompts=skip",
     )
     res = _invoke(
         ["rl", *QUICK, *task, f"out_dir={tmp_path / 'r2'}", "steps=1", "rollout.overlong_prompts=skip"]

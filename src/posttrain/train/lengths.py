@@ -110,7 +110,7 @@ def bound_prompts(
             report.skipped += 1
             continue
         raise LengthError(
-            f"{where} row {i}: the prompt is {size}; the model's context of {context} tokens minus "
+            f"{where}: {_example_origin(ex, i)}: the prompt is {size}; the model's context of {context} tokens minus "
             f"rollout.max_new_tokens={max_new_tokens} leaves {limit} for it. Shorten such prompts, lower "
             "rollout.max_new_tokens, or skip them with rollout.overlong_prompts=skip"
         )
@@ -120,6 +120,18 @@ def bound_prompts(
     if note:
         print(f"note: {note} (rollout.overlong_prompts={policy})", file=sys.stderr, flush=True)
     return kept, report
+
+
+def _example_origin(ex: Any, i: int) -> str:
+    """Where an example came from, for a message: its file and 1-based row when the task recorded
+    them (``meta["source"]``, ``meta["row"]``: the jsonl task), else its id and place in the (shuffled)
+    split, which is not a file row."""
+    meta = getattr(ex, "meta", None) or {}
+    ex_id = getattr(ex, "id", None)
+    named = f" (id {ex_id!r})" if ex_id is not None else ""
+    if meta.get("source") is not None and meta.get("row") is not None:
+        return f"{meta['source']} row {meta['row']}{named}"
+    return f"example {ex_id!r} (item {i} of the split)" if ex_id is not None else f"item {i} of the split"
 
 
 # ----------------------------------------------------------------------------------------- SFT
