@@ -260,6 +260,18 @@ def test_sigterm_says_where_it_stopped_and_how_to_resume(tmp_path, monkeypatch, 
     assert signal.getsignal(signal.SIGTERM).__name__ == "fallback"
 
 
+def test_a_resumed_run_reports_its_start_evaluation(tmp_path):
+    """Issue 41 item 23: `eval_start` was null in the summary of a resumed run."""
+    run = tmp_path / "run"
+    args = ["rl", *TINY, "eval.at_start=true", "eval.at_end=true", f"out_dir={run}", "--no-progress"]
+    first = json.loads(_ok(_invoke([*args, "steps=1"])).output.strip().splitlines()[-1])
+    assert first["eval_start"] is not None
+    resumed = json.loads(
+        _ok(_invoke([*args, "steps=2", "--resume", "--allow-config-change"])).output.strip().splitlines()[-1]
+    )
+    assert resumed["steps"] == 2 and resumed["eval_start"] == first["eval_start"]
+
+
 def test_corrupt_trainer_state_is_named(tmp_path):
     run = tmp_path / "run"
     _ok(_rl(run, "steps=1"))

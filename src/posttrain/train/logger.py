@@ -81,6 +81,16 @@ class MetricsLogger:
         if self.echo and line:
             print(line, file=sys.stderr, flush=True)
 
+    def logged_eval(self, step: int) -> dict[str, Any] | None:
+        """The evaluation logged at ``step`` (its metrics, as ``log_eval`` was given them), or None: a
+        resumed run reports the ``eval_start`` its first part made."""
+        if not self.path.exists():
+            return None
+        for row in read_jsonl(self.path):
+            if row.get("kind") == "eval" and int(row.get("step", -1)) == step:
+                return {k: v for k, v in row.items() if k not in ("kind", "step")}
+        return None
+
     def log_samples(self, step: int, scored: Any, *, every: int) -> None:
         """Every ``every``-th step (0 = never): the step's completions (``scored`` = the step's
         ``(StepRollout, StepScores)``) to ``samples.jsonl`` and the enabled loggers."""

@@ -179,6 +179,11 @@ class RunLoop:
         try:
             if start == 0 and cfg.eval.at_start:
                 self._evaluate(spec, logger, summary, "eval_start")
+            elif start > 0 and logger is not None:
+                # a resumed run reports the evaluation its first part made at step 0 (from the log)
+                logged = logger.logged_eval(0)
+                if logged is not None:
+                    summary["eval_start"] = logged
             with progress_bar(
                 spec.name,
                 total=cfg.steps,
