@@ -56,11 +56,17 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     version: Optional[bool] = typer.Option(  # noqa: UP045
         None, "--version", "-V", help="Print the version and exit.", callback=_print_version, is_eager=True
     ),
 ) -> None:
     """LLM post-training: GRPO-family RL, SFT, generative reward models, SILO-BENCH, continual instruction tuning, IFT analyses, SCPG."""
+    from posttrain.utils.errors import command_line_messages
+
+    # errors raised while a command runs name options by their flags (--resume), not as Python
+    # arguments (resume=True); left when the command ends (the CLI may run inside a Python process)
+    ctx.with_resource(command_line_messages())
 
 
 def one_line_warning(message, category, filename, lineno, line=None) -> str:

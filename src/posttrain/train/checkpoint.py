@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from posttrain.models.lora import write_base_file
 from posttrain.models.saving import install_dir, quiet_transformers
-from posttrain.utils.errors import InvalidTypeError, PosttrainError
+from posttrain.utils.errors import InvalidTypeError, PosttrainError, option
 from posttrain.utils.io import atomic_write_text, make_public_dir
 
 LATEST = "latest"
@@ -52,7 +52,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(
             f"{path}: corrupt checkpoint file ({e}); resume from an older step_* directory or start again "
-            "with --overwrite"
+            f"with {option('overwrite')}"
         ) from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: corrupt checkpoint file (expected a JSON object)")

@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import PosttrainError, option
 from posttrain.utils.io import atomic_write_text
 
 RUN_ENTRIES = (
@@ -240,7 +240,10 @@ def prepare_run_dir(
     """Before a fresh run writes anything: refuse a folder holding a previous run, or clear its run
     files when ``overwrite``. ``resume=True`` is checked by :func:`check_resume` instead."""
     if resume and overwrite:
-        raise RunDirError("--resume and --overwrite exclude each other (continue the run, or start again)")
+        raise RunDirError(
+            f"{option('resume')} and {option('overwrite')} exclude each other (continue the run, or "
+            "start again)"
+        )
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise RunDirError(f"out_dir {run_dir} is a file; expected a directory for the run")
     if resume:
@@ -251,9 +254,10 @@ def prepare_run_dir(
     if stepless_run(run_dir, found):
         overwrite = True  # a run that never took a step: replaced (its config.yaml, empty metrics)
     if not overwrite:
-        resume_hint = "continue it with --resume, or " if can_resume else ""
+        resume_hint = f"continue it with {option('resume')}, or " if can_resume else ""
         raise RunDirError(
-            f"{run_dir} already holds a run ({', '.join(found)}); {resume_hint}start again with --overwrite "
+            f"{run_dir} already holds a run ({', '.join(found)}); {resume_hint}start again with "
+            f"{option('overwrite')} "
             f"(deletes those files first), or choose another out_dir"
         )
     for name in found:
@@ -342,7 +346,8 @@ def check_resume(
     try:
         ckpt = resolve_checkpoint(run_dir)
     except FileNotFoundError as e:
-        raise RunDirError(f"--resume: nothing to resume: {e}; start a new run without --resume") from None
+        resume = option("resume")
+        raise RunDirError(f"{resume}: nothing to resume: {e}; start a new run without {resume}") from None
     state = read_trainer_state(ckpt)
     info = ResumeInfo(checkpoint=ckpt, step=int(state["step"]))
     old = saved_config(run_dir, state)
@@ -355,16 +360,17 @@ def check_resume(
     kl = max(float(flatten(old).get("kl.coef", 0) or 0), float(flatten(new_config).get("kl.coef", 0) or 0))
     if kl > 0 and old_model != new_model:
         raise RunDirError(
-            f"--resume: model.name changed ({old_model!r} -> {new_model!r}) in a run with kl.coef > 0: the KL "
+            f"{option('resume')}: model.name changed ({old_model!r} -> {new_model!r}) in a run with kl.coef > 0: the KL "
             f"reference is the run's initial model {old_model!r}; resuming would silently change it. "
             f"Keep model.name={old_model} (the policy itself is always loaded from the checkpoint)"
         )
     if info.breaking and not allow_config_change:
         diff = "\n".join(f"  {k}: {o!r} -> {n!r}" for k, o, n in info.changes if k in info.breaking)
         raise RunDirError(
-            f"--resume: the config differs from the one {ckpt} was trained with:\n{diff}\n"
+            f"{option('resume')}: the config differs from the one {ckpt} was trained with:\n{diff}\n"
             "these change what is trained, so the resumed run would not be the same experiment. Undo the "
-            "change, start a new run (another out_dir, or --overwrite), or force it with --allow-config-change"
+            f"change, start a new run (another out_dir, or {option('overwrite')}), or force it with "
+            f"{option('allow_config_change')}"
         )
     return info
 
@@ -432,7 +438,7 @@ def interrupted_message(
     except (FileNotFoundError, ValueError):
         return (
             f"{head}; no checkpoint was saved in {run_dir} (checkpoint.every=N saves one every N steps), "
-            "so there is nothing to resume: start again with --overwrite"
+            f"so there is nothing to resume: start again with {option('overwrite')}"
         )
     lost = f"; steps {saved + 1}..{step} will run again" if step > saved else ""
     cmd = f"\nresume with: {resume_command}" if resume_command else ""

@@ -12,6 +12,10 @@ and fails on a bare ``raise ValueError/TypeError/RuntimeError(`` outside its doc
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 
 class PosttrainError(Exception):
     """Base class of posttrain's errors (each also subclasses the built-in error it replaces)."""
@@ -27,3 +31,31 @@ class InvalidTypeError(PosttrainError, TypeError):
 
 class PosttrainRuntimeError(PosttrainError, RuntimeError):
     """Something failed while running (a worker, an engine, a sync); the message says what and where."""
+
+
+# --------------------------------------------------------------------- options named in messages
+_ON_COMMAND_LINE: ContextVar[bool] = ContextVar("posttrain_on_command_line", default=False)
+
+_SPELLINGS = {
+    "resume": ("--resume", "resume=True"),
+    "overwrite": ("--overwrite", "overwrite=True"),
+    "allow_config_change": ("--allow-config-change", "allow_config_change=True"),
+}
+
+
+def option(name: str) -> str:
+    """An option as the caller spells it, for a message: ``--resume`` on the command line (inside
+    :func:`command_line_messages`), ``resume=True`` from Python (``RLTrainer(cfg, resume=True)``,
+    ``trainer.train(overwrite=True)``), so an API user is not told to pass a CLI flag."""
+    cli, api = _SPELLINGS[name]
+    return cli if _ON_COMMAND_LINE.get() else api
+
+
+@contextmanager
+def command_line_messages() -> Iterator[None]:
+    """Messages raised inside name options by their command-line flags (the CLI enters it)."""
+    token = _ON_COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _ON_COMMAND_LINE.reset(token)
