@@ -202,3 +202,79 @@ def test_eval_of_a_demo_folder_uses_its_rl_policy_and_the_runs_threads(tmp_path)
         torch.set_num_threads(before)
     out = json.loads(res.output.strip().splitlines()[-1])
     assert out["n"] == 2
+
+
+# ------------------------------------------- every key the user sets is honoured or refused (item 1)
+@pytest.fixture(scope="module")
+def qa_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qa")
+    for name, first in (("train.jsonl", 0), ("heldout.jsonl", 10)):
+        rows = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(first, first + 6)]
+        (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"path": str(d / "train.jsonl"), "heldout_path": str(d / "heldout.jsonl")}
+
+
+QUICK_EVAL = ["--n", "2", "--max-new-tokens", "2"]
+
+
+@pytest.mark.parametrize("reward", ["numeric", "last_number"])
+def test_a_reward_override_survives_another_task(qa_files, reward):
+    """The issue's case: with --task jsonl the override was replaced by the task's default reward
+    (exact_match); with --task arithmetic it was honoured."""
+    res = _invoke(
+        [
+            *["eval", "--model", "tiny", "--task", "jsonl", "--task-params", json.dumps(qa_files)],
+            *[*QUICK_EVAL, f"reward.name={reward}"],
+        ]
+    )
+    assert res.exit_code == 0, res.output
+    s = _last_json(res)["settings"]
+    assert s["task"] == "jsonl" and s["reward"] == reward
+
+
+def test_a_run_folders_settings_give_way_to_the_users_keys_on_another_task(run_dir, qa_files):
+    # the run's reward (numeric) and task params belong to its task and are dropped; the user's kept
+    res = _invoke(
+        [
+            *["eval", "--model", str(run_dir), "--task", "jsonl", "--task-params", json.dumps(qa_files)],
+            *[*QUICK_EVAL, "reward.name=last_number", "task.prompt_template='B: {prompt}'"],
+        ]
+    )
+    assert res.exit_code == 0, res.output
+    s = _last_json(res)["settings"]
+    assert s["task"] == "jsonl" and s["reward"] == "last_number" and s["prompt_template"] == "B: {prompt}"
+    assert s["task_params"] == qa_files  # none of the run's arithmetic params
+
+
+def test_a_config_files_keys_are_honoured_with_task_and_refused_when_they_disagree(qa_files, tmp_path):
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(f"task:\n  name: jsonl\n  params: {json.dumps(qa_files)}\nreward:\n  name: numeric\n")
+    res = _invoke(["eval", "--model", "tiny", "--config", str(cfg), "--task", "jsonl", *QUICK_EVAL])
+    assert res.exit_code == 0, res.output
+    s = _last_json(res)["settings"]
+    assert s["task"] == "jsonl" and s["reward"] == "numeric"
+    # --task naming another task than the file's: refused, not silently replaced
+    res = _invoke(["eval", "--model", "tiny", "--config", str(cfg), "--task", "countdown", *QUICK_EVAL])
+    assert res.exit_code == 2 and "--task countdown and task.name=jsonl" in res.output, res.output
+    assert f"--config {cfg}" in res.output
+    # the same through an override
+    res = _invoke(["eval", "--model", "tiny", "--task", "countdown", "task.name=arithmetic", *QUICK_EVAL])
+    assert res.exit_code == 2 and "task.name=arithmetic" in res.output, res.output
+
+
+def test_options_never_replace_a_key_the_user_set(run_dir):
+    # eval.n set by an override is the number evaluated (the --n default replaced it)
+    res = _invoke(["eval", "--model", str(run_dir), "--max-new-tokens", "2", "eval.n=3"])
+    assert res.exit_code == 0, res.output
+    assert _last_json(res)["n_requested"] == 3
+    for args, needle in (
+        (["--n", "5", "eval.n=3"], "--n 5 contradicts eval.n=3"),
+        (["--max-new-tokens", "2", "rollout.max_new_tokens=3"], "--max-new-tokens 2 contradicts"),
+        (
+            ["--n", "2", "--task-params", '{"n_heldout": 5}', "task.params.n_heldout=4"],
+            "--task-params n_heldout=5 contradicts",
+        ),
+    ):
+        res = _invoke(["eval", "--model", str(run_dir), *args])
+        assert res.exit_code == 2 and needle in res.output, (args, res.output)
+        assert "the override" in res.output

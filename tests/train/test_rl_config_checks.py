@@ -114,3 +114,56 @@ def test_every_removed_key_and_name_is_refused():
 def test_sft_configs_refuse_the_removed_task_key_too():
     with pytest.raises(ConfigError, match=r"task\.continue_thinking_markers was removed"):
         build_config(SFTConfig, None, ["task.continue_thinking_markers=[wait]"])
+
+
+# ------------------------------------ every key the user sets is honoured (issue 41 item 1)
+def _resolved(cfg) -> dict:
+    from posttrain.train.run_dir import flatten
+
+    return flatten(cfg.model_dump(mode="json"))
+
+
+def test_rl_honours_every_key_set_over_a_config_file(tmp_path):
+    """`posttrain rl --config FILE k=v ...` (what the CLI builds): each key of the file and of the
+    overrides holds its value in the resolved config, also when an override switches the task (the
+    file's reward stays, as the user wrote it) or names a run folder as the model."""
+    from posttrain.utils.config import parse_override
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"question": "1+1=", "answer": "2"}\n{"question": "2+2=", "answer": "4"}\n')
+    run = tmp_path / "some_run"
+    cfg_file = tmp_path / "rl.yaml"
+    cfg_file.write_text("reward:\n  name: numeric\nrollout:\n  max_new_tokens: 9\nsteps: 4\n")
+    overrides = [
+        *(o for o in TINY if not o.startswith("model.name=")),
+        f"model.name={run}",
+        "task.name=jsonl",
+        f"task.params={{path: {data}, heldout_fraction: 0.5}}",
+        "rollout.group_size=3",
+        "eval.n=3",
+        "optimizer.lr=2.0e-05",
+        "seed=7",
+    ]
+    from posttrain.train.config import RLConfig
+
+    got = _resolved(build_config(RLConfig, cfg_file, overrides))
+    assert got["reward.name"] == "numeric" and got["rollout.max_new_tokens"] == 9 and got["steps"] == 4
+    for ov in overrides:
+        key, value = parse_override(ov)
+        if isinstance(value, dict):
+            assert {k: got[f"{key}.{k}"] for k in value} == value, ov
+        else:
+            assert got[key] == value, ov
+
+
+def test_sft_honours_every_key_set_over_a_config_file(tmp_path):
+    from posttrain.utils.config import parse_override
+
+    cfg_file = tmp_path / "sft.yaml"
+    cfg_file.write_text("max_length: 64\nbatch_size: 2\ntask:\n  name: countdown\n")
+    overrides = ["model.name=tiny", "steps=3", "optimizer.lr=3.0e-05", "task.prompt_template='Q: {prompt}'"]
+    got = _resolved(build_config(SFTConfig, cfg_file, overrides))
+    assert got["max_length"] == 64 and got["batch_size"] == 2 and got["task.name"] == "countdown"
+    for ov in overrides:
+        key, value = parse_override(ov)
+        assert got[key] == value, ov

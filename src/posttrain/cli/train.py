@@ -265,7 +265,9 @@ def eval_cmd(
     task_params: Optional[str] = typer.Option(  # noqa: UP045
         None, "--task-params", help="JSON merged into the run's task params, e.g. '{\"digits\": 1}'"
     ),
-    n: int = typer.Option(100, "--n", min=1, help="held-out examples (the first n)"),
+    n: Optional[int] = typer.Option(  # noqa: UP045
+        None, "--n", min=1, help="held-out examples (the first n; default: eval.n if you set it, else 100)"
+    ),
     k: Optional[int] = typer.Option(None, "--k", min=1, help="pass@k (needs --samples >= k)"),  # noqa: UP045
     samples: Optional[int] = typer.Option(None, "--samples", min=1),  # noqa: UP045
     temperature: Optional[float] = typer.Option(  # noqa: UP045
@@ -280,7 +282,9 @@ def eval_cmd(
 
     A run directory is evaluated with the run's own settings (task and params, prompt template,
     reward, max_new_tokens, engine, runner, reward source); --config, key=value overrides and the
-    options above override them, in that order."""
+    options above override them, in that order. Every key you set is used or refused: an option
+    that contradicts a key set in --config or an override is an error, and another task drops only
+    the run's task params and reward."""
     from posttrain.train.evaluate import (
         evaluate_cli_settings,
         evaluate_run,

@@ -328,12 +328,32 @@ def _eval_base(saved: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
+def _user_settings(config: str | Path | None, overrides: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the user set: the ``--config`` YAML merged with the ``key=value`` overrides, as a tree,
+    and, per dotted leaf key, where it was set (for messages)."""
+    from posttrain.train.run_dir import flatten
+    from posttrain.utils.config import load_yaml, parse_override, set_dotted
+
+    tree: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    if config is not None:
+        tree = load_yaml(config)
+        origin = {k: f"--config {config}" for k in flatten(tree)}
+    for ov in overrides:
+        key, value = parse_override(ov)
+        set_dotted(tree, key, value)
+        one: dict[str, Any] = {}
+        set_dotted(one, key, value)
+        origin.update({k: f"the override {ov!r}" for k in flatten(one)})
+    return tree, origin
+
+
 def evaluate_cli_settings(
     loc: ModelLocation,
     config: str | Path | None,
     overrides: list[str],
     *,
-    n: int,
+    n: int | None = None,
     task: str | None = None,
     task_params: dict[str, Any] | None = None,
     k: int | None = None,
@@ -342,13 +362,54 @@ def evaluate_cli_settings(
     max_new_tokens: int | None = None,
 ) -> Any:
     """The :class:`~posttrain.train.config.RLConfig` an evaluation runs with: defaults <- the run's saved
-    settings <- ``config`` YAML <- ``overrides`` <- the command-line options. ``--task`` other than the
-    run's drops the run's task params and reward (the new task's default reward is used);
-    ``--task-params`` is merged into the task params."""
-    from posttrain.train.config import RLConfig
+    settings <- ``config`` YAML <- ``overrides`` <- the command-line options.
+
+    Every key the user sets (``config``, ``overrides``, an option) is honoured or refused, never
+    replaced: a task other than the run's (``--task``, or ``task.name`` in the config or an override)
+    drops only the *run's* task params and reward (the new task's default reward is used unless the
+    user names one); ``--task`` and a ``task.name`` the user set that disagree are refused, as is an
+    option that contradicts a key the user set (``--n 50`` with ``eval.n=20``). ``--task-params`` is
+    merged into the task params. ``n`` defaults to the user's ``eval.n``, else 100."""
+    from posttrain.tasks import TASKS
+    from posttrain.train.config import RLConfig, TaskConfig
+    from posttrain.train.run_dir import flatten
     from posttrain.utils.config import ConfigError, build_config
 
+    user, origin = _user_settings(config, overrides)
+
+    def set_by_user(key: str) -> str | None:
+        """Where the user set ``key`` (or a key under it), None when they did not."""
+        return next((o for k, o in origin.items() if k == key or k.startswith(key + ".")), None)
+
     base = _eval_base(loc.settings) if loc.settings else {}
+    base_task = (base.get("task") or {}).get("name") or TaskConfig().name
+    user_task = user["task"].get("name") if isinstance(user.get("task"), dict) else None
+    if task is not None and user_task is not None and user_task != task:
+        raise InvalidValueError(
+            f"--task {task} and task.name={user_task} (set by {set_by_user('task.name')}) disagree; "
+            "give the task once"
+        )
+    chosen = task or user_task or base_task
+    if chosen != base_task:
+        # the run's task params and reward belong to its own task; what the user set is kept
+        run_task = {k: v for k, v in (base.get("task") or {}).items() if k not in ("name", "params")}
+        base["task"] = {**run_task, "name": chosen}
+        if isinstance(base.get("reward"), dict):
+            base["reward"] = {k: v for k, v in base["reward"].items() if k not in ("name", "params")}
+        # chat tasks (instructions, ifbench, word_problems) are prompted through the chat template
+        if getattr(TASKS.get(chosen), "chat", False) and not set_by_user("task.chat_template"):
+            base["task"]["chat_template"] = True
+    if task_params is not None:
+        flat = flatten(user)
+        for name, value in task_params.items():
+            key = f"task.params.{name}"
+            if key in flat and flat[key] != value:
+                raise InvalidValueError(
+                    f"--task-params {name}={value!r} contradicts {key}={flat[key]!r} (set by "
+                    f"{set_by_user(key)}); give one of them"
+                )
+        task_section = base.setdefault("task", {})
+        task_section["params"] = {**(task_section.get("params") or {}), **task_params}
     # the model evaluated (its context bounds rollout.max_new_tokens at config time)
     base["model"] = {**(base.get("model") or {}), "name": loc.path}
     try:
@@ -358,26 +419,29 @@ def evaluate_cli_settings(
             raise ConfigError(f"{e}\n  (run settings read from {loc.settings_from})") from None
         raise
     tree = cfg.model_dump(mode="json")
-    if task is not None and task != tree["task"]["name"]:
-        tree["task"].update(name=task, params={})
-        tree["reward"].update(name=None, params={})
-        from posttrain.tasks import TASKS
 
-        # chat tasks (instructions, ifbench, word_problems) are prompted through the chat template
-        if getattr(TASKS.get(task), "chat", False) and not any(
-            o.startswith("task.chat_template=") for o in overrides
-        ):
-            tree["task"]["chat_template"] = True
-    if task_params is not None:
-        tree["task"]["params"].update(task_params)
+    def option_over(flag: str, key: str, value: Any, section: dict[str, Any], name: str) -> None:
+        """An option's value for ``key``, refused where the user set ``key`` to something else."""
+        where = set_by_user(key)
+        if where is not None and section.get(name) != value:
+            raise InvalidValueError(
+                f"{flag} {value} contradicts {key}={section.get(name)!r} (set by {where}); give one of them"
+            )
+        section[name] = value
+
     if max_new_tokens is not None:
-        tree["rollout"]["max_new_tokens"] = max_new_tokens
-        tree["rollout"]["min_new_tokens"] = min(tree["rollout"]["min_new_tokens"], max_new_tokens)
+        option_over(
+            "--max-new-tokens", "rollout.max_new_tokens", max_new_tokens, tree["rollout"], "max_new_tokens"
+        )
+        if not set_by_user("rollout.min_new_tokens"):
+            tree["rollout"]["min_new_tokens"] = min(tree["rollout"]["min_new_tokens"], max_new_tokens)
     ev = tree["eval"]
-    ev["n"] = n
+    if n is None:
+        n = ev["n"] if set_by_user("eval.n") else 100
+    option_over("--n", "eval.n", n, ev, "n")
     for key, value in (("k", k), ("samples", samples), ("temperature", temperature)):
         if value is not None:
-            ev[key] = value
+            option_over(f"--{key}", f"eval.{key}", value, ev, key)
     if ev["k"] > 1 and ev["samples"] < ev["k"]:
         raise InvalidValueError(f"--k {ev['k']} needs --samples >= {ev['k']} (got {ev['samples']})")
     return build_config(RLConfig, None, [], base=tree)
