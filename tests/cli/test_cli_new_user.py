@@ -171,6 +171,23 @@ def test_resume_with_a_changed_config_shows_the_diff_and_refuses_unless_forced(t
     assert "lr: 0.001" in (run / "config.yaml").read_text()
 
 
+def test_a_changed_steps_that_moves_a_cosine_schedule_is_refused_unless_forced(tmp_path):
+    """Issue 41 item 18: `steps` was called harmless on --resume, but it is the cosine schedule's
+    horizon: 2 -> 6 at step 2 lifts the lr from 0.1x to 0.775x of its peak (7.75x). Refused, naming
+    the jump; forced, the jump is printed as a warning. (A constant schedule: still harmless, above.)"""
+    run = tmp_path / "run"
+    cosine = ["optimizer.schedule=cosine", "optimizer.min_lr_ratio=0.1", "optimizer.lr=1e-4"]
+    _ok(_rl(run, "steps=2", *cosine))
+    res = _rl(run, "steps=6", *cosine, "--resume")
+    assert res.exit_code == 2, res.output
+    assert "steps: 2 -> 6" in res.output and "--allow-config-change" in res.output
+    jump = "the learning rate at step 2 jumps from 1e-05 to 7.75e-05 (7.75x)"
+    assert jump in res.output
+    res = _ok(_rl(run, "steps=6", *cosine, "--resume", "--allow-config-change"))
+    assert "steps: 2 -> 6  (forced)" in res.output and "warning: steps 2 -> 6 moves the cosine" in res.output
+    assert jump in res.output
+
+
 def test_resume_of_a_run_saved_before_a_config_key_existed(tmp_path):
     run = tmp_path / "run"
     _ok(_rl(run, "steps=1"))

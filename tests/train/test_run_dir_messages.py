@@ -60,3 +60,21 @@ def test_the_command_line_names_flags_and_leaves_python_spelling_afterwards(tmp_
     res = CliRunner().invoke(app, ["rl", "model.name=tiny", f"out_dir={run}"])
     assert res.exit_code == 2 and "--resume" in res.output and "--overwrite" in res.output
     assert option("resume") == "resume=True"  # the CLI's spelling ended with the command
+
+
+def test_a_changed_steps_matters_only_where_the_lr_schedule_depends_on_it():
+    """Issue 41 item 18 (`schedule_jump`): cosine over `steps` moves; constant, a step still in warmup,
+    or an SFT run whose horizon is `schedule_steps` does not."""
+    from posttrain.train.run_dir import schedule_jump
+
+    def cfg(steps, schedule="cosine", warmup=0, **extra):
+        opt = {"lr": 1e-4, "schedule": schedule, "warmup_steps": warmup, "min_lr_ratio": 0.0}
+        return {"steps": steps, "optimizer": opt, **extra}
+
+    note = schedule_jump(cfg(40), cfg(100), 30)
+    # 40 -> 100 at step 30: 0.5(1 + cos(0.75 pi)) = 0.146 -> 0.5(1 + cos(0.3 pi)) = 0.794 of the peak
+    assert note is not None and "from 1.46e-05 to 7.94e-05 (5.42x)" in note
+    assert schedule_jump(cfg(40, "constant"), cfg(100, "constant"), 30) is None
+    assert schedule_jump(cfg(40, warmup=10), cfg(100, warmup=10), 5) is None  # still warming up
+    assert schedule_jump(cfg(40, schedule_steps=120), cfg(100, schedule_steps=120), 30) is None
+    assert schedule_jump({"steps": 4}, {"steps": 8}, 2) is None  # a config without an optimizer

@@ -12,7 +12,8 @@ functions before loading any model, so a refusal costs nothing).
   themselves); other files in the folder are left alone.
 * **Resume with a changed config**: the new config is compared with the one saved in the checkpoint
   (``trainer_state.json``; ``config.yaml`` as a fallback). The diff is shown. Keys in
-  :data:`HARMLESS_KEYS` (how long, how often to log / evaluate / save, speed knobs) may change;
+  :data:`HARMLESS_KEYS` (how long, how often to log / evaluate / save, speed knobs) may change
+  (``steps`` only while the lr schedule does not depend on it: :func:`schedule_jump`);
   any other change (model, task, reward, rollout, objective, advantage, optimizer, KL, hooks, seed,
   update schedule) makes the resumed run a different experiment and is refused unless forced
   (``--allow-config-change``). With ``kl.coef > 0`` a changed ``model.name`` is refused even when
@@ -30,6 +31,7 @@ functions before loading any model, so a refusal costs nothing).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shlex
 import shutil
@@ -275,6 +277,8 @@ class ResumeInfo:
     step: int
     changes: list[tuple[str, Any, Any]] = field(default_factory=list)
     breaking: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What a change does beyond its diff line (a learning-rate jump), shown by :meth:`describe`."""
 
     def describe(self, total_steps: int | None = None) -> str:
         of = f" of {total_steps}" if total_steps is not None else ""
@@ -285,6 +289,7 @@ class ResumeInfo:
                 f"  {k}: {old!r} -> {new!r}" + ("  (forced)" if k in self.breaking else "")
                 for k, old, new in self.changes
             ]
+            lines += [f"  warning: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -312,6 +317,43 @@ def config_changes(
         for k in sorted(set(a) | set(b))
         if a.get(k, missing) != b.get(k, missing) and not (k not in a and k in d and b.get(k) == d[k])
     ]
+
+
+def schedule_jump(old: dict[str, Any], new: dict[str, Any], step: int) -> str | None:
+    """What a changed ``steps`` does to the learning rate of a resumed run, or None when nothing: a
+    cosine schedule's horizon is ``steps`` (SFT: ``schedule_steps`` when set), so changing it moves the
+    lr at the resumed ``step`` (``steps: 40 -> 100`` at step 30: the cosine restarts from nearer its
+    peak). Compares :func:`~posttrain.train.optim.lr_at` at ``step`` under both configs."""
+    from posttrain.train.optim import lr_at
+
+    a, b = flatten(old), flatten(new)
+
+    def lr(f: dict[str, Any]) -> float | None:
+        total = f.get("schedule_steps") or f.get("steps")
+        try:
+            return lr_at(
+                step,
+                lr=float(f["optimizer.lr"]),
+                total_steps=max(1, int(total)),
+                schedule=str(f.get("optimizer.schedule", "constant")),
+                warmup_steps=int(f.get("optimizer.warmup_steps", 0) or 0),
+                min_lr_ratio=float(f.get("optimizer.min_lr_ratio", 0.0) or 0.0),
+            )
+        except (KeyError, TypeError, ValueError):  # a config without these keys: nothing to compare
+            return None
+
+    if a.get("steps") == b.get("steps"):
+        return None
+    before, after = lr(a), lr(b)
+    if before is None or after is None or math.isclose(before, after, rel_tol=1e-6, abs_tol=1e-15):
+        return None
+    ratio = f"{after / before:.2f}x" if before > 0 else "from zero"
+    horizon = "schedule_steps" if b.get("schedule_steps") else "steps"
+    return (
+        f"steps {a.get('steps')} -> {b.get('steps')} moves the {b.get('optimizer.schedule')} lr "
+        f"schedule: the learning rate at step {step} jumps from {before:.3g} to {after:.3g} ({ratio}) "
+        f"instead of continuing; keep {horizon}, or accept the jump"
+    )
 
 
 def is_harmless(key: str) -> bool:
@@ -355,6 +397,10 @@ def check_resume(
         return info
     info.changes = config_changes(old, new_config, defaults)
     info.breaking = [k for k, _, _ in info.changes if not is_harmless(k)]
+    jump = schedule_jump(old, new_config, info.step)
+    if jump is not None:  # `steps` is harmless only while the lr schedule does not depend on it
+        info.breaking.append("steps")
+        info.notes.append(jump)
     old_model = flatten(old).get("model.name")
     new_model = flatten(new_config).get("model.name")
     kl = max(float(flatten(old).get("kl.coef", 0) or 0), float(flatten(new_config).get("kl.coef", 0) or 0))
@@ -366,6 +412,7 @@ def check_resume(
         )
     if info.breaking and not allow_config_change:
         diff = "\n".join(f"  {k}: {o!r} -> {n!r}" for k, o, n in info.changes if k in info.breaking)
+        diff += "".join(f"\n  ({note})" for note in info.notes)
         raise RunDirError(
             f"{option('resume')}: the config differs from the one {ckpt} was trained with:\n{diff}\n"
             "these change what is trained, so the resumed run would not be the same experiment. Undo the "
