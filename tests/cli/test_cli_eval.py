@@ -278,3 +278,41 @@ def test_options_never_replace_a_key_the_user_set(run_dir):
         res = _invoke(["eval", "--model", str(run_dir), *args])
         assert res.exit_code == 2 and needle in res.output, (args, res.output)
         assert "the override" in res.output
+
+
+# --------------------------------------------------------------- lengths (issue 41 item 16)
+def test_eval_refuses_prompts_longer_than_the_context_as_rl_does(tmp_path):
+    rows = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(4)]
+    rows[2]["question"] = "9" * 4095  # the tiny model's context is 4096 tokens (one per character)
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"question": "7+7=", "answer": "14"}) + "\n")
+    params = json.dumps({"path": str(train), "heldout_path": str(data)})
+    args = ["eval", "--model", "tiny", "--task", "jsonl", "--task-params", params, "--max-new-tokens", "2"]
+    res = _invoke(args)
+    assert res.exit_code == 2, res.output
+    assert f"held-out split: {data} row 3" in res.output and "the prompt is 4095 tokens" in res.output
+    assert "rollout.overlong_prompts=skip" in res.output and "Traceback" not in res.output
+    res = _invoke([*args, "rollout.overlong_prompts=skip"])
+    assert res.exit_code == 0, res.output
+    assert _last_json(res)["n"] == 3 and "1 skipped" in res.output
+
+
+def test_a_task_with_its_own_completion_length_gets_it_in_eval():
+    """`eval --task ifbench` generated 16 tokens (93 % truncated): a task may say how long its answers
+    are (Task.max_new_tokens), used unless the user sets a length."""
+    from posttrain.tasks import TASKS
+    from posttrain.train.evaluate import ModelLocation, evaluate_cli_settings
+
+    assert TASKS.get("ifbench").max_new_tokens == 256
+    loc = ModelLocation(given="tiny", path="tiny")
+    assert evaluate_cli_settings(loc, None, [], task="ifbench").rollout.max_new_tokens == 256
+    assert (
+        evaluate_cli_settings(loc, None, [], task="ifbench", max_new_tokens=40).rollout.max_new_tokens == 40
+    )
+    over = ["rollout.max_new_tokens=50"]
+    assert evaluate_cli_settings(loc, None, over, task="ifbench").rollout.max_new_tokens == 50
+    assert (
+        evaluate_cli_settings(loc, None, [], task="countdown").rollout.max_new_tokens == 16
+    )  # none of its own

@@ -274,7 +274,10 @@ def eval_cmd(
         None, "--temperature", callback=_positive("--temperature"), help="sampling temperature of pass@k"
     ),
     max_new_tokens: Optional[int] = typer.Option(  # noqa: UP045
-        None, "--max-new-tokens", min=1, help="default: the run's rollout.max_new_tokens, else 16"
+        None,
+        "--max-new-tokens",
+        min=1,
+        help="default: the run's rollout.max_new_tokens; for another task, its own length (ifbench: 256), else 16",
     ),
     out: Optional[Path] = typer.Option(None, "--out", help="write the result JSON here"),  # noqa: UP045
 ) -> None:

@@ -115,6 +115,7 @@ class InstructionsTask(Task):
     name = "instructions"
     default_reward = "instructions_strict"
     chat = True
+    max_new_tokens = 256  # responses of a paragraph or more (docs/real-model.md)
 
     def __init__(
         self,
@@ -235,6 +236,7 @@ class IFBenchTask(Task):
     name = "ifbench"
     default_reward = "instructions_strict"
     chat = True
+    max_new_tokens = 256  # responses of a paragraph or more (docs/real-model.md)
 
     def __init__(self, path: str | None = None) -> None:
         super().__init__()

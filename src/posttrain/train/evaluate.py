@@ -399,6 +399,12 @@ def evaluate_cli_settings(
         # chat tasks (instructions, ifbench, word_problems) are prompted through the chat template
         if getattr(TASKS.get(chosen), "chat", False) and not set_by_user("task.chat_template"):
             base["task"]["chat_template"] = True
+        # the run's completion length was its task's; the new task's own, where it has one
+        task_len = getattr(TASKS.get(chosen), "max_new_tokens", None)
+        if task_len and max_new_tokens is None and not set_by_user("rollout.max_new_tokens"):
+            rollout = {**(base.get("rollout") or {}), "max_new_tokens": task_len}
+            rollout["min_new_tokens"] = min(rollout.get("min_new_tokens", 0) or 0, task_len)
+            base["rollout"] = rollout
     if task_params is not None:
         flat = flatten(user)
         for name, value in task_params.items():
@@ -454,6 +460,7 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
     from posttrain.rewards import get_reward
     from posttrain.rollout.registry import RewardSourceContext, build_reward_source
     from posttrain.tasks import get_task
+    from posttrain.train.lengths import bound_prompts, model_context
 
     task = get_task(cfg.task.name, **cfg.task.params)
     heldout = task.split("heldout")
@@ -472,6 +479,16 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
         template=cfg.task.prompt_template,
         chat=cfg.task.chat_template,
         assistant_prefix=cfg.task.assistant_prefix,
+    )
+    # prompts that leave no room for max_new_tokens in the context: refused (or skipped with
+    # rollout.overlong_prompts=skip) before generating, as `posttrain rl` does
+    examples, _ = bound_prompts(
+        heldout[: cfg.eval.n],
+        formatter.encode,
+        context=model_context(model),
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        policy=cfg.rollout.overlong_prompts,
+        where=f"task {cfg.task.name!r}: held-out split",
     )
     runner = eval_runner(  # the trainer's evaluation batch cap (RLTrainer.eval_runner)
         model,
@@ -498,7 +515,7 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
     try:
         res = run_eval(
             runner,
-            heldout[: cfg.eval.n],
+            examples,
             source,
             max_new_tokens=cfg.rollout.max_new_tokens,
             success_threshold=cfg.reward.success_threshold,
