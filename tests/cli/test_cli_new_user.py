@@ -117,6 +117,60 @@ def _mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
 
 
+def test_an_unwritable_out_dir_is_one_line_naming_the_folder(tmp_path, monkeypatch):
+    """Issue 41 item 21: a read-only out_dir ended in a traceback from opening .posttrain.lock.
+    (Tests run as root, who may write anywhere: the OS refusal is simulated.)"""
+    import builtins
+    import errno
+
+    from posttrain.train import run_dir as run_dir_mod
+
+    real_open = builtins.open
+
+    def read_only(path, *a, **kw):
+        if str(path).endswith(run_dir_mod.LOCK_NAME):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(run_dir_mod, "open", read_only, raising=False)
+    run = tmp_path / "run"
+    res = _rl(run, "steps=1")
+    assert res.exit_code == 2, res.output
+    assert f"out_dir {run} cannot be written: Read-only file system (EROFS)" in res.output
+    assert str(run / ".posttrain.lock") in res.output and "Traceback" not in res.output
+
+
+def test_a_full_disk_during_a_checkpoint_names_the_last_good_one(tmp_path, monkeypatch):
+    """Issue 41 item 21: disk full while writing a checkpoint was a 111-line traceback; now one line:
+    what happened, the path, the last good checkpoint, and how to continue (which works)."""
+    import errno
+
+    from posttrain.train import checkpoint as ckpt_mod
+
+    real_save = ckpt_mod.save_file
+
+    def disk_full_at_step_2(tensors, filename, *a, **kw):
+        if "step_000002" in str(filename):
+            raise OSError(errno.ENOSPC, "No space left on device", str(filename))
+        return real_save(tensors, filename, *a, **kw)
+
+    monkeypatch.setattr(ckpt_mod, "save_file", disk_full_at_step_2)
+    run = tmp_path / "run"
+    res = _rl(run, "steps=3", "checkpoint.every=1")
+    assert res.exit_code == 2, res.output
+    ckpts = run / "checkpoints"
+    assert (
+        f"could not write the checkpoint of step 2 to {ckpts / 'step_000002'}: No space left on device "
+        "(ENOSPC)" in res.output
+    )
+    assert f"the last good checkpoint is {ckpts / 'step_000001'}" in res.output and "--resume" in res.output
+    assert "Traceback" not in res.output
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000001"]  # nothing partial
+    monkeypatch.undo()
+    res = _ok(_rl(run, "steps=3", "checkpoint.every=1", "--resume"))
+    assert "resuming from" in res.output and "step_000001" in res.output
+
+
 def test_outputs_get_the_umask_permissions(tmp_path, umask_022):
     run = tmp_path / "run"
     _ok(_rl(run, "steps=1"))

@@ -44,6 +44,45 @@ class CheckpointError(PosttrainError, ValueError):
     """A checkpoint that cannot be read; the message names the file and what is wrong with it."""
 
 
+class CheckpointWriteError(CheckpointError, PosttrainError, OSError):
+    """A checkpoint that could not be written (disk full, a read-only or vanished folder): the message
+    says what happened, the path, and the last good checkpoint to resume from; nothing partial is
+    left behind. The OS error is its ``__cause__``; it is still an ``OSError`` (as it was raised
+    before) and a :class:`CheckpointError` (which the CLI reports in one line)."""
+
+
+def _io_failure(e: BaseException) -> str | None:
+    """Why a write failed, when ``e`` is an I/O failure (an ``OSError``, or safetensors' error wrapping
+    one), else None."""
+    if isinstance(e, OSError):
+        import errno
+
+        name = errno.errorcode.get(e.errno or 0)
+        what = e.strerror or str(e)
+        return f"{what} ({name})" if name else what
+    if type(e).__name__ == "SafetensorError" and "IoError" in str(e):
+        return str(e)
+    return None
+
+
+def _write_failed(root: Path, name: str, step: int, e: BaseException, reason: str) -> CheckpointWriteError:
+    latest = root / LATEST
+    try:
+        last = latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
+    except OSError:
+        last = None
+    if last and (root / last / "trainer_state.json").is_file():
+        good = f"the last good checkpoint is {root / last}; free the space (or fix the folder) and continue "
+        good += f"from it with {option('resume')}"
+    else:
+        good = "there is no earlier checkpoint in this run to resume from"
+    where = f" at {e.filename}" if isinstance(e, OSError) and e.filename else ""
+    return CheckpointWriteError(
+        f"could not write the checkpoint of step {step} to {root / name}: {reason}{where}; no partial "
+        f"checkpoint was kept, and {good}"
+    )
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -151,9 +190,12 @@ def save_checkpoint(
     ``model_state`` / ``optimizer_state``: full state dicts to write instead of the model's and the
     optimizer's own (FSDP2: gathered on rank 0 by ``dist.full_state_dicts``; same files)."""
     root = Path(ckpt_root)
-    root.mkdir(parents=True, exist_ok=True)
     name = step_dirname(step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+    except OSError as e:
+        raise _write_failed(root, name, step, e, _io_failure(e) or str(e)) from e
     try:
         make_public_dir(tmp)
         quiet_transformers()
@@ -174,10 +216,17 @@ def save_checkpoint(
         state = {"step": step, "rng": rng_js, **trainer_state}
         (tmp / "trainer_state.json").write_text(json.dumps(state, default=_json_default), encoding="utf-8")
         final = install_dir(tmp, root / name)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        reason = _io_failure(e)
+        if reason is not None:  # disk full, read-only: one line, not the serializer's traceback
+            raise _write_failed(root, name, step, e, reason) from e
         raise
-    atomic_write_text(root / LATEST, name + "\n")
+    try:
+        atomic_write_text(root / LATEST, name + "\n")
+    except OSError as e:  # the step's folder is complete, but `latest` still names the one before
+        shutil.rmtree(final, ignore_errors=True)
+        raise _write_failed(root, name, step, e, _io_failure(e) or str(e)) from e
     if keep is not None:
         prune_checkpoints(root, keep)
     return final

@@ -103,6 +103,20 @@ def _lock_holder(path: Path) -> str:
     return f"PID {pid}{cmd}{since}"
 
 
+def _unwritable(run_dir: Path, e: OSError) -> RunDirError:
+    """out_dir cannot be created or written (read-only, no permission, disk full): one line naming
+    the folder, the file and the reason, before anything was loaded."""
+    import errno
+
+    code = errno.errorcode.get(e.errno or 0)
+    why = f"{e.strerror or e}" + (f" ({code})" if code else "")
+    at = f" ({e.filename})" if e.filename else ""
+    return RunDirError(
+        f"out_dir {run_dir} cannot be written: {why}{at}; a run writes its lock, config, metrics and "
+        "checkpoints there: choose a writable out_dir, or fix the folder's permissions"
+    )
+
+
 def lock_run_dir(run_dir: str | os.PathLike) -> RunLock:
     """Take the exclusive lock of ``run_dir`` (created if missing) for this process; re-entrant in
     one process (the CLI and the trainer both take it). Raises :class:`RunDirBusy` naming the holder
@@ -117,10 +131,16 @@ def lock_run_dir(run_dir: str | os.PathLike) -> RunLock:
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"out_dir {run_dir} is a file; expected a directory for the run")
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _unwritable(run_dir, e) from e
     while True:
-        f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open while the run lasts
+        try:
+            f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open while the run lasts
+        except OSError as e:
+            raise _unwritable(run_dir, e) from e
         try:
             _try_lock(f)
         except BlockingIOError:
