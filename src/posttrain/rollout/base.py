@@ -398,6 +398,10 @@ class RolloutEngine(ABC):
         """Sampling RNG state, for exact resume."""
         return {}
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the engine holds outside this object (vLLM's engine core and KV cache); the
+        trainer's ``close`` calls it. No-op for in-process engines."""
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027 - optional hook
         """Restore what :meth:`state_dict` returned."""
 

