@@ -768,6 +768,7 @@ class RLTrainer(RunLoopTrainer):
         return self.loop.run(spec, overwrite=overwrite, allow_config_change=allow_config_change)
 
     def close(self) -> None:
+        self.engine.close()
         if self._owns_reward_source:
             self.collector.reward_source.close()
         dist.teardown()  # leaves the process group only if setup() joined it
