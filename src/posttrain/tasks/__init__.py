@@ -24,7 +24,8 @@ from posttrain.tasks.base import (
     register_task,
 )
 from posttrain.tasks.countdown import CountdownTask, ExpressionError, parse_expression
-from posttrain.tasks.jsonl import DatasetError, JsonlTask, gsm8k_final, last_boxed
+from posttrain.tasks.inputs import ExamplesTask, as_task
+from posttrain.tasks.jsonl import DatasetError, JsonlTask, RowsTask, gsm8k_final, last_boxed
 from posttrain.utils.registry import subclass_of
 
 TASKS.accept(subclass_of(Task), "a subclass of posttrain.tasks.Task")
@@ -37,10 +38,13 @@ __all__ = [
     "CountdownTask",
     "DatasetError",
     "Example",
+    "ExamplesTask",
     "ExpressionError",
     "JsonlTask",
+    "RowsTask",
     "SplitName",
     "Task",
+    "as_task",
     "get_task",
     "gsm8k_final",
     "last_boxed",

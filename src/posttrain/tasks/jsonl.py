@@ -364,7 +364,7 @@ class JsonlTask(Task):
         out: list[Example] = []
         bad: list[str] = []
         ids: dict[str, int] = {}
-        rows = read_raw_rows(path)
+        rows = self._rows(path)
         for n, row in rows:
             try:
                 if isinstance(row, DatasetError):
@@ -398,6 +398,10 @@ class JsonlTask(Task):
         if not out:
             raise DatasetError(f"{path}: no usable rows (read {len(rows)}, bad {len(bad)})")
         return out
+
+    def _rows(self, path: Path) -> list[tuple[int, Any]]:
+        """The (1-based row number, row) pairs of ``path`` (:class:`RowsTask`: rows held in memory)."""
+        return read_raw_rows(path)
 
     def _build_splits(self) -> dict[str, list[Example]]:
         main = self._load(self.path, "train")
@@ -441,3 +445,36 @@ class JsonlTask(Task):
         if self.answer_marker:
             return f"{self.answer_marker} {example.answer}"
         return example.answer
+
+
+class RowsTask(JsonlTask):
+    """Rows held in memory (dicts, or a ``datasets.Dataset``'s rows) as a task: the ``jsonl`` task's
+    column mapping (``prompt_field``, ``answer_field``, ``id_field``, ``answer_extract``, ...), held-out
+    split (``heldout_rows``, else a seeded ``heldout_fraction``, default 0.1) and row errors, which
+    name ``label`` and the 1-based row. Each example's ``meta["columns"]`` holds the row's other
+    columns (what a TRL-style reward receives as keyword arguments). What ``RLTrainer(task=rows)``
+    builds; construct it yourself for another column mapping."""
+
+    name = "rows"
+
+    def __init__(
+        self,
+        rows: list[Any],
+        heldout_rows: list[Any] | None = None,
+        *,
+        label: str = "rows",
+        **params: Any,
+    ) -> None:
+        held_label = f"{label} (held-out)"
+        self._memory = {label: list(rows), held_label: list(heldout_rows or [])}
+        params.pop("path", None)
+        params.pop("heldout_path", None)
+        super().__init__(path=label, heldout_path=held_label if heldout_rows is not None else None, **params)
+
+    def _rows(self, path: Path) -> list[tuple[int, Any]]:
+        return list(enumerate(self._memory[str(path)], start=1))
+
+    def _example(self, path: Path, n: int, row: Any, split: str) -> Example:
+        ex = super()._example(path, n, row, split)
+        ex.meta["columns"] = {k: v for k, v in row.items() if k != self.prompt_field}
+        return ex

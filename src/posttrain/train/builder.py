@@ -55,6 +55,7 @@ from posttrain.hooks import (
 from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
 from posttrain.models.lora import AdapterDisabledLM, is_lora, prepare_model
 from posttrain.rewards import get_reward
+from posttrain.rewards.callables import as_reward_fn
 from posttrain.rewards.failures import RewardFailureMonitor
 from posttrain.rollout import (
     EngineContext,
@@ -69,6 +70,7 @@ from posttrain.rollout import (
     build_runner,
 )
 from posttrain.tasks import get_task
+from posttrain.tasks.inputs import as_task
 from posttrain.train import dist
 from posttrain.train.checkpoint import resolve_checkpoint
 from posttrain.train.collector import (
@@ -175,7 +177,7 @@ def build_rl_parts(
     tokenizer: Any = None,
     resume: bool = False,
     task: Any = None,
-    reward: Callable[[str, Any], float] | None = None,
+    reward: Callable[..., Any] | str | None = None,
     reward_source: RewardSource | None = None,
     runner: EpisodeRunner | None = None,
     sampler: PromptSampler | None = None,
@@ -186,8 +188,16 @@ def build_rl_parts(
 ) -> RLParts:
     """The parts of an RL run (module docstring for the order); each keyword object replaces the part
     the config names (``model`` needs its ``tokenizer``)."""
+    # objects are checked before anything loads: a TRL-style task (rows, a datasets.Dataset, a list
+    # of Example) or reward (completions, **kwargs) is adapted, anything else refused in one line
+    if reward is not None:
+        reward = as_reward_fn(reward, where="RLTrainer(reward=...)")
     device = setup_process(cfg.threads, cfg.seed, cfg.model.device, pick=True)
-    task = task if task is not None else get_task(cfg.task.name, **cfg.task.params)
+    task = (
+        as_task(task, where="RLTrainer(task=...)")
+        if task is not None
+        else get_task(cfg.task.name, **cfg.task.params)
+    )
     needs_heldout = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every > 0
     train_examples = check_splits(task, needs_heldout=needs_heldout, eval_n=cfg.eval.n)
     ckpt = resolve_checkpoint(Path(cfg.out_dir)) if resume else None
@@ -298,12 +308,10 @@ def build_reward(
     workers = cfg.reward.num_workers
     if reward is None:
         reward = get_reward(cfg.reward.name or task.default_reward, **cfg.reward.params)
-    elif not callable(reward):
-        raise InvalidValueError(
-            f"RLTrainer(reward=...): expected a callable (completion, example) -> float, got {reward!r}"
-        )
-    elif workers and not _picklable(reward):
-        workers = 0
+    else:
+        reward = as_reward_fn(reward, where="RLTrainer(reward=...)")
+        if workers and not _picklable(reward):
+            workers = 0
     if reward_source is not None:
         return reward, reward_source, False
     ctx = RewardSourceContext(

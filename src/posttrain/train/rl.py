@@ -241,9 +241,12 @@ class RLTrainer(RunLoopTrainer):
     ``rollout.runner`` and ``reward.source`` via :mod:`posttrain.rollout.registry`.
 
     Programmatic use: every component can also be passed in as an object, which then replaces the
-    configured name — ``task`` (a :class:`~posttrain.tasks.Task`), ``reward`` (any callable
-    ``(completion, example) -> float``; one that cannot be pickled, e.g. a lambda or a function defined
-    in a notebook, is scored in this process), ``reward_source``, ``runner``, ``sampler``,
+    configured name — ``task`` (a :class:`~posttrain.tasks.Task`; TRL-style inputs too: a list of
+    row dicts, a list of :class:`~posttrain.Example`, a ``datasets.Dataset`` / ``DatasetDict``, see
+    :mod:`posttrain.tasks.inputs`), ``reward`` (any callable ``(completion, example) -> float``, a TRL
+    reward function ``(completions, **kwargs) -> list[float]`` (:mod:`posttrain.rewards.callables`)
+    or a reward name; one that cannot be pickled, e.g. a lambda or a function defined in a notebook,
+    is scored in this process; anything else is refused before a model loads), ``reward_source``, ``runner``, ``sampler``,
     ``group_filter``, ``replay``, ``shapers`` (a list, applied in order) and ``controllers``.
     ``config`` defaults to ``RLConfig()``; a dict is validated as one.
     """
@@ -258,7 +261,7 @@ class RLTrainer(RunLoopTrainer):
         reward_source: RewardSource | None = None,
         runner: EpisodeRunner | None = None,
         task: Any = None,
-        reward: Callable[[str, Any], float] | None = None,
+        reward: Callable[..., Any] | str | None = None,
         sampler: PromptSampler | None = None,
         group_filter: GroupFilter | None = None,
         replay: ReplayBuffer | None = None,
