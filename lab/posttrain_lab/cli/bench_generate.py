@@ -14,8 +14,11 @@ def generate(
     model: str = typer.Option(
         "smollm2-135m", "--model", help="Built-in model, preset, .gguf or HF directory."
     ),
-    engines: str = typer.Option(
-        "hf:fp32,hf:bf16,fast:fp32,fast:bf16", "--engines", help="Comma-separated engine:precision cells."
+    engines: str | None = typer.Option(
+        None,
+        "--engines",
+        help="Comma-separated engine:precision cells (hf, fast, vllm); default hf and fast at fp32 and bf16, "
+        "and vllm:fp32 where vLLM is installed.",
     ),
     batches: str = typer.Option("1,8,32", "--batches", help="Comma-separated batch sizes."),
     new_tokens: int = typer.Option(64, "--new-tokens", min=1, help="Tokens per completion (EOS suppressed)."),
@@ -58,7 +61,7 @@ def generate(
     try:
         result = run_generate_bench(
             model=model,
-            engines=[e.strip() for e in engines.split(",") if e.strip()],
+            engines=None if engines is None else [e.strip() for e in engines.split(",") if e.strip()],
             batches=batch_list,
             new_tokens=new_tokens,
             repeats=repeats,

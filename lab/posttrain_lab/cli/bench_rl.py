@@ -20,7 +20,7 @@ def rl_step(
         None, "--precision", help="Override the preset's precision: fp32 or bf16."
     ),
     engine: str | None = typer.Option(
-        None, "--engine", help="Override posttrain's rollout engine: hf or fast."
+        None, "--engine", help="Override posttrain's rollout engine: hf, fast or vllm (vLLM installed)."
     ),
     json_path: Path | None = typer.Option(None, "--json", help="Write the figures to this JSON file."),
     repeats: int = typer.Option(5, "--repeats", min=1, help="Measured steps of each implementation."),

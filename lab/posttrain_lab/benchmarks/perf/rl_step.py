@@ -84,7 +84,7 @@ class RLStepPreset:
     temperature: float = 1.0
     precision: str = "fp32"  # model.precision of every side: fp32, bf16 autocast (TRL: bf16=True), or
     # auto (bf16 where the CPU has AVX512-BF16/AMX, else fp32: resolved here, printed with the report)
-    engine: str = "hf"  # posttrain's rollout engine (rollout.engine): hf or fast
+    engine: str = "hf"  # posttrain's rollout engine (rollout.engine): hf, fast or vllm
 
     def __post_init__(self) -> None:
         from posttrain.models.precision import check_precision, resolve_precision
@@ -94,9 +94,10 @@ class RLStepPreset:
         except ValueError as e:
             raise InvalidValueError(f"rl-step preset {self.name!r}: {e}") from None
         object.__setattr__(self, "precision", resolve_precision(self.precision, "cpu")[0])
-        if self.engine not in ("hf", "fast"):
+        if self.engine not in ("hf", "fast", "vllm"):
             raise InvalidValueError(
-                f"rl-step preset {self.name!r}: engine must be hf or fast, got {self.engine!r}"
+                f"rl-step preset {self.name!r}: engine must be hf, fast or vllm (vLLM installed: its CPU "
+                f"build in .venv-vllm, make test-vllm), got {self.engine!r}"
             )
         for key in ("num_prompts", "group_size", "new_tokens"):
             value = getattr(self, key)
