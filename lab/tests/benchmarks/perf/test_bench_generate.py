@@ -50,8 +50,9 @@ def test_generate_bench_micro():
 
 
 def test_generate_bench_rejects_unknown_engine():
-    with pytest.raises(ValueError, match="unknown engine 'vllm'"):
-        gb.EngineSpec.parse("vllm:fp32")
+    with pytest.raises(ValueError, match=r"unknown engine 'sglang'.*known: hf, fast, vllm"):
+        gb.EngineSpec.parse("sglang:fp32")
+    assert gb.EngineSpec.parse("vllm:fp32").label == "vllm:fp32"
     with pytest.raises(ValueError, match="unknown precision"):
         gb.EngineSpec.parse("fast:fp8")
 
@@ -185,3 +186,12 @@ def test_llama_cpp_crash_is_reported_not_fatal(fake_llama_cpp, tmp_path):
     assert {r["engine"] for r in res["rows"]} == {"fast:fp32"}
     reason = res["llama_cpp_skipped_reason"]
     assert "died (signal 11)" in reason and "generating" in reason and "left out" in reason
+
+
+def test_vllm_column_only_where_vllm_is_installed(monkeypatch):
+    monkeypatch.setattr(gb, "vllm_installed", lambda: False)
+    assert gb.default_engines() == gb.DEFAULT_ENGINES
+    monkeypatch.setattr(gb, "vllm_installed", lambda: True)
+    assert gb.default_engines() == (*gb.DEFAULT_ENGINES, "vllm:fp32")
+    with pytest.raises(ValueError, match="one vllm cell at a time"):
+        gb.run_generate_bench(model="tiny", engines=["vllm:fp32", "vllm:bf16"], batches=[1])

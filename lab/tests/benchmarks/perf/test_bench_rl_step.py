@@ -201,8 +201,9 @@ def test_presets_match_the_issue_and_validate():
     assert (tiny.precision, tiny.engine) == ("fp32", "hf")  # the tiny target is unchanged
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
         rs.RLStepPreset("x", "tiny", 2, 2, 2, precision="fp8")
-    with pytest.raises(ValueError, match="engine must be hf or fast"):
-        rs.RLStepPreset("x", "tiny", 2, 2, 2, engine="vllm")
+    with pytest.raises(ValueError, match="engine must be hf, fast or vllm"):
+        rs.RLStepPreset("x", "tiny", 2, 2, 2, engine="sglang")
+    assert rs.RLStepPreset("x", "tiny", 2, 2, 2, engine="vllm").engine == "vllm"
     with pytest.raises(ValueError, match="unknown rl-step preset 'huge'; known: small, smol, tiny"):
         rs.get_preset("huge")
     with pytest.raises(ValueError, match="group_size must be >= 2"):
