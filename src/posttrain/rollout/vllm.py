@@ -423,22 +423,23 @@ class VLLMEngine(RolloutEngine):
             if max_batch_size:
                 extra.setdefault("max_num_seqs", max_batch_size)
             t0 = time.perf_counter()
-            llm = call_with_timeout(
-                "start-up",
-                lambda: self._build_llm(
-                    base,
-                    seed,
-                    gpu_memory_utilization,
-                    sleep_level,
-                    dtype,
-                    max_model_len,
-                    kv_cache_memory_bytes,
-                    on_cpu if enforce_eager is None else enforce_eager,
-                    on_cpu,
-                    extra,
-                ),
-                startup_timeout_s,
-            )
+            with _ThreadGuard():  # in this (the trainer's) thread: its threads are the ones to keep
+                llm = call_with_timeout(
+                    "start-up",
+                    lambda: self._build_llm(
+                        base,
+                        seed,
+                        gpu_memory_utilization,
+                        sleep_level,
+                        dtype,
+                        max_model_len,
+                        kv_cache_memory_bytes,
+                        on_cpu if enforce_eager is None else enforce_eager,
+                        on_cpu,
+                        extra,
+                    ),
+                    startup_timeout_s,
+                )
             self.startup_seconds = time.perf_counter() - t0
             shared = _SHARED[base] = _SharedLLM(llm, sleep_level, sync_timeout_s, dtype)
         self._shared = shared
@@ -515,8 +516,7 @@ class VLLMEngine(RolloutEngine):
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         kwargs.update(extra)
-        with _ThreadGuard():
-            return self._vllm.LLM(**kwargs)
+        return self._vllm.LLM(**kwargs)
 
     # --------------------------------------------------------------------------- RolloutEngine API
     @property
