@@ -133,6 +133,11 @@ LENGTHS = [3000, 4024, 5048, 7000]
         ([1, 1, 1, 0], 1.0, [1, 1, 1, 0]),
         ([1, 1, 1, 0], 0.5, [1, 0.875, 0.75, -0.25]),
         ([1, 1, 1, 0], 0.0, [1, 0.8125, 0.625, -0.375]),
+        # the shortest rollout is wrong: O_i is measured from the shortest CORRECT one (4024), so the
+        # wrong 3000-token rollout gets O = 0 (clipped) and the 5048 one O = 0.5; a rule taking the
+        # shortest over all rollouts gives [0, 0.875, 0.75, 0.75] and [0, 0.8125, 0.625, 0.625]
+        ([0, 1, 1, 1], 0.5, [0, 1, 0.875, 0.75]),
+        ([0, 1, 1, 1], 0.0, [0, 1, 0.8125, 0.625]),
     ],
 )
 def test_asrr_reference_rows(correct, tau, expected_r):
