@@ -38,7 +38,7 @@ from posttrain.utils.errors import InvalidValueError
 
 UNSEEN = -100.0  # rank of a question not seen yet (the authors' marker; allocation weight 0)
 #: How an unranked question counts once ranks exist (:meth:`E3Sampler.rank_of`).
-UNSEEN_RULES = ("hardest", "zero")
+UNSEEN_RULES = ("tail", "hardest", "zero")
 
 
 # ------------------------------------------------------------------------------------ pure functions
@@ -154,10 +154,13 @@ class E3Sampler(UniformSampler):
     Each batch keeps the total ``prompts · G`` and splits it with :func:`allocate_rollouts`
     (``leftover``: ``hardest-first``, the authors' rule, default; or ``capped``).
 
-    ``unseen``: how a question that has no rank once ranks exist counts. ``hardest`` (default, the
-    authors' code, where an unvisited question ranks among the hardest) gives it the largest rank;
-    ``zero`` gives it weight 0 (g_min). Before the first epoch ends no question has a rank and the
-    split is uniform either way.
+    ``unseen``: how a question not yet visited counts once ranks exist. ``tail`` (default, the authors'
+    ``update_rank``, which sorts every question of the dataset by average reward with 0 for an unvisited
+    one): unvisited questions are ranked with mean reward 0, so they tie with the seen mean-0 questions
+    at the hard end of the ranking (ties broken by question id, as for seen ones); ``hardest`` gives
+    every unvisited question the single top rank ``(|D| − 1)/|D|`` (posttrain's earlier rule); ``zero``
+    gives it weight 0 (g_min). Before the first epoch ends no question has a rank and the split is
+    uniform whichever rule.
     """
 
     def __init__(
@@ -169,7 +172,7 @@ class E3Sampler(UniformSampler):
         g_max: int = 12,
         widen: int = 2,
         leftover: str = "hardest-first",
-        unseen: str = "hardest",
+        unseen: str = "tail",
     ) -> None:
         self.validate_params(
             {"g_min": g_min, "g_max": g_max, "widen": widen, "leftover": leftover, "unseen": unseen}
@@ -195,7 +198,7 @@ class E3Sampler(UniformSampler):
             raise InvalidValueError(
                 f"leftover must be one of {', '.join(LEFTOVER_RULES)}, got {params.get('leftover')!r}"
             )
-        if params.get("unseen", "hardest") not in UNSEEN_RULES:
+        if params.get("unseen", "tail") not in UNSEEN_RULES:
             raise InvalidValueError(
                 f"unseen must be one of {', '.join(UNSEEN_RULES)}, got {params.get('unseen')!r}"
             )
@@ -213,8 +216,13 @@ class E3Sampler(UniformSampler):
     def _end_epochs(self) -> None:
         """Rank the questions seen so far (the authors' ``update_rank``), once per finished epoch."""
         while self.epochs_done < self.epoch:
-            seen = sorted(self.stats.items(), key=lambda kv: (-kv[1][0] / kv[1][1], kv[0]))
-            self.ranks = {qid: i / len(self.examples) for i, (qid, _) in enumerate(seen)}
+            # mean reward (not the sum: E3's own budgets give questions different rollout counts)
+            means = {qid: total / count for qid, (total, count) in self.stats.items()}
+            if self.unseen == "tail":  # the authors' sort covers the whole dataset, unvisited at mean 0
+                for ex in self.examples:
+                    means.setdefault(_qid(ex), 0.0)
+            order = sorted(means, key=lambda qid: (-means[qid], qid))
+            self.ranks = {qid: i / len(self.examples) for i, qid in enumerate(order)}
             self.epochs_done += 1
 
     def plan(self, step: int, num_prompts: int, group_size: int) -> PromptPlan:
@@ -231,8 +239,8 @@ class E3Sampler(UniformSampler):
         return PromptPlan(picked, counts)
 
     def rank_of(self, qid: str) -> float:
-        """A question's rank; unranked: ``UNSEEN`` before any ranking or with ``unseen="zero"``, else
-        the hardest rank ``(|D| − 1) / |D|`` (the authors' code)."""
+        """A question's rank; unranked (before any ranking, or ``unseen="zero"``): ``UNSEEN``; with
+        ``unseen="hardest"`` the top rank ``(|D| − 1) / |D|``; with ``"tail"`` every question is ranked."""
         if qid in self.ranks:
             return self.ranks[qid]
         if self.ranks and self.unseen == "hardest":
