@@ -164,14 +164,17 @@ def replay_is_weights(
     return torch.where(mask.bool(), w, torch.ones_like(w))
 
 
-def standardise(scores: list[float]) -> list[float]:
-    """``(s − mean) / std`` over one question's candidates (population std; all equal → zeros), so the
-    softmax temperature acts on the spread WITHIN a question, not on raw cosines that all sit near 1."""
+def standardise(scores: list[float], min_std: float = 1e-12) -> list[float]:
+    """``(s − mean) / std`` over one question's candidates (population std), so the softmax temperature
+    acts on the spread WITHIN a question, not on raw cosines that all sit near 1. Candidates whose
+    spread is below ``min_std`` give zeros (a uniform draw): z-scores erase the size of the gap (two
+    candidates are always ±1, so at T = 0.1 the higher one has odds e^20 whatever the gap), which is
+    only information when the gap itself is more than noise (``zscore_min_std``, posttrain's design)."""
     if len(scores) < 2:
         return [0.0] * len(scores)
     m = sum(scores) / len(scores)
     sd = math.sqrt(sum((x - m) ** 2 for x in scores) / len(scores))
-    return [0.0] * len(scores) if sd < 1e-12 else [(x - m) / sd for x in scores]
+    return [0.0] * len(scores) if sd < max(min_std, 1e-12) else [(x - m) / sd for x in scores]
 
 
 def token_edit_distance(a: list[int], b: list[int]) -> float:
@@ -304,6 +307,10 @@ class ExperienceReplay(ReplayBuffer):
         for key in ("temperature", "is_clip", "is_beta", "sigma"):
             if not (isinstance(p[key], int | float) and p[key] > 0):
                 raise InvalidValueError(f"{key} must be a number > 0, got {p[key]!r}")
+        if not (isinstance(p["gate_min_pool"], int) and p["gate_min_pool"] >= 1):
+            raise InvalidValueError(f"gate_min_pool must be an integer >= 1, got {p['gate_min_pool']!r}")
+        if not (isinstance(p["zscore_min_std"], int | float) and p["zscore_min_std"] >= 0):
+            raise InvalidValueError(f"zscore_min_std must be a number >= 0, got {p['zscore_min_std']!r}")
         if p["confidence"] not in ("geo", "mean"):
             raise InvalidValueError(f"confidence must be 'geo' or 'mean', got {p['confidence']!r}")
         if p["embedding"] is not None:
@@ -424,12 +431,14 @@ class ExperienceReplay(ReplayBuffer):
             return -math.inf, math.inf
         if self.p["gate"] == "absolute":
             return self.p["gate_low"], self.p["gate_high"]
+        need = self.p["gate_min_pool"]
+        s: list[float] = []
         if self.p["gate_scope"] == "question" and q is not None:
             s = sorted(e["conf"] for e in self.records.get(q, {}).get("fail", []))
-        else:
+        if len(s) < need:  # the question's pool is too small to have quantiles: the whole pool's
             s = sorted(e["conf"] for r in self.records.values() for e in r["fail"])
-        if not s:
-            return -math.inf, math.inf
+        if len(s) < need:  # too few failures anywhere to tell mid-confidence from noise: none yet
+            return math.inf, -math.inf
         return _quantile(s, self.p["gate_low"]), _quantile(s, self.p["gate_high"])
 
     def candidates(self, q: str, bounds: tuple[float, float] | None = None) -> list[dict[str, Any]]:
@@ -457,7 +466,7 @@ class ExperienceReplay(ReplayBuffer):
             else:
                 scores = boundary_similarity(torch.tensor(fails), torch.tensor(ok)).tolist()
                 if self.p["similarity"] == "zscore":
-                    scores = standardise(scores)
+                    scores = standardise(scores, self.p["zscore_min_std"])
         else:
             scores = [e["conf"] for e in cands]
         idx = select_indices(scores, k, mode=mode, temperature=self.p["temperature"], rng=rng)
@@ -588,11 +597,18 @@ _BASE_DEFAULTS: dict[str, Any] = {
     "gate_low": 0.2,
     "gate_high": 0.8,
     "gate_scope": "question",  # quantiles per question (question) or over the whole pool (pool)
+    # posttrain's design (not in NexGRPO or ExGRPO): quantiles of fewer than this many failures do not
+    # gate (1 failure is its own 0.2 and 0.8 quantile; 2 leave none inside); a smaller question pool
+    # falls back to the whole failure pool's quantiles, and a smaller whole pool keeps nothing yet
+    "gate_min_pool": 5,
     "confidence": "geo",  # geo: exp(mean log π); mean: mean π
     "embedding": "policy-mean",  # boundary sampling embedding (None: none); plug-in module:fn
     "select": "softmax",  # softmax | topk | uniform | confident
     "temperature": 0.1,  # T of the softmax over similarities
     "similarity": "zscore",  # zscore: standardised within the question; raw: max cosine as is
+    # posttrain's design: candidates whose similarities spread less than this (population std) carry no
+    # boundary information; their z-scores are 0 (a uniform draw) instead of ±1 (a near top-1 at T 0.1)
+    "zscore_min_std": 1e-3,
     "near_miss_distance": 0.2,  # a failure within this token edit distance of a correct one is a near miss
     "sigma": 1.0,  # question sampling p ∝ N(Acc; 0.5, σ) (ExGRPO)
     "is_mode": "clip",  # clip | shape | shape-grad

@@ -232,8 +232,8 @@ def test_mid_confidence_gate_is_per_question_by_default():
         "q0": {"example": _ex(0), "acc": 0.5, "fail": [_entry(c) for c in (0.1, 0.2, 0.3)], "ok": []},
         "q1": {"example": _ex(1), "acc": 0.5, "fail": [_entry(c) for c in (0.7, 0.8, 0.9)], "ok": []},
     }
-    per_q = REPLAY_BUFFERS.get("nexgrpo")()
-    pooled = REPLAY_BUFFERS.get("nexgrpo")(gate_scope="pool")
+    per_q = REPLAY_BUFFERS.get("nexgrpo")(gate_min_pool=3)
+    pooled = REPLAY_BUFFERS.get("nexgrpo")(gate_scope="pool", gate_min_pool=3)
     per_q.records, pooled.records = recs, recs
     assert [e["conf"] for e in per_q.candidates("q0")] == [0.2]
     assert [e["conf"] for e in per_q.candidates("q1")] == [0.8]
@@ -254,10 +254,14 @@ def test_standardised_similarity_separates_the_near_miss():
         "ok": [_entry(1.0, emb=ok)],
         "fail": [_entry(0.5, emb=ok, seq=1), _entry(0.5, emb=far, seq=2)],
     }
+    # another question's failures make the pool large enough for the (default) gate: q0's two
+    # failures fall back to the pooled bounds [0.4, 0.6] and both pass
+    other = {"example": _ex(1), "acc": 0.5, "ok": [], "fail": [_entry(c) for c in (0.3, 0.4, 0.6, 0.7)]}
     picks = {}
     for sim in ("raw", "zscore"):
-        buf = REPLAY_BUFFERS.get("nexgrpo")(gate="none", similarity=sim)
-        buf.records = {"q0": rec}
+        buf = REPLAY_BUFFERS.get("nexgrpo")(similarity=sim)
+        buf.records = {"q0": rec, "q1": other}
+        assert len(buf.candidates("q0")) == 2
         rng = random.Random(0)
         picks[sim] = sum(buf.pick("q0", 1, rng)[0]["seq"] == 1 for _ in range(400)) / 400
     assert 0.5 < picks["raw"] < 0.7
@@ -286,3 +290,65 @@ def test_near_miss_rate_of_replayed_failures_is_logged():
     buf.draw(buf.mix(PromptPlan([_ex(0)], [4]), 2), 2)
     assert buf.metrics()["near_miss_rate"] == 0.0
     assert buf.metrics()["near_miss_rate_total"] == 0.5
+
+
+def _gated(n_question: int, other: list[float], conf_of=lambda i, n: 0.3 + 0.4 * i / max(n - 1, 1), **kw):
+    """How many of question q0's ``n_question`` failures the default gate keeps, beside question q1's
+    failures at confidences ``other``."""
+    recs = {
+        "q0": {
+            "example": _ex(0),
+            "acc": 0.5,
+            "ok": [],
+            "fail": [_entry(conf_of(i, n_question)) for i in range(n_question)],
+        },
+        "q1": {"example": _ex(1), "acc": 0.5, "ok": [], "fail": [_entry(c) for c in other]},
+    }
+    buf = REPLAY_BUFFERS.get("nexgrpo")(**kw)
+    buf.records = recs
+    return buf.candidates("q0")
+
+
+def test_the_gate_has_a_minimum_pool_small_questions_use_the_pooled_bounds():
+    """Issue 41 item 3: per-question quantiles of 1..8 failures kept 1, 0, 1, 2, 3, 4, 3, 4: a lone
+    failure passed whatever its confidence and two never did. Below gate_min_pool (5) a question's
+    failures are gated by the whole pool's quantiles; below it in the whole pool, nothing passes yet."""
+    pool = [0.3, 0.4, 0.5, 0.6, 0.7]  # another question's failures: pooled Q(0.2), Q(0.8) near 0.4, 0.6
+    lone_noise = _gated(1, pool, conf_of=lambda i, n: 0.05)
+    assert lone_noise == []  # a lone failure at confidence 0.05 is noise: not replayed
+    lone_mid = _gated(1, pool, conf_of=lambda i, n: 0.5)
+    assert [e["conf"] for e in lone_mid] == [0.5]
+    two_mid = _gated(2, pool, conf_of=lambda i, n: 0.45 + 0.1 * i)
+    assert len(two_mid) == 2  # two mid-confidence failures were never eligible before
+    # nothing else stored: 1-4 failures cannot be gated at all, so none is replayed yet
+    assert [len(_gated(n, [])) for n in range(1, 5)] == [0, 0, 0, 0]
+    # from the minimum pool on, the question's own quantiles (numpy's linear interpolation)
+    assert [len(_gated(n, [])) for n in range(5, 9)] == [3, 4, 3, 4]
+    # gate_min_pool 1 is the old per-question rule, kept reachable
+    assert [len(_gated(n, [], gate_min_pool=1)) for n in range(1, 5)] == [1, 0, 1, 2]
+    with pytest.raises(ValueError, match="gate_min_pool"):
+        REPLAY_BUFFERS.get("nexgrpo")(gate_min_pool=0)
+
+
+def test_a_negligible_similarity_gap_does_not_decide_the_draw():
+    """Issue 41 item 4: z-scores turn any two candidates into ±1, so at T = 0.1 a cosine gap of 1e-6
+    chose the higher one with odds e^20. Below zscore_min_std the draw is uniform; a real gap still
+    decides it (the standardised test above)."""
+    ok = [1.0, 0.0]
+    a = [1.0, 0.0]
+    b = [math.cos(1e-3), math.sin(1e-3)]  # cosine 1 - 5e-7 against the correct solution
+    rec = {
+        "example": _ex(0),
+        "acc": 0.5,
+        "ok": [_entry(1.0, emb=ok)],
+        "fail": [_entry(0.5, emb=a, seq=1), _entry(0.5, emb=b, seq=2)],
+    }
+    other = {"example": _ex(1), "acc": 0.5, "ok": [], "fail": [_entry(c) for c in (0.3, 0.4, 0.6, 0.7)]}
+    share = {}
+    for min_std in (1e-3, 0.0):
+        buf = REPLAY_BUFFERS.get("nexgrpo")(zscore_min_std=min_std)
+        buf.records = {"q0": rec, "q1": other}
+        rng = random.Random(0)
+        share[min_std] = sum(buf.pick("q0", 1, rng)[0]["seq"] == 1 for _ in range(400)) / 400
+    assert 0.4 < share[1e-3] < 0.6
+    assert share[0.0] > 0.99  # without the floor: top-1 by rank, whatever the gap
