@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -47,3 +50,20 @@ def test_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     assert [type(s).__name__ for s in trainer.shapers] == ["ShorterIsBetter"]
     assert capsys.readouterr().out.strip().startswith("2 ")
     assert any(Path("runs").iterdir())
+
+
+def test_readme_python_example_runs_as_a_script(tmp_path):
+    """`python example.py` with the README's code as written, no `if __name__ == "__main__":` guard, a
+    reward and a task defined in `__main__` (issue 41 item 12): reward workers started with
+    forkserver/spawn re-ran the script and it died with 'RewardPool: worker 0 exited during start'."""
+    script = tmp_path / "example.py"
+    script.write_text(_example(), encoding="utf-8")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    steps, accuracy = out.stdout.strip().splitlines()[-1].split()
+    assert steps == "2" and 0.0 <= float(accuracy) <= 1.0
+    assert any((tmp_path / "runs").iterdir())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 
@@ -239,3 +240,34 @@ def test_a_pool_left_open_at_exit_is_closed_before_its_workers_are_killed() -> N
     assert r.returncode == 0, r.stderr
     assert "[1.0]" in r.stdout
     assert "replaced" not in r.stderr and "could not restart" not in r.stderr, r.stderr
+
+
+_MAIN_SCRIPT = """
+from posttrain.rewards import RewardPool
+from posttrain.tasks import Example
+
+class Length:  # a reward class defined in __main__, no `if __name__ == "__main__":` guard
+    def __call__(self, completion, example):
+        return float(len(completion)) + example.meta["bonus"].value
+
+class Bonus:  # an example value defined in __main__
+    def __init__(self, value):
+        self.value = value
+
+with RewardPool(Length(), num_workers=2, timeout_s=30.0) as pool:
+    res = pool.score(["a", "bb"], [Example(str(i), "p", "a", meta={"bonus": Bonus(i)}) for i in range(2)])
+print(res.rewards, res.errors)
+"""
+
+
+def test_reward_defined_in_an_unguarded_main_script(tmp_path) -> None:
+    """Workers do not re-run the parent's script (issue 41 item 12): a script without the __main__
+    guard started itself again in each worker ('worker 0 exited during start'); a reward and an example
+    value defined in __main__ go by value."""
+    script = tmp_path / "score.py"
+    script.write_text(_MAIN_SCRIPT, encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[1.0, 3.0] 0"

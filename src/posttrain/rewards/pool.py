@@ -23,6 +23,11 @@ Protocol (one design, documented in docs/tasks-and-rewards.md):
   terminates.
 - `num_workers=0` scores in the calling thread: no processes, NO timeout, exceptions still count as
   errors. For debugging only.
+- Workers never re-run the parent's `__main__` (multiprocessing's spawn/forkserver would: a script
+  without the `if __name__ == "__main__":` guard then started its training again in every worker and
+  died with "worker 0 exited during start"). A reward or an example that refers to objects defined
+  in `__main__` (a script, a notebook) is sent by value with cloudpickle instead; everything else by
+  reference with pickle, as before.
 """
 
 from __future__ import annotations
@@ -60,6 +65,45 @@ _MIN_CHUNK = 4  # the tail of guided scheduling would otherwise be many one-item
 _MAX_ATTEMPTS = 3  # an item requeued after this many worker deaths is failed
 
 _LIVE_POOLS: weakref.WeakSet[RewardPool] = weakref.WeakSet()
+_WORKER_NAME = "posttrain-reward-"
+_STARTING = threading.local()  # .active: this thread is starting a reward worker
+
+
+def dumps_for_workers(obj: Any) -> bytes:
+    """`obj` pickled for a worker process that does not import the parent's `__main__`: by reference
+    (pickle) unless the pickle names `__main__` (a reward or a value defined in a script or a notebook),
+    then by value (cloudpickle). Raises what pickling raises (a lambda or a local class of an importable
+    module, a lock, ...)."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    if b"__main__" in data:
+        import cloudpickle
+
+        data = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return data
+
+
+def _install_main_guard() -> None:
+    """Make multiprocessing leave `__main__` alone in the processes this module starts (and in a
+    forkserver it starts on the way). spawn and forkserver put the parent's main script (or `-m`
+    module) in the preparation data, and the child re-runs it as `__mp_main__` before the target: a
+    script without the `if __name__ == "__main__":` guard then ran its whole training again in each
+    worker. The wrapper drops those keys only while this module's thread is starting a worker
+    (`_STARTING.active`); every other process anyone starts is prepared exactly as before."""
+    from multiprocessing import spawn
+
+    if getattr(spawn.get_preparation_data, "_posttrain_main_guard", False):
+        return
+    original = spawn.get_preparation_data
+
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        if getattr(_STARTING, "active", False):
+            for key in ("init_main_from_path", "init_main_from_name", "main_path"):
+                data.pop(key, None)
+        return data
+
+    get_preparation_data._posttrain_main_guard = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
 
 
 @atexit.register
@@ -263,9 +307,14 @@ class _Worker:
             target=_worker_main,
             args=(child, self.heartbeat, payload, list(sys.path)),
             daemon=True,
-            name=f"posttrain-reward-{slot}",
+            name=f"{_WORKER_NAME}{slot}",
         )
-        self.proc.start()
+        _install_main_guard()
+        _STARTING.active = True
+        try:
+            self.proc.start()
+        finally:
+            _STARTING.active = False
         child.close()
         self.started_at = time.monotonic()
         self.ready = False
@@ -323,7 +372,7 @@ class RewardPool:
                 setup()
             return
         try:
-            self._payload = pickle.dumps(reward_fn)
+            self._payload = dumps_for_workers(reward_fn)
         except Exception as e:
             raise InvalidTypeError(
                 f"RewardPool: reward function {self.name!r} must be picklable (an instance of a "
@@ -558,19 +607,19 @@ class RewardPool:
     def _send_chunk(self, w: _Worker, chunk: list[tuple[int, str, Example]]) -> None:
         w.sent_at = time.monotonic()
         try:
-            data = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+            data = dumps_for_workers(chunk)
         except Exception:
             # some example cannot be pickled: fail exactly those items, send the others
             good = []
             for item in chunk:
                 try:
-                    pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+                    dumps_for_workers(item)
                     good.append(item)
                 except Exception as e:
                     self._finish_tag(w, item[0], ERROR, 0.0, None, f"could not send item: {_safe_str(e)}")
             if not good:
                 return
-            data = pickle.dumps(good, protocol=pickle.HIGHEST_PROTOCOL)
+            data = dumps_for_workers(good)
         try:
             w.conn.send_bytes(data)
         except OSError as e:

@@ -26,7 +26,6 @@ bitwise what they were.
 from __future__ import annotations
 
 import copy
-import pickle
 import random
 import sys
 import warnings
@@ -303,7 +302,7 @@ def build_reward(
 ) -> tuple[Callable[[str, Any], float], RewardSource, bool]:
     """(the reward function, the reward source that scores it, whether the trainer built the source
     and so closes it). The function is a passed callable, else ``reward.name`` or the task's default
-    reward; a callable that cannot be pickled (a lambda, a function defined in a notebook) is scored
+    reward; a callable that cannot be pickled (a lambda or a local class of an importable module) is scored
     in this process (0 workers). A passed ``reward_source`` is used as it is."""
     workers = cfg.reward.num_workers
     if reward is None:
@@ -498,9 +497,12 @@ def warn_batch_split(cfg: RLConfig, warn: StepWarnings) -> None:
 
 
 def _picklable(obj: Any) -> bool:
-    """True when ``obj`` can go to reward-pool worker processes (module-level classes and functions)."""
+    """True when ``obj`` can go to reward-pool worker processes (module-level classes and functions, and
+    anything defined in ``__main__``, which the pool sends by value)."""
+    from posttrain.rewards.pool import dumps_for_workers
+
     try:
-        pickle.dumps(obj)
+        dumps_for_workers(obj)
     except Exception:
         return False
     return True
