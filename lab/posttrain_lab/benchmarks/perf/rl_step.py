@@ -899,9 +899,11 @@ def run_rl_step_bench(
                 all_times[side.name].append(timed(side))
             if i >= warmup:
                 matmul_times.extend(time_matmul(matmul_size, repeats=matmul_repeats))
-                matmul_times_bf16.extend(
-                    time_matmul(matmul_size, repeats=matmul_repeats, dtype=torch.bfloat16)
-                )
+                if preset.precision == "bf16":  # its FLOP limit; on a CPU without native bf16 a
+                    # 2048^2 bf16 matmul takes seconds each, for a rate an fp32 run never uses
+                    matmul_times_bf16.extend(
+                        time_matmul(matmul_size, repeats=matmul_repeats, dtype=torch.bfloat16)
+                    )
             loads.append(os.getloadavg()[0])
             phase = "warm-up" if i < warmup else "measured"
             log(

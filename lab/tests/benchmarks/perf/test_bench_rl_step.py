@@ -577,3 +577,25 @@ def test_cli_rl_step_profile_prints_phases_and_top_ops(tmp_path):
     ops = result["posttrain_profile"]
     assert ops and all(o["calls"] >= 1 and o["self_s"] > 0 for o in ops)
     assert [o["self_s"] for o in ops] == sorted((o["self_s"] for o in ops), reverse=True)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_bf16_matmul_rate_timed_only_for_a_bf16_run(monkeypatch, precision):
+    """The bf16 FLOP rate is the limit of a bf16 run only; on a CPU without native bf16 a 2048^2 bf16
+    matmul takes seconds each, and an fp32 run (precision auto there) timed it every round anyway."""
+    import dataclasses
+
+    import torch
+
+    dtypes = []
+    real = rs.time_matmul
+
+    def spy(size, repeats=3, dtype=None):
+        dtypes.append(dtype or torch.float32)
+        return real(16, repeats=1, dtype=dtype)
+
+    monkeypatch.setattr(rs, "time_matmul", spy)
+    preset = dataclasses.replace(MICRO, precision=precision)
+    out = rs.run_rl_step_bench(preset, repeats=1, warmup=0, with_trl=False, matmul_size=16, matmul_repeats=1)
+    assert (torch.bfloat16 in dtypes) == (precision == "bf16")
+    assert out["config"]["precision"] == precision
