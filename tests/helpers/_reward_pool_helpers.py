@@ -34,3 +34,12 @@ class ScriptedReward:
 class BadSetupReward(ScriptedReward):
     def setup(self) -> None:
         raise RuntimeError("cannot load verifier")
+
+
+class MissingPackageReward(ScriptedReward):
+    """A reward whose `setup()` raises posttrain's own error for a missing package (one line)."""
+
+    def setup(self) -> None:
+        from posttrain.tasks.ifcheckers import CheckerUnavailable
+
+        raise CheckerUnavailable('checkers need the `if-verifiable` package: pip install -e ".[ifbench]"')

@@ -113,5 +113,30 @@ def test_unsupported_architecture(cache, tmp_path):
 
 def test_missing_gguf_package_names_the_extra(cache, tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)
-    with pytest.raises(GGUFError, match=r"tiny\.gguf.*pip install 'posttrain\[gguf\]'"):
+    with pytest.raises(GGUFError, match=r'tiny\.gguf.*gguf is not installed: pip install -e "\.\[gguf\]"'):
         load_model_and_tokenizer(str(tiny))
+
+
+def test_missing_accelerate_is_named_before_the_conversion_starts(cache, tiny, monkeypatch):
+    """transformers refuses a GGUF file without accelerate (issue 41 item 14): the error came from inside
+    the conversion, after the file was read, and named `pip install accelerate` only; now both packages
+    are checked first, in one line naming the extra as it installs (there is no posttrain on PyPI)."""
+    monkeypatch.setitem(sys.modules, "accelerate", None)
+    reads = []
+    monkeypatch.setattr(pgguf, "read_architecture", lambda p: reads.append(p) or "llama")
+    with pytest.raises(GGUFError) as err:
+        load_model_and_tokenizer(str(tiny))
+    msg = str(err.value)
+    assert "\n" not in msg and "`gguf` and `accelerate`" in msg and "accelerate is not installed" in msg
+    assert 'pip install -e ".[gguf]" (or pip install accelerate)' in msg and "posttrain[" not in msg
+    assert reads == [] and not list(cache.glob("gguf-*"))
+
+
+def test_a_converted_file_loads_without_gguf_or_accelerate(cache, tiny, monkeypatch):
+    """A prepared model (`posttrain models prepare`) needs neither package again: the cached conversion
+    of the same bytes is used before the file is read (reading it needed `gguf` every time)."""
+    model, _ = load_model_and_tokenizer(str(tiny))
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    monkeypatch.setitem(sys.modules, "accelerate", None)
+    again, _ = load_model_and_tokenizer(str(tiny))
+    assert sum(p.numel() for p in again.parameters()) == sum(p.numel() for p in model.parameters())

@@ -6,12 +6,35 @@ sub-commands); ``posttrain --version`` prints the version.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
+import click
 import typer
+from typer.core import TyperGroup
 
 HELP = {"help_option_names": ["-h", "--help"]}
+TRACEBACK_ENV = "POSTTRAIN_TRACEBACK"
+
+
+class OneLineErrors(TyperGroup):
+    """The root command group: an error posttrain raises on purpose (a ``PosttrainError``: a missing
+    package with its install command, a bad input ...) that no command caught ends the command with
+    ``error: <message>`` on stderr and exit code 1, not a traceback of the library's internals. Every
+    command runs inside, the lab's included (they join these groups). ``POSTTRAIN_TRACEBACK=1`` shows
+    the traceback instead."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from posttrain.utils.errors import PosttrainError
+
+        try:
+            return super().invoke(ctx)
+        except PosttrainError as e:
+            if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+                raise
+            typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(code=1) from None
 
 
 def fail(msg: str) -> NoReturn:
@@ -33,6 +56,7 @@ def run_folder_lock(target: Any) -> Any:
 
 app = typer.Typer(
     name="posttrain",
+    cls=OneLineErrors,
     help="LLM post-training: GRPO-family RL, SFT, generative reward models, SILO-BENCH, continual instruction tuning, IFT analyses, SCPG.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,

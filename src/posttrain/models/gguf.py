@@ -1,8 +1,8 @@
 """GGUF files as models: a ``.gguf`` file is converted once into a cached Hugging Face directory.
 
 Wherever a model is accepted (``--model``, ``model.name``, ``posttrain eval/serve/silo/rm``), a path
-ending in ``.gguf`` is read through ``transformers`` and the ``gguf`` package (``pip install
-'posttrain[gguf]'``): the quantised tensors are dequantised to float32, a model is built from the
+ending in ``.gguf`` is read through ``transformers``, the ``gguf`` package and ``accelerate`` (which
+transformers requires to load a GGUF file; both in the ``gguf`` extra: ``pip install -e ".[gguf]"``): the quantised tensors are dequantised to float32, a model is built from the
 file's config with that state dict (every key must match), and it is saved with ``save_pretrained``
 (safetensors) together with the tokenizer and chat template that the GGUF metadata carries. A model
 loaded with ``from_pretrained(gguf_file=...)`` refuses ``save_pretrained`` ("quantized with gguf"),
@@ -14,8 +14,11 @@ content (renaming or copying the file reuses the conversion; changing a byte con
 written into a temporary sibling and renamed into place, so a crash leaves no half directory that
 would later be taken for a model. ``remove_cached`` deletes one conversion.
 
+A cached conversion is used without reading the file again, so a prepared model needs neither package.
+
 Errors (:class:`GGUFError`, a ``ModelSpecError``) name the file and what was expected: a missing
-``gguf`` package (and the extra that installs it), a file that is not GGUF or is cut short, an
+``gguf`` or ``accelerate`` package (and the extra that installs them, checked before any conversion
+starts), a file that is not GGUF or is cut short, an
 architecture transformers cannot load from GGUF (with the supported list).
 """
 
@@ -66,14 +69,39 @@ def cached_dir_for(path: str | os.PathLike) -> Path:
     return cache_root() / f"gguf-{file_sha256(path)[:16]}"
 
 
-def _require_gguf(path: Path) -> Any:
-    try:
-        import gguf
-    except ImportError as e:
+#: what converting a GGUF file imports: ``gguf`` reads it, transformers' ``from_pretrained(gguf_file=...)``
+#: refuses to run without ``accelerate`` ("accelerate is required when loading a GGUF file")
+CONVERT_PACKAGES = ("gguf", "accelerate")
+INSTALL_HINT = 'pip install -e ".[gguf]"'
+
+
+def missing_packages(names: tuple[str, ...] = CONVERT_PACKAGES) -> list[str]:
+    """The packages of ``names`` that cannot be imported here."""
+    import importlib
+
+    missing = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
+def _require_gguf(path: Path, names: tuple[str, ...] = ("gguf",)) -> Any:
+    """The ``gguf`` module, once every package of ``names`` imports; else one GGUFError naming the
+    missing ones and the install command."""
+    missing = missing_packages(names)
+    if missing:
+        what = "reading it" if names == ("gguf",) else "converting it"
+        needs = " and ".join(f"`{n}`" for n in names)
+        verb = "is" if len(missing) == 1 else "are"
         raise GGUFError(
-            f"model {str(path)!r} is a GGUF file, and reading it needs the `gguf` package, which is not "
-            "installed: pip install 'posttrain[gguf]' (or pip install gguf)"
-        ) from e
+            f"model {str(path)!r} is a GGUF file; {what} needs {needs}, and {' and '.join(missing)} {verb} "
+            f"not installed: {INSTALL_HINT} (or pip install {' '.join(missing)})"
+        )
+    import gguf
+
     return gguf
 
 
@@ -116,6 +144,12 @@ def read_architecture(path: str | os.PathLike) -> str:
 def convert_gguf(path: str | os.PathLike, *, progress: bool = True) -> Path:
     """The cached Hugging Face directory of GGUF file ``path``, converting it on first use."""
     p = Path(path).expanduser()
+    if not p.is_file():
+        raise GGUFError(f"model {str(p)!r}: no such GGUF file")
+    target = cached_dir_for(p)
+    if (target / META_FILE).is_file() and (target / "config.json").is_file():
+        return target  # converted before (the same bytes): gguf and accelerate are not needed
+    _require_gguf(p, CONVERT_PACKAGES)  # before anything is read, in one line
     arch = read_architecture(p)
     supported = supported_architectures()
     if arch not in supported:
@@ -123,9 +157,6 @@ def convert_gguf(path: str | os.PathLike, *, progress: bool = True) -> Path:
             f"model {str(p)!r}: GGUF architecture {arch!r} is not supported by transformers' GGUF loader; "
             f"supported: {', '.join(supported)}"
         )
-    target = cached_dir_for(p)
-    if (target / META_FILE).is_file() and (target / "config.json").is_file():
-        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     if progress:
         print(f"converting GGUF {p} -> {target} (once; dequantised to float32)", flush=True)
@@ -149,7 +180,7 @@ def _convert_into(p: Path, out: Path, arch: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    _require_gguf(p)
+    _require_gguf(p, CONVERT_PACKAGES)
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:

@@ -250,7 +250,8 @@ def _worker_main(conn: Any, heartbeat: Any, payload: bytes, sys_path: list[str])
     """Worker process: unpickle the reward, run `setup()`, then score chunks until told to stop.
 
     Messages in: a list of `(tag, completion, example)` or None (stop). Out: ("ready", pid),
-    ("init_error", traceback), or a list of `(tag, status, value_or_message, components)`.
+    ("init_error", traceback, the one-line message of a PosttrainError or ""), or a list of
+    `(tag, status, value_or_message, components)`.
     Heartbeat: `[tag of the running item or -1, monotonic time of the last change]`.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
@@ -263,8 +264,12 @@ def _worker_main(conn: Any, heartbeat: Any, payload: bytes, sys_path: list[str])
         setup = getattr(fn, "setup", None)
         if callable(setup):
             setup()
-    except BaseException:
-        conn.send(("init_error", traceback.format_exc()))
+    except BaseException as e:
+        # posttrain's own errors (a checker package missing, with its install command) say it all in
+        # their message: the parent raises that one line; anything else keeps its traceback
+        conn.send(
+            ("init_error", traceback.format_exc(), _safe_str(e) if isinstance(e, PosttrainError) else "")
+        )
         return
     conn.send(("ready", os.getpid()))
     while True:
@@ -500,6 +505,8 @@ class RewardPool:
             except (EOFError, OSError):
                 self._abort_start(f"worker {w.slot} exited during start (exit code {w.proc.exitcode})")
             if msg[0] == "init_error":
+                if msg[2]:
+                    self._abort_start(f"reward {self.name!r} failed to load in a worker: {msg[2]}")
                 self._abort_start(f"reward {self.name!r} failed to load in a worker:\n{msg[1]}")
             w.ready = True
 

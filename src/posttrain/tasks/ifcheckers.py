@@ -1,6 +1,6 @@
 """Verifiable-instruction checkers from a maintained library, and IFEval/IFBench scoring.
 
-The checkers are those of `if-verifiable` (PyPI, ``pip install 'posttrain[ifbench]'``): the IFEval
+The checkers are those of `if-verifiable` (PyPI; the ``ifbench`` extra: ``pip install -e ".[ifbench]"``): the IFEval
 set (Zhou et al. 2023, arXiv:2311.07911, ``google-research/instruction_following_eval``) and the IFBench
 set (Pyatkin et al. 2025, arXiv:2507.02833, ``allenai/IFBench``), each a registry
 ``instruction_id -> Instruction class`` with ``build_description(**kwargs)`` (the instruction text)
@@ -52,12 +52,16 @@ class CheckerUnavailable(PosttrainError, RuntimeError):
     """The checker library, or data a checker needs, is not installed."""
 
 
+#: the checkers' extra (posttrain is installed from its checkout; there is no `posttrain` on PyPI)
+INSTALL_HINT = 'pip install -e ".[ifbench]" (or pip install if-verifiable==0.1.2)'
+
+
 def _import_blocking_downloads(module: str) -> Any:
     try:
         import nltk
     except ImportError as e:
         raise CheckerUnavailable(
-            "verifiable-instruction checkers need the `if-verifiable` package: pip install 'posttrain[ifbench]'"
+            f"verifiable-instruction checkers need the `if-verifiable` package (and its `nltk`): {INSTALL_HINT}"
         ) from e
     real = nltk.download
     nltk.download = lambda *a, **k: False  # never the network: missing data is reported per type
@@ -65,8 +69,7 @@ def _import_blocking_downloads(module: str) -> Any:
         return importlib.import_module(module)
     except ImportError as e:
         raise CheckerUnavailable(
-            f"verifiable-instruction checkers ({module}) need the `if-verifiable` package: "
-            "pip install 'posttrain[ifbench]'"
+            f"verifiable-instruction checkers ({module}) need the `if-verifiable` package: {INSTALL_HINT}"
         ) from e
     finally:
         nltk.download = real

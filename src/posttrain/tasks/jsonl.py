@@ -88,7 +88,7 @@ def _hf_rows(path: Path) -> list[tuple[int, Any]]:
     except ImportError as e:
         raise DatasetError(
             f"{path}: reading a saved dataset directory or an .arrow file needs the `datasets` package "
-            '(pip install datasets, or pip install -e ".[bench]")'
+            '(pip install datasets, or pip install -e ".[trl]", which includes it)'
         ) from e
     try:
         if path.is_dir():

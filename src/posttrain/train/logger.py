@@ -58,14 +58,17 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
                 raise ImportError(
-                    "logging.tensorboard=true needs `pip install posttrain[tensorboard]`"
+                    'logging.tensorboard=true needs tensorboard: pip install -e ".[tensorboard]" '
+                    "(or pip install tensorboard)"
                 ) from e
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
         if wandb:
             try:
                 import wandb as wb
             except ImportError as e:
-                raise ImportError("logging.wandb=true needs `pip install posttrain[wandb]`") from e
+                raise ImportError(
+                    'logging.wandb=true needs wandb: pip install -e ".[wandb]" (or pip install wandb)'
+                ) from e
             self._wandb = wb.init(project=wandb_project, config=config or {}, dir=str(run_dir))
 
     def log_step(self, metrics: dict[str, Any]) -> None:

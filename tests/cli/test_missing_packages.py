@@ -1,0 +1,106 @@
+"""A missing optional package is named in one line with the command that installs it, before a model
+loads (issue 41 item 14): the messages said `pip install 'posttrain[gguf]'`, a name that is not on PyPI,
+and a missing checker package ended in a long traceback."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posttrain.cli import app
+from posttrain.tasks import ifcheckers
+
+ROOT = Path(__file__).parents[2]
+CHECKER_MODULES = tuple(ifcheckers.REGISTRIES.values())
+
+
+def test_no_install_hint_names_a_posttrain_package_on_pypi():
+    """posttrain is installed from its checkout: `pip install -e ".[extra]"`, never `posttrain[extra]`."""
+    files = [*sorted((ROOT / "src" / "posttrain").rglob("*.py")), *sorted((ROOT / "docs").glob("*.md"))]
+    files.append(ROOT / "README.md")
+    bad = [
+        f"{f.relative_to(ROOT)}:{i}: {line.strip()}"
+        for f in files
+        for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"posttrain\[\w", line)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.fixture
+def no_checkers(monkeypatch):
+    """if-verifiable's checker registries cannot be imported (as after `make demo`, `.[dev]` only)."""
+    for module in CHECKER_MODULES:
+        monkeypatch.setitem(sys.modules, module, None)
+    ifcheckers.registry.cache_clear()
+    ifcheckers.unavailable_types.cache_clear()
+    yield
+    ifcheckers.registry.cache_clear()
+    ifcheckers.unavailable_types.cache_clear()
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if a model starts loading."""
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the missing package was reported")
+
+    import posttrain.models
+    import posttrain.train.builder
+
+    monkeypatch.setattr(posttrain.models, "load_model_and_tokenizer", refuse)
+    monkeypatch.setattr(posttrain.train.builder, "load_adapter", refuse)
+
+
+def test_missing_checkers_name_the_extra(no_checkers):
+    with pytest.raises(ifcheckers.CheckerUnavailable) as err:
+        ifcheckers.registry("ifeval")
+    assert 'pip install -e ".[ifbench]"' in str(err.value) and "posttrain[" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["eval", "--model", "tiny", "--task", "instructions", "--n", "2"],
+        ["rl", "model.name=tiny", "task.name=instructions", "steps=1"],
+    ],
+    ids=["eval", "rl"],
+)
+def test_cli_names_missing_checkers_in_one_line_before_the_model_loads(
+    args, no_checkers, no_model_load, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1, (res.output, res.exception)
+    lines = [ln for ln in res.output.splitlines() if ln.strip() and not ln.startswith("note:")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert "if-verifiable" in lines[0] and 'pip install -e ".[ifbench]"' in lines[0]
+    assert "Traceback" not in res.output
+
+
+def test_traceback_on_request(no_checkers, no_model_load, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("POSTTRAIN_TRACEBACK", "1")
+    res = CliRunner().invoke(app, ["eval", "--model", "tiny", "--task", "instructions", "--n", "2"])
+    assert isinstance(res.exception, ifcheckers.CheckerUnavailable)
+
+
+def test_reward_pool_reports_a_workers_missing_package_in_one_line():
+    """A reward whose setup() raises posttrain's own error in a worker: its message, not the worker's
+    traceback."""
+    from _reward_pool_helpers import MissingPackageReward
+
+    from posttrain.rewards import RewardPool
+
+    with pytest.raises(RuntimeError) as err:
+        RewardPool(MissingPackageReward(), num_workers=1, timeout_s=30.0)
+    msg = str(err.value)
+    assert "\n" not in msg and "Traceback" not in msg, msg
+    assert msg.endswith(
+        'CheckerUnavailable: checkers need the `if-verifiable` package: pip install -e ".[ifbench]"'
+    )
