@@ -67,3 +67,26 @@ def test_readme_python_example_runs_as_a_script(tmp_path):
     steps, accuracy = out.stdout.strip().splitlines()[-1].split()
     assert steps == "2" and 0.0 <= float(accuracy) <= 1.0
     assert any((tmp_path / "runs").iterdir())
+
+
+def test_readme_rl_commands_let_their_objective_act():
+    """The README's `posttrain rl` lines load without SingleUpdateWarning (issue 41 item 23): the
+    headline DAPO command ran one on-policy update per step, where its own warning says DAPO's clip
+    never acts and the gradient equals GRPO's; two minibatches give DAPO's clip-higher a ratio."""
+    import importlib.util
+    import shlex
+
+    from posttrain.train.config import SingleUpdateWarning, load_rl_config
+
+    lines = re.findall(r"^posttrain rl .*$", README.read_text(encoding="utf-8"), re.M)
+    assert any("objective.name=dapo" in line for line in lines), lines
+    for line in lines:
+        args = shlex.split(line.split("#", 1)[0])[2:]
+        path = args[args.index("--config") + 1]
+        if path.startswith("lab/") and importlib.util.find_spec("posttrain_lab") is None:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SingleUpdateWarning)
+            cfg = load_rl_config(str(README.parent / path), [a for a in args if "=" in a])
+        if cfg.objective.name == "dapo":
+            assert cfg.minibatches * cfg.ppo_epochs >= 2, line
