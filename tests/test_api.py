@@ -31,7 +31,11 @@ def test_flat_names_are_the_library_classes():
         SFTConfig,
     )
     assert posttrain.Task is Task and posttrain.Example is Example
-    assert set(posttrain.__all__) == set(posttrain._API) | {"PosttrainError", "__version__"}
+    assert set(posttrain.__all__) == set(posttrain._API) | {
+        "PosttrainError",
+        "PosttrainWarning",
+        "__version__",
+    }
     for name in posttrain._API:
         assert getattr(posttrain, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):

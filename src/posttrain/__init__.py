@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from posttrain.utils.errors import PosttrainError
+from posttrain.utils.errors import PosttrainError, PosttrainWarning, install_warning_format
 
 __version__ = "0.2.0"
 
@@ -40,6 +40,7 @@ __all__ = [
     "GroupFilter",
     "GroupRewardShaper",
     "PosttrainError",
+    "PosttrainWarning",
     "PromptSampler",
     "RLConfig",
     "RLTrainer",
@@ -52,6 +53,10 @@ __all__ = [
     "register_reward",
     "register_task",
 ]
+
+
+# posttrain's warnings print as one line `posttrain: <Category>: message` (not file:line + source line)
+install_warning_format()
 
 
 def __getattr__(name: str) -> Any:

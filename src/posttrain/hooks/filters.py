@@ -20,10 +20,10 @@ import warnings
 from typing import Any
 
 from posttrain.hooks.base import GROUP_FILTERS, GroupDecision, GroupFilter, GroupOutcome, PromptPlan
-from posttrain.utils.errors import InvalidValueError
+from posttrain.utils.errors import InvalidValueError, PosttrainWarning
 
 
-class DynamicSamplingWarning(RuntimeWarning):
+class DynamicSamplingWarning(PosttrainWarning, RuntimeWarning):
     """DAPO dynamic sampling hit its round cap before collecting the requested groups."""
 
 

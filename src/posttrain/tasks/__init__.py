@@ -25,7 +25,7 @@ from posttrain.tasks.base import (
 )
 from posttrain.tasks.countdown import CountdownTask, ExpressionError, parse_expression
 from posttrain.tasks.inputs import ExamplesTask, as_task
-from posttrain.tasks.jsonl import DatasetError, JsonlTask, RowsTask, gsm8k_final, last_boxed
+from posttrain.tasks.jsonl import DatasetError, DatasetWarning, JsonlTask, RowsTask, gsm8k_final, last_boxed
 from posttrain.utils.registry import subclass_of
 
 TASKS.accept(subclass_of(Task), "a subclass of posttrain.tasks.Task")
@@ -37,6 +37,7 @@ __all__ = [
     "ArithmeticTask",
     "CountdownTask",
     "DatasetError",
+    "DatasetWarning",
     "Example",
     "ExamplesTask",
     "ExpressionError",

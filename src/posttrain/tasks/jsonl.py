@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.tasks.base import DEFAULT_MARKER, ChatPrompt, Example, Task, chat_prompt, register_task
-from posttrain.utils.errors import InvalidValueError, PosttrainError
+from posttrain.utils.errors import InvalidValueError, PosttrainError, PosttrainWarning
 
 _EXTRACT = ("gsm8k", "boxed", "none")
 _DEFAULT_REWARD = {"gsm8k": "numeric", "boxed": "math_verify", "none": "exact_match"}
@@ -39,6 +39,10 @@ _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|[{}]")
 
 class DatasetError(PosttrainError, ValueError):
     """A dataset file or row that cannot be used; the message names file, row and field."""
+
+
+class DatasetWarning(PosttrainWarning):
+    """Rows of a dataset were dropped (bad rows skipped, train rows that repeat a held-out prompt)."""
 
 
 def last_boxed(text: str) -> str | None:
@@ -393,6 +397,7 @@ class JsonlTask(Task):
         if bad:
             warnings.warn(
                 f"{path}: skipped {len(bad)} bad row(s) of {len(rows)} (skip_bad_rows=True); first: {bad[0]}",
+                DatasetWarning,
                 stacklevel=3,
             )
         if not out:
@@ -414,6 +419,7 @@ class JsonlTask(Task):
             if removed:
                 warnings.warn(
                     f"{self.path}: removed {removed} train row(s) whose prompt is in {self.heldout_path}",
+                    DatasetWarning,
                     stacklevel=3,
                 )
             return {"train": train, "heldout": heldout}

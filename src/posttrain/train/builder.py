@@ -89,13 +89,13 @@ from posttrain.train.lengths import (
 from posttrain.train.optim import build_adamw
 from posttrain.train.sft_data import SFTDataError, SFTExample, encode_rows, iter_rows, read_sft_file
 from posttrain.utils.data import EpochShuffler
-from posttrain.utils.errors import InvalidTypeError, InvalidValueError
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError, PosttrainWarning
 
 if TYPE_CHECKING:
     from posttrain.train.sft import SFTConfig
 
 
-class DegenerateSettingWarning(RuntimeWarning):
+class DegenerateSettingWarning(PosttrainWarning, RuntimeWarning):
     """Training runs but learns little or nothing (truncation, zero-variance groups, bad splits)."""
 
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from posttrain.utils.config import StrictModel, check_choice
-from posttrain.utils.errors import InvalidValueError
+from posttrain.utils.errors import InvalidValueError, PosttrainWarning
 
 
 class ComponentSpec(StrictModel):
@@ -627,7 +627,7 @@ class HooksConfig(StrictModel):
 RATIO_OBJECTIVES = ("ppo", "dapo", "dgpo", "maspo", "gspo", "cispo", "sapo")
 
 
-class SingleUpdateWarning(UserWarning):
+class SingleUpdateWarning(PosttrainWarning):
     """A ratio-based objective with one on-policy update per step: its ratio mechanism never acts."""
 
 

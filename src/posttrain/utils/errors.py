@@ -1,4 +1,4 @@
-"""The root of posttrain's own errors.
+"""The root of posttrain's own errors and warnings.
 
 Every error posttrain raises on purpose (a bad config key, a dataset row, a plug-in path, a
 checkpoint, a run folder ...) is a :class:`PosttrainError`, so ``except posttrain.PosttrainError``
@@ -8,10 +8,17 @@ catches them all; each is also the built-in error it was before (``ValueError``,
 Specific errors (``ConfigError``, ``DatasetError``, ``CheckpointError`` ...) subclass these; a raise
 that has no more specific class uses the generic ones below. ``tests/test_errors.py`` walks the source
 and fails on a bare ``raise ValueError/TypeError/RuntimeError(`` outside its documented list.
+
+Every warning posttrain issues is a :class:`PosttrainWarning` (each also the built-in category it was:
+``RuntimeWarning``, ``UserWarning``), shown as one line ``posttrain: <Category>: message``; Python's
+default format added the file:line of the ``warnings.warn`` call and that source line, which meant
+nothing to a user. ``import posttrain`` installs the format (:func:`install_warning_format`); other
+packages' warnings keep theirs. The command line prints every warning as ``warning: <message>``.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -31,6 +38,41 @@ class InvalidTypeError(PosttrainError, TypeError):
 
 class PosttrainRuntimeError(PosttrainError, RuntimeError):
     """Something failed while running (a worker, an engine, a sync); the message says what and where."""
+
+
+# ------------------------------------------------------------------------------------- warnings
+class PosttrainWarning(UserWarning):
+    """Base class of posttrain's warnings (filter them all with ``category=posttrain.PosttrainWarning``)."""
+
+
+def format_posttrain_warning(message: Warning | str, category: type[Warning]) -> str | None:
+    """``posttrain: <Category>: message`` (one line, newline-terminated) for a posttrain warning, else
+    None."""
+    if isinstance(category, type) and issubclass(category, PosttrainWarning):
+        return f"posttrain: {category.__name__}: {message}\n"
+    return None
+
+
+def install_warning_format() -> None:
+    """Show posttrain's warnings as one line wherever Python shows warnings (``warnings.showwarning``
+    formats through ``warnings.formatwarning``): wraps the current ``formatwarning``, which still
+    formats every other warning. Idempotent."""
+    current = warnings.formatwarning
+    if getattr(current, "_posttrain_format", False):
+        return
+
+    def formatwarning(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        line: str | None = None,
+    ) -> str:
+        text = format_posttrain_warning(message, category)
+        return text if text is not None else current(message, category, filename, lineno, line)
+
+    formatwarning._posttrain_format = True  # type: ignore[attr-defined]
+    warnings.formatwarning = formatwarning
 
 
 # --------------------------------------------------------------------- options named in messages
