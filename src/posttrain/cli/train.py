@@ -130,7 +130,7 @@ def rl(
 ) -> None:
     """GRPO-family RL: rollout -> reward -> advantage -> policy update, with eval and checkpoints."""
     from posttrain.rewards.failures import RewardFailureError
-    from posttrain.train.checkpoint import CheckpointError
+    from posttrain.train.checkpoint import CheckpointError, RunWriteError
     from posttrain.train.config import RLConfig
     from posttrain.train.run_dir import RunDirError
 
@@ -151,7 +151,7 @@ def rl(
                     )
             except KeyboardInterrupt as e:
                 _interrupted("posttrain rl", cfg, trainer.step_idx, config, overrides or [], e)
-            except (RunDirError, CheckpointError, RewardFailureError) as e:
+            except (RunDirError, CheckpointError, RunWriteError, RewardFailureError) as e:
                 fail(str(e))
     last = summary.get("last") or {}
     typer.echo(
@@ -181,7 +181,7 @@ def sft(
 ) -> None:
     """Supervised fine-tuning on target tokens: task reference completions or a JSONL file of
     prompt/completion, text or chat (messages, loss on assistant turns) rows; see docs/sft.md."""
-    from posttrain.train.checkpoint import CheckpointError
+    from posttrain.train.checkpoint import CheckpointError, RunWriteError
     from posttrain.train.run_dir import RunDirError
     from posttrain.train.sft import SFTConfig, SFTDataError, SFTTrainer
 
@@ -201,7 +201,14 @@ def sft(
                     summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
             except KeyboardInterrupt as e:
                 _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [], e)
-            except (RunDirError, CheckpointError, SFTDataError, ValueError, FileNotFoundError) as e:
+            except (
+                RunDirError,
+                CheckpointError,
+                RunWriteError,
+                SFTDataError,
+                ValueError,
+                FileNotFoundError,
+            ) as e:
                 fail(str(e))
     typer.echo(
         json.dumps({k: v for k, v in summary.items() if k != "last"} | {"loss": summary["last"].get("loss")})

@@ -65,22 +65,59 @@ def _io_failure(e: BaseException) -> str | None:
     return None
 
 
-def _write_failed(root: Path, name: str, step: int, e: BaseException, reason: str) -> CheckpointWriteError:
+class RunWriteError(PosttrainError, OSError):
+    """Another file of a run folder could not be written (disk full, a read-only or vanished folder):
+    ``metrics.jsonl`` or ``samples.jsonl`` while appending a row, SFT's final ``model/``. The message
+    names the file, what happened, what was kept and the checkpoint to continue from; the OS error is
+    its ``__cause__``, and it is still an ``OSError``."""
+
+
+def last_good_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The complete checkpoint ``root/latest`` names (``root``: a run's ``checkpoints`` folder), or None."""
+    root = Path(root)
     latest = root / LATEST
     try:
         last = latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
     except OSError:
         last = None
     if last and (root / last / "trainer_state.json").is_file():
-        good = f"the last good checkpoint is {root / last}; free the space (or fix the folder) and continue "
-        good += f"from it with {option('resume')}"
-    else:
-        good = "there is no earlier checkpoint in this run to resume from"
-    where = f" at {e.filename}" if isinstance(e, OSError) and e.filename else ""
-    return CheckpointWriteError(
-        f"could not write the checkpoint of step {step} to {root / name}: {reason}{where}; no partial "
-        f"checkpoint was kept, and {good}"
+        return root / last
+    return None
+
+
+def _continue_from(root: Path) -> str:
+    last = last_good_checkpoint(root)
+    if last is None:
+        return "there is no earlier checkpoint in this run to resume from"
+    return (
+        f"the last good checkpoint is {last}; free the space (or fix the folder) and continue from it "
+        f"with {option('resume')}"
     )
+
+
+def _where(e: BaseException) -> str:
+    return f" at {e.filename}" if isinstance(e, OSError) and e.filename else ""
+
+
+def _write_failed(root: Path, name: str, step: int, e: BaseException, reason: str) -> CheckpointWriteError:
+    return CheckpointWriteError(
+        f"could not write the checkpoint of step {step} to {root / name}: {reason}{_where(e)}; no partial "
+        f"checkpoint was kept, and {_continue_from(root)}"
+    )
+
+
+def io_failure(e: BaseException) -> str | None:
+    """Why a write failed (``No space left on device (ENOSPC)``) when ``e`` is an I/O failure (an
+    ``OSError``, or safetensors' error wrapping one), else None."""
+    return _io_failure(e)
+
+
+def run_write_failed(what: str, e: BaseException, kept: str, ckpt_root: str | os.PathLike) -> RunWriteError:
+    """The one-line :class:`RunWriteError` for a failed run-folder write: ``could not <what>: <reason>;
+    <kept>, and <the last good checkpoint / how to continue>``."""
+    reason = _io_failure(e) or f"{type(e).__name__}: {e}"
+    where = _where(e) if str(getattr(e, "filename", None) or "") not in what else ""
+    return RunWriteError(f"could not {what}: {reason}{where}; {kept}, and {_continue_from(Path(ckpt_root))}")
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -73,12 +73,12 @@ class MetricsLogger:
 
     def log_step(self, metrics: dict[str, Any]) -> None:
         row = {"kind": "step", **metrics}
-        append_jsonl(self.path, row)
+        self._append(row, f"the metrics of step {metrics['step']}")
         self._scalars("train", int(metrics["step"]), metrics)
 
     def log_eval(self, step: int, ev: dict[str, Any]) -> None:
         row = {"kind": "eval", "step": step, **{k: v for k, v in ev.items() if k != "samples"}}
-        append_jsonl(self.path, row)
+        self._append(row, f"the evaluation at step {step}")
         self._scalars("eval", step, row)
         line = eval_line(step, row)
         if self.echo and line:
@@ -99,7 +99,26 @@ class MetricsLogger:
         ``(StepRollout, StepScores)``) to ``samples.jsonl`` and the enabled loggers."""
         if not every or step % every or scored is None:  # None: a custom step() that kept no batch
             return
-        self.samples.write(sample_rows(step, *scored), tensorboard=self._tb, wandb=self._wandb)
+        try:
+            self.samples.write(sample_rows(step, *scored), tensorboard=self._tb, wandb=self._wandb)
+        except OSError as e:
+            raise self._write_failed(
+                f"append the samples of step {step} to {self.samples.path}", e, "the rows before them"
+            ) from e
+
+    def _append(self, row: dict[str, Any], what: str) -> None:
+        """One row onto metrics.jsonl; a failed write (disk full) is one line naming the file, what was
+        kept and where to continue, not the traceback of the write (append_jsonl leaves no partial row)."""
+        try:
+            append_jsonl(self.path, row)
+        except OSError as e:
+            raise self._write_failed(f"append {what} to {self.path}", e, "the rows before it") from e
+
+    def _write_failed(self, what: str, e: OSError, rows: str) -> Exception:
+        from posttrain.train.checkpoint import run_write_failed
+
+        kept = f"{rows} are kept (no partial row) and the run stopped"
+        return run_write_failed(what, e, kept, self.path.parent / "checkpoints")
 
     def _scalars(self, prefix: str, step: int, values: dict[str, Any]) -> None:
         nums = {

@@ -373,13 +373,27 @@ class SFTTrainer(RunLoopTrainer):
         return self.loop.save_checkpoint(state)
 
     def _save_model(self, path: Path) -> Path:
-        """The adapter's ``save`` on rank 0; FSDP2: the full state dict gathered on rank 0 instead."""
+        """The adapter's ``save`` on rank 0; FSDP2: the full state dict gathered on rank 0 instead. A
+        write that fails (disk full) is one :class:`~posttrain.train.checkpoint.RunWriteError` naming
+        the folder and the checkpoint that holds the same weights (the save is atomic: nothing partial,
+        an earlier ``model/`` untouched)."""
         from posttrain.models.saving import save_model_dir
+        from posttrain.train.checkpoint import io_failure, run_write_failed
 
         msd, _ = dist.full_state_dicts(self.model, None)  # a collective under FSDP2; (None, None) otherwise
-        if msd is None:
-            return dist.on_main(lambda: self.lm.save(path))
-        return dist.on_main(lambda: save_model_dir(self.model, self.tokenizer, path, state_dict=msd))
+        try:
+            if msd is None:
+                return dist.on_main(lambda: self.lm.save(path))
+            return dist.on_main(lambda: save_model_dir(self.model, self.tokenizer, path, state_dict=msd))
+        except Exception as e:
+            if io_failure(e) is None:
+                raise
+            kept = f"no partial {path.name}/ was kept (an earlier one is unchanged)"
+            if self.loop.checkpointed_step == self.step_idx:
+                kept += f"; the final checkpoint holds the trained weights of step {self.step_idx}"
+            raise run_write_failed(
+                f"write the trained model to {path}", e, kept, self.run_dir / "checkpoints"
+            ) from e
 
     def _restore(self, ckpt: Path) -> None:
         def restore_state(state: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ user can read the results when the umask allows it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -93,13 +94,26 @@ def _json_default(obj: Any) -> Any:
 
 
 def append_jsonl(path: str | os.PathLike, row: dict[str, Any]) -> None:
-    """Append one JSON row and flush it to disk (a killed process loses at most a partial last line)."""
+    """Append one JSON row and flush it to disk (a killed process loses at most a partial last line).
+    A write that fails (disk full) takes back what it wrote of the row, so the file keeps whole rows
+    only, and raises the OSError."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row, default=_json_default) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    data = (json.dumps(row, default=_json_default) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: str | os.PathLike, *, skip_torn_tail: bool = True) -> Iterator[dict[str, Any]]:
