@@ -49,7 +49,7 @@ def default_engines() -> tuple[str, ...]:
 
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_INSTALL = (
-    "pip install 'posttrain[llamacpp]'  (llama-cpp-python, compiled from source: needs a C++ compiler "
+    'pip install -e "./lab[llamacpp]"  (llama-cpp-python, compiled from source: needs a C++ compiler '
     "and cmake, several minutes; e.g. CMAKE_BUILD_PARALLEL_LEVEL=2 nice pip install llama-cpp-python)"
 )
 

@@ -857,7 +857,7 @@ def run_rl_step_bench(
     if not with_trl:
         trl_skipped = "disabled (--no-trl)"
     elif versions is None:
-        trl_skipped = "trl is not installed (pip install 'posttrain[bench]')"
+        trl_skipped = 'trl is not installed (pip install -e "./lab[bench]")'
 
     total_rounds = warmup + repeats
     all_times: dict[str, list[float]] = {side: [] for side in SIDES}
@@ -1157,5 +1157,5 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
             console=console,
         )
     if result.get("trl_skipped_reason"):
-        # not markup: the reason names `posttrain[bench]`, which rich would read as a style tag
+        # not markup: the reason names `./lab[bench]`, which rich would read as a style tag
         console.print(f"TRL skipped: {result['trl_skipped_reason']}", markup=False, highlight=False)

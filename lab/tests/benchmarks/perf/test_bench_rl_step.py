@@ -465,7 +465,7 @@ def test_cli_rl_step_rejects_unknown_preset():
 
 
 def test_cli_rl_step_without_trl_prints_the_install_hint_verbatim(monkeypatch):
-    """Through the real CLI with TRL unavailable: the hint names the extra, `posttrain[bench]`.
+    """Through the real CLI with TRL unavailable: the hint names the extra, `./lab[bench]`.
     Mutant (the old code): rich markup ate `[bench]` and printed `pip install 'posttrain'`."""
     from typer.testing import CliRunner
 
@@ -477,7 +477,7 @@ def test_cli_rl_step_without_trl_prints_the_install_hint_verbatim(monkeypatch):
     args += ["--threads", "1", "--quiet"]
     res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    assert "TRL skipped: trl is not installed (pip install 'posttrain[bench]')" in res.output
+    assert 'TRL skipped: trl is not installed (pip install -e "./lab[bench]")' in res.output
 
 
 def test_bench_micro_bf16_fast_engine_records_precision_figures():

@@ -85,5 +85,7 @@ def test_duca_without_the_multiturn_runner_is_a_clear_error(tmp_path):
         f"out_dir={tmp_path / 'run'}",
         "--no-progress",
     ]
-    with pytest.raises(ValueError, match="needs the per-turn inputs"):
-        CliRunner().invoke(app, args, catch_exceptions=False)
+    # the CLI prints a posttrain error as one line (exit 1), no traceback
+    res = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert res.exit_code == 1 and "error:" in res.output and "needs the per-turn inputs" in res.output
+    assert "Traceback" not in res.output
