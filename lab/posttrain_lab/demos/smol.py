@@ -144,15 +144,16 @@ def run_smol_demo(
         RLConfig, str(files("posttrain_lab.demos") / "demo_smol.yaml"), [*extra, *(overrides or [])]
     )
     prepare_run_dir(out, overwrite=overwrite, can_resume=False)
+    # the tasks first: a missing checker package is one line before the model loads
+    task = get_task(cfg.task.name, **cfg.task.params)
+    bench = get_task("ifbench") if ifbench else None
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model_and_tokenizer(cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=seed)
     t_load = time.perf_counter() - t0
-    task = get_task(cfg.task.name, **cfg.task.params)
     heldout = task.split("heldout")[: cfg.eval.n]
     bs = cfg.rollout.max_batch_size or 16
     mnt = cfg.rollout.max_new_tokens
     ev_kw = {"engine": cfg.rollout.engine.name, "precision": cfg.model.precision}
-    bench = get_task("ifbench") if ifbench else None
     bench_ex = bench.split("heldout") if bench is not None else []
 
     print(f"[smol] held-out before RL: {len(heldout)} prompts", flush=True)
