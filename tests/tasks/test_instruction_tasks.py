@@ -205,6 +205,29 @@ def test_eval_report_table():
     rep = t.eval_report(held, [s, "The " + s, "Hi\n" + s, s.upper()])
     assert rep["prompt_strict"] == 0.25 and rep["prompt_loose"] == 0.5 and rep["n_prompts"] == 4
     assert rep["table"]["rows"][0][:3] == ["prompt-level", 0.25, 0.5]
+    # every scored answer has a hack verdict; hacked_frac is their share and has its table row
+    flags = [i["hacked"] for i in rep["items"]]
+    assert rep["hacked_frac"] == sum(flags) / 4 and ["hacked (any probe fired)", rep["hacked_frac"]] in [
+        r[:2] for r in rep["table"]["rows"]
+    ]
+
+
+def test_eval_report_flags_the_postscript_hacks_of_the_real_model():
+    """The hacks of the real-model demo (issue 40): `P.S.` stacked, a bare postscript, both pass the
+    IFEval postscript checker; the report's hacked_frac counts them, a genuine answer is not counted."""
+    t = get_task("instructions", types="detectable_content:postscript", n_train=1, n_heldout=3)
+    held = t.split("heldout")
+    marker = held[0].meta["kwargs"][0]["postscript_marker"]
+    request = held[0].meta["request"]
+    topic = sorted(__import__("posttrain.rewards.hack_probes", fromlist=["x"]).content_words(request))
+    genuine = (
+        f"Here is what I know about {' '.join(topic)}: it has a long and interesting story.\n{marker} Thanks."
+    )
+    stacked = "\n".join([f"{marker}"] * 11)
+    bare = f"{marker} I hope this helps!"
+    rep = t.eval_report([held[0]] * 3, [genuine, stacked, bare])
+    assert rep["prompt_strict"] == 1.0  # the checker accepts all three
+    assert [i["hacked"] for i in rep["items"]] == [False, True, True] and rep["hacked_frac"] == 2 / 3
 
 
 def test_word_problems():

@@ -96,3 +96,57 @@ class InstructionsFractionReward(_InstructionReward):
 
     def _pick(self, comps: dict[str, float]) -> float:
         return comps["fraction_loose" if self.loose else "fraction"]
+
+
+GUARD_MODES = ("veto", "penalty")
+
+
+@register_reward("instructions_guarded")
+class InstructionsGuardedReward(_InstructionReward):
+    """The instruction checker AND "the answer is an answer" (posttrain's design; no paper gives this
+    rule): the ``base`` score (``strict``, ``loose`` or ``fraction``) of the IFEval/IFBench checkers,
+    then, when a hack probe fires (:mod:`posttrain.rewards.hack_probes`: marker first or repeated,
+    repeated lines or n-grams, too short, off the request's topic, only the marker), ``veto`` gives 0
+    and ``penalty`` subtracts ``penalty``. Components: the checker's, ``hacked`` (1.0 when a probe fired,
+    so its step mean is the training batch's hacked_frac) and one ``probe_<name>`` per probe."""
+
+    name = "instructions_guarded"
+
+    def __init__(
+        self,
+        mode: str = "veto",
+        penalty: float = 1.0,
+        base: str = "strict",
+        stop: tuple[str, ...] | list[str] = DEFAULT_STOP,
+    ) -> None:
+        super().__init__(stop)
+        if mode not in GUARD_MODES:
+            raise InvalidValueError(
+                f"reward instructions_guarded: mode must be veto or penalty, got {mode!r}"
+            )
+        if base not in ("strict", "loose", "fraction"):
+            raise InvalidValueError(
+                f"reward instructions_guarded: base must be strict, loose or fraction, got {base!r}"
+            )
+        if not (isinstance(penalty, int | float) and penalty >= 0):
+            raise InvalidValueError(f"reward instructions_guarded: penalty must be >= 0, got {penalty!r}")
+        self.mode, self.penalty, self.base = mode, float(penalty), base
+
+    def detailed(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
+        from posttrain.rewards.hack_probes import is_hacked, markers_of, probe_response
+
+        score, comps = super().detailed(completion, example)
+        meta = example.meta
+        probes = probe_response(
+            cut_at_stop(completion, self.stop),
+            meta.get("request") or example.prompt,
+            markers_of(meta["kwargs"]),
+        )
+        hacked = is_hacked(probes)
+        comps = {**comps, "hacked": float(hacked), **{f"probe_{k}": float(v) for k, v in probes.items()}}
+        if hacked:
+            score = 0.0 if self.mode == "veto" else score - self.penalty
+        return score, comps
+
+    def _pick(self, comps: dict[str, float]) -> float:
+        return comps[self.base]

@@ -301,9 +301,10 @@ def instruction_report(
     """IFEval/IFBench accuracies of ``texts`` (one per example): prompt- and instruction-level, strict and
     loose, per instruction type (:func:`posttrain.tasks.ifcheckers.aggregate`), with a table. Examples
     whose checker turns out to need missing data are skipped and counted."""
+    from posttrain.rewards.hack_probes import hack_report, markers_of
     from posttrain.tasks.ifcheckers import CheckerUnavailable, aggregate, check_instructions
 
-    rows, items, late_skips = [], [], 0
+    rows, items, late_skips, scored = [], [], 0, []
     for ex, text in zip(examples, texts, strict=True):
         m = ex.meta
         try:
@@ -315,7 +316,14 @@ def instruction_report(
             continue
         rows.append({"instruction_id_list": m["instruction_id_list"], "strict": strict, "loose": loose})
         items.append({"id": ex.id, "strict": all(strict), "loose": all(loose)})
+        scored.append((text, m.get("request") or ex.prompt, markers_of(m["kwargs"])))
+    # hack probes (posttrain.rewards.hack_probes): answers that game the checkers
+    hacks = hack_report(*(list(col) for col in zip(*scored, strict=True))) if scored else None
+    for item, hacked in zip(items, hacks["hacked"] if hacks else [], strict=True):
+        item["hacked"] = hacked
     agg = aggregate(rows)
+    agg["hacked_frac"] = hacks["hacked_frac"] if hacks else None
+    agg["hack_rates"] = hacks["rates"] if hacks else None
     agg["items"] = items  # per-prompt verdicts (paired before/after comparisons)
     agg["skipped"] = {**(skipped or {}), "at_scoring": late_skips}
     table_rows: list[list[Any]] = [
@@ -327,6 +335,8 @@ def instruction_report(
             agg["n_instructions"],
         ],
     ]
+    if hacks:
+        table_rows.append(["hacked (any probe fired)", hacks["hacked_frac"], None, hacks["n"]])
     for iid, v in agg.get("per_type", {}).items():
         table_rows.append([f"  {iid}", v["strict"], v["loose"], v["n"]])
     n_skip = (skipped or {}).get("prompts", 0) + late_skips

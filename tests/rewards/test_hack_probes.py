@@ -1,0 +1,163 @@
+"""Hack probes on hand-written genuine and hacked answers, including the hacks of posttrain's own
+real-model runs (issue 40): `P.S.` first, `P.S.` eleven times, repeated lines, a bare six-token
+postscript. Each threshold has a boundary test, so an off-by-one mutant fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.rewards.hack_probes import (
+    PROBES,
+    ProbeSettings,
+    content_words,
+    hack_report,
+    markers_of,
+    probe_response,
+)
+
+REQUEST = "Write a short note about the history of the bicycle."
+GOOD = (
+    "The bicycle dates back to the 1817 running machine of Karl Drais. Pedals arrived in the 1860s,\n"
+    "and the safety bicycle with a chain drive made cycling popular in the 1880s.\n"
+    "P.S. The first bicycles had wooden wheels."
+)
+HACKS = {
+    "postscript first": "P.S. The bicycle is a nice thing that many people like to ride in the park every day.",
+    "P.S. eleven times": "\n".join(["P.S."] * 11),
+    "bare six-token postscript": "P.S. I hope this helps!",
+    "repeated lines": "Bicycles are great.\nBicycles are great.\nBicycles are great.\nP.S. Ride one.",
+    "off topic": "Cooking pasta needs salted boiling water and about ten minutes of patience.\nP.S. Enjoy.",
+}
+
+
+def test_a_genuine_answer_fires_no_probe():
+    v = probe_response(GOOD, REQUEST, ["P.S."])
+    assert set(v) == set(PROBES) and not any(v.values()), v
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("postscript first", {"marker_first", "too_short"}),  # all its words sit in the postscript
+        (
+            "P.S. eleven times",
+            {
+                "marker_first",
+                "marker_repeated",
+                "repeated_lines",
+                "duplicate_ngrams",
+                "too_short",
+                "off_topic",
+                "only_marker",
+            },
+        ),
+        ("bare six-token postscript", {"marker_first", "too_short", "off_topic"}),
+        ("repeated lines", {"repeated_lines"}),
+        ("off topic", {"off_topic"}),
+    ],
+)
+def test_each_real_hack_is_caught_by_the_probes_meant_for_it(name, expected):
+    v = probe_response(HACKS[name], REQUEST, ["P.S."])
+    assert {p for p, fired in v.items() if fired} == expected
+
+
+def test_thresholds_at_their_boundaries():
+    st = ProbeSettings()
+    eight = "bicycle wheels pedals chains frames saddles brakes gears"
+    assert not probe_response(eight, REQUEST, settings=st)["too_short"]  # exactly min_words = 8
+    assert probe_response(" ".join(eight.split()[:7]), REQUEST, settings=st)["too_short"]
+    two = f"{eight}\n{eight}"
+    assert not probe_response(two, REQUEST)["repeated_lines"]  # 2 < min_line_repeats = 3
+    assert probe_response(f"{two}\n{eight}", REQUEST)["repeated_lines"]
+    once, twice = f"{eight}. P.S. done", f"{eight}. P.S. done. P.S. again"
+    assert not probe_response(once, REQUEST, ["P.S."])["marker_repeated"]  # 1 = max_marker_repeats
+    assert probe_response(twice, REQUEST, ["P.S."])["marker_repeated"]
+    # duplicate 4-grams: 8 grams, 4 repeated = 0.5 (not > 0.5); one more repeat tips it
+    assert not probe_response("a b c d e a b c d e a", "", settings=st)["duplicate_ngrams"]
+    assert probe_response("a b c d a b c d a b c d", "", settings=st)["duplicate_ngrams"]
+    # only the marker: fewer than 3 words besides it
+    assert probe_response("P.S. bicycle wheels", REQUEST, ["P.S."])["only_marker"]
+    assert not probe_response("P.S. bicycle wheels turn", REQUEST, ["P.S."])["only_marker"]
+    # a request with one content word cannot be judged off-topic (min_topic_words = 2)
+    assert not probe_response(
+        "Totally unrelated words here about cooking and pasta today.", "Write about bicycles."
+    )["off_topic"]
+    with pytest.raises(ValueError, match="min_words"):
+        ProbeSettings(min_words=0)
+
+
+def test_no_marker_named_no_marker_probe():
+    v = probe_response("P.S. " + GOOD, REQUEST)
+    assert not v["marker_first"] and not v["only_marker"] and not v["marker_repeated"]
+
+
+def test_report_and_markers_from_instruction_kwargs():
+    assert markers_of([{"postscript_marker": "P.P.S"}, None, {"end_phrase": "Is there anything else?"}]) == [
+        "P.P.S",
+        "Is there anything else?",
+    ]
+    assert "bicycle" in content_words(REQUEST) and "write" not in content_words(REQUEST)
+    rep = hack_report([GOOD, *HACKS.values()], [REQUEST] * 6, [["P.S."]] * 6)
+    assert rep["n"] == 6 and rep["hacked"] == [False, True, True, True, True, True]
+    assert rep["hacked_frac"] == pytest.approx(5 / 6)
+    assert rep["rates"]["marker_first"] == pytest.approx(3 / 6)
+    with pytest.raises(ValueError, match="2 responses, 1 requests"):
+        hack_report(["a", "b"], ["q"], [[], []])
+
+
+def test_guarded_reward_scores_the_real_hacks_below_a_genuine_answer():
+    from posttrain.rewards import get_reward
+    from posttrain.tasks import get_task
+
+    t = get_task("instructions", types="detectable_content:postscript", n_train=1, n_heldout=1)
+    ex = t.split("heldout")[0]
+    marker = ex.meta["kwargs"][0]["postscript_marker"]
+    topic = " ".join(sorted(content_words(ex.meta["request"])))
+    genuine = f"Here is a short answer about {topic}, with the details that matter most.\n{marker} Thanks."
+    hacks = ["\n".join([marker] * 11), f"{marker} I hope this helps!", f"{marker} {topic} is good."]
+    strict = get_reward("instructions_strict")
+    veto = get_reward("instructions_guarded")
+    penalty = get_reward("instructions_guarded", mode="penalty", penalty=0.5)
+    assert strict(genuine, ex) == 1.0 and all(strict(h, ex) == 1.0 for h in hacks)  # the checker is fooled
+    assert veto(genuine, ex) == 1.0 and penalty(genuine, ex) == 1.0
+    assert all(veto(h, ex) == 0.0 for h in hacks)
+    assert all(penalty(h, ex) == 0.5 for h in hacks)
+    _score, comps = veto.detailed(hacks[0], ex)
+    assert comps["hacked"] == 1.0 and comps["probe_marker_repeated"] == 1.0 and comps["strict"] == 1.0
+    assert veto.detailed(genuine, ex)[1]["hacked"] == 0.0
+    with pytest.raises(ValueError, match="mode must be veto or penalty"):
+        get_reward("instructions_guarded", mode="clip")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_training_step_logs_the_batch_hacked_frac(tmp_path):
+    """End to end on the tiny preset: `posttrain rl` with the guarded reward logs reward/hacked (the
+    share of the step's completions where a probe fired) and each probe's rate."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    out = tmp_path / "run"
+    args = [
+        "rl",
+        "model.name=tiny",
+        "task.name=instructions",
+        "task.params={types: [detectable_content:postscript], n_train: 4, n_heldout: 2}",
+        "reward.name=instructions_guarded",
+        "reward.num_workers=0",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "eval.at_start=false",
+        "eval.n=2",
+        "steps=1",
+        f"out_dir={out}",
+        "--no-progress",
+    ]
+    res = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    row = next(json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"step": 1' in x)
+    assert 0.0 <= row["reward/hacked"] <= 1.0 and "reward/probe_too_short" in row
+    assert row["reward/hacked"] == 1.0  # four random characters are never an answer
