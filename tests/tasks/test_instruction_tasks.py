@@ -266,3 +266,25 @@ def test_cli_eval_prints_the_instruction_report(tmp_path):
     assert saved["settings"]["chat_template"] is True  # a chat task is prompted through the template
     rep = saved["report"]
     assert rep["n_prompts"] == 3 and len(rep["items"]) == 3 and rep["prompt_strict"] == saved["accuracy"]
+
+
+def test_ood_split_holds_instruction_types_never_trained_on():
+    """Issue 40 item 3: generalisation is measured on new prompts of the trained types (`heldout`) and on
+    instruction types never trained on (`ood`); adding the ood split leaves train and heldout as they were."""
+    kw = {"types": ["detectable_content:postscript", "punctuation:no_comma"], "n_train": 30, "n_heldout": 10}
+    plain = get_task("instructions", **kw)
+    t = get_task("instructions", **kw, ood_types=["change_case:english_lowercase"], n_ood=8)
+    assert t.splits == ("train", "heldout", "ood") and plain.splits == ("train", "heldout")
+    train, held, ood = t.split("train"), t.split("heldout"), t.split("ood")
+    assert [e.prompt for e in train] == [e.prompt for e in plain.split("train")]
+    assert [e.prompt for e in held] == [e.prompt for e in plain.split("heldout")]
+    assert len(ood) == 8
+    trained = {i for e in train + held for i in e.meta["instruction_id_list"]}
+    assert trained <= set(kw["types"])
+    assert {i for e in ood for i in e.meta["instruction_id_list"]} == {"change_case:english_lowercase"}
+    assert not {e.prompt for e in ood} & {e.prompt for e in train + held}
+    assert t.params()["ood_types"] == ["change_case:english_lowercase"]
+    with pytest.raises(ValueError, match="also training types"):
+        get_task("instructions", **kw, ood_types=["punctuation:no_comma"])
+    with pytest.raises(ValueError, match="unknown ood_types"):
+        get_task("instructions", **kw, ood_types=["nope"])

@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from posttrain.tasks.base import Example, Task, check_split_sizes, register_task
+from posttrain.tasks.base import SPLITS, Example, Task, check_split_sizes, register_task
 from posttrain.tasks.ifcheckers import registry, unavailable_types
 from posttrain.utils.errors import InvalidValueError
 
@@ -124,6 +124,8 @@ class InstructionsTask(Task):
         n_train: int = 2000,
         n_heldout: int = 200,
         seed: int = 0,
+        ood_types: list[str] | tuple[str, ...] | str | None = None,
+        n_ood: int = 200,
     ) -> None:
         super().__init__()
         reg = registry("ifeval")
@@ -149,6 +151,31 @@ class InstructionsTask(Task):
                 f"task 'instructions': max_instructions must be in [1, {len(self.types)}], got {max_instructions!r}"
             )
         check_split_sizes("instructions", n_train=n_train, n_heldout=n_heldout)
+        # instruction types never trained on: the `ood` split (generalisation to new instructions)
+        ood = [t.strip() for t in (ood_types.split(",") if isinstance(ood_types, str) else ood_types or [])]
+        ood = [t for t in ood if t]
+        bad = [t for t in ood if t not in reg]
+        if bad:
+            raise InvalidValueError(
+                f"task 'instructions': unknown ood_types {bad}; accepted (IFEval registry): {', '.join(sorted(reg))}"
+            )
+        both = sorted(set(ood) & set(self.types))
+        if both:
+            raise InvalidValueError(
+                f"task 'instructions': ood_types {both} are also training types; the ood split holds "
+                "instruction types never trained on"
+            )
+        self.ood_types = tuple(t for t in ood if t not in missing)
+        self.skipped_types.update({t: missing[t] for t in ood if t in missing})
+        if ood and not self.ood_types:
+            raise InvalidValueError(
+                f"task 'instructions': every ood type needs missing data: {self.skipped_types}"
+            )
+        if not isinstance(n_ood, int) or n_ood < 1:
+            raise InvalidValueError(f"task 'instructions': n_ood must be an integer >= 1, got {n_ood!r}")
+        self.n_ood = n_ood
+        if self.ood_types:
+            self.splits = (*SPLITS, "ood")
         self.max_instructions, self.n_train, self.n_heldout, self.seed = (
             max_instructions,
             n_train,
@@ -163,6 +190,7 @@ class InstructionsTask(Task):
             "n_train": self.n_train,
             "n_heldout": self.n_heldout,
             "seed": self.seed,
+            **({"ood_types": list(self.ood_types), "n_ood": self.n_ood} if self.ood_types else {}),
         }
 
     def describe(self) -> dict[str, Any]:
@@ -179,7 +207,11 @@ class InstructionsTask(Task):
         seen: set[str] = set()
         out: dict[str, list[Example]] = {"heldout": [], "train": []}
         attempts = 0
-        for split, n in (("heldout", self.n_heldout), ("train", self.n_train)):
+        plan = [("heldout", self.n_heldout, self.types), ("train", self.n_train, self.types)]
+        if self.ood_types:  # drawn last: the train and heldout splits are those of the task without it
+            out["ood"] = []
+            plan.append(("ood", self.n_ood, self.ood_types))
+        for split, n, types in plan:
             while len(out[split]) < n:
                 attempts += 1
                 if attempts > 50 * (self.n_train + self.n_heldout) + 1000:
@@ -188,8 +220,8 @@ class InstructionsTask(Task):
                         f"(got {len(out[split])}); lower n_train/n_heldout or allow more types"
                     )
                 request = rng.choice(REQUESTS).format(t=rng.choice(TOPICS))
-                k = rng.randint(1, self.max_instructions)
-                ids = rng.sample(self.types, k)
+                k = rng.randint(1, min(self.max_instructions, len(types)))
+                ids = rng.sample(types, k)
                 texts, kwargs = [], []
                 for iid in ids:
                     text, kw = _describe("ifeval", iid, f"{self.seed}:{attempts}:{iid}")
