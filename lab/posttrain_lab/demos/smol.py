@@ -43,6 +43,11 @@ def paired_gain(before: list[bool], after: list[bool]) -> dict[str, float]:
     return {"gain": mean, "se": se, "gain_over_se": mean / se if se > 0 else float("inf") if mean else 0.0}
 
 
+def _paired(before: float, after: float, gain: dict[str, float]) -> dict[str, float]:
+    """``{before, after, diff, se}`` of one held-out set (``diff`` and ``se`` paired over its prompts)."""
+    return {"before": before, "after": after, "diff": gain["gain"], "se": gain["se"]}
+
+
 def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
 
@@ -107,6 +112,8 @@ def evaluate_instructions(
         "engine": engine,
         "precision": precision,
         "wall_s": time.perf_counter() - t0,
+        "hacked_frac": rep.get("hacked_frac"),
+        "hack_rates": rep.get("hack_rates"),
         "items": rep["items"],
         "samples": res["samples"][:3],
     }
@@ -156,8 +163,22 @@ def run_smol_demo(
     ev_kw = {"engine": cfg.rollout.engine.name, "precision": cfg.model.precision}
     bench_ex = bench.split("heldout") if bench is not None else []
 
+    ood = task.split("ood")[: cfg.eval.n] if "ood" in task.splits else []
+
     print(f"[smol] held-out before RL: {len(heldout)} prompts", flush=True)
     before = evaluate_instructions(model, tok, task, heldout, max_new_tokens=mnt, batch_size=bs, **ev_kw)
+    ood_before = (
+        evaluate_instructions(model, tok, task, ood, max_new_tokens=mnt, batch_size=bs, **ev_kw)
+        if ood
+        else None
+    )
+    # the pre-check: RL can only move types whose warm-start accuracy is neither 0 nor 1
+    print(
+        "[smol] pre-check, warm start per trained type (strict): "
+        + ", ".join(f"{k} {v['strict']:.2f}" for k, v in before["per_type"].items())
+        + f"; hacked_frac {before['hacked_frac']:.2f}",
+        flush=True,
+    )
     ifb_before = (
         evaluate_instructions(
             model, tok, bench, bench_ex, max_new_tokens=ifbench_max_new_tokens, batch_size=bs, **ev_kw
@@ -174,6 +195,11 @@ def run_smol_demo(
         model = trainer.model
     print("[smol] held-out after RL", flush=True)
     after = evaluate_instructions(model, tok, task, heldout, max_new_tokens=mnt, batch_size=bs, **ev_kw)
+    ood_after = (
+        evaluate_instructions(model, tok, task, ood, max_new_tokens=mnt, batch_size=bs, **ev_kw)
+        if ood
+        else None
+    )
     ifb_after = (
         evaluate_instructions(
             model, tok, bench, bench_ex, max_new_tokens=ifbench_max_new_tokens, batch_size=bs, **ev_kw
@@ -182,6 +208,11 @@ def run_smol_demo(
         else None
     )
     gain = paired_gain([i["strict"] for i in before["items"]], [i["strict"] for i in after["items"]])
+    ood_gain = (
+        paired_gain([i["strict"] for i in ood_before["items"]], [i["strict"] for i in ood_after["items"]])
+        if ood_before is not None and ood_after is not None
+        else None
+    )
     ifb_gain = (
         {
             key: paired_gain([i[key] for i in ifb_before["items"]], [i[key] for i in ifb_after["items"]])
@@ -195,6 +226,9 @@ def run_smol_demo(
         out / "items.json",
         {
             "heldout": {"before": before["items"], "after": after["items"]},
+            "ood": None
+            if ood_before is None
+            else {"before": ood_before["items"], "after": ood_after["items"]},
             "ifbench": None
             if ifb_before is None or ifb_after is None
             else {"before": ifb_before["items"], "after": ifb_after["items"]},
@@ -215,6 +249,21 @@ def run_smol_demo(
         "heldout_before": strip(before),
         "heldout_after": strip(after),
         "heldout_gain": gain,
+        # issue 40's headline figures: new prompts of the trained instruction types, instruction types
+        # never trained on, IFBench; and the share of held-out answers the hack probes flag
+        "heldout_trained": _paired(before["prompt_strict"], after["prompt_strict"], gain),
+        "heldout_new_types": None
+        if ood_gain is None
+        else _paired(ood_before["prompt_strict"], ood_after["prompt_strict"], ood_gain),
+        "ifbench": None
+        if ifb_gain is None
+        else _paired(ifb_before["prompt_strict"], ifb_after["prompt_strict"], ifb_gain["strict"]),
+        "hacked_frac": {"before": before["hacked_frac"], "after": after["hacked_frac"]},
+        "hacked_frac_new_types": None
+        if ood_before is None
+        else {"before": ood_before["hacked_frac"], "after": ood_after["hacked_frac"]},
+        "heldout_new_types_before": strip(ood_before),
+        "heldout_new_types_after": strip(ood_after),
         "ifbench_before": strip(ifb_before),
         "ifbench_after": strip(ifb_after),
         "ifbench_prompt_gain": ifb_gain,
@@ -232,7 +281,13 @@ def run_smol_demo(
         ["  (standard error)", before["prompt_strict_se"], after["prompt_strict_se"]],
         ["held-out prompt loose", before["prompt_loose"], after["prompt_loose"]],
         ["completion length", before["length_mean"], after["length_mean"]],
+        ["held-out hacked_frac (probes)", before["hacked_frac"], after["hacked_frac"]],
     ]
+    if ood_before is not None and ood_after is not None:
+        rows += [
+            ["untrained types prompt strict", ood_before["prompt_strict"], ood_after["prompt_strict"]],
+            ["untrained types hacked_frac", ood_before["hacked_frac"], ood_after["hacked_frac"]],
+        ]
     if ifb_before is not None and ifb_after is not None:
         for key in ("prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose"):
             rows.append([f"IFBench {key.replace('_', ' ')}", ifb_before[key], ifb_after[key]])
@@ -247,6 +302,11 @@ def run_smol_demo(
         f"({gain['gain_over_se']:.1f} SE); wall {wall:.0f} s (RL {rl_summary['wall_s']:.0f} s), "
         f"peak RSS {summary['peak_rss_gib']:.1f} GiB; summary: {out / 'summary.json'}; curves: {plot}"
     )
+    if ood_gain is not None:
+        print(
+            f"untrained instruction types: {100 * ood_gain['gain']:+.1f} points, paired SE "
+            f"{100 * ood_gain['se']:.1f}; hacked_frac held-out {before['hacked_frac']:.2f} -> {after['hacked_frac']:.2f}"
+        )
     if ifb_gain is not None:
         print(
             "IFBench prompt-level change (paired over the same prompts): "

@@ -44,6 +44,7 @@ def test_smol_demo_runs_end_to_end_on_tiny(tmp_path):
             "model.name=tiny",
             "task.params.n_train=16",
             "task.params.n_heldout=6",
+            "task.params.n_ood=6",
             "eval.n=6",
             "rollout.max_new_tokens=8",
             "rollout.prompts_per_step=2",
@@ -55,8 +56,15 @@ def test_smol_demo_runs_end_to_end_on_tiny(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["rl_steps"] == 1 and s["heldout_before"]["n"] == 6 and s["ifbench_before"] is None
     assert set(s["heldout_gain"]) == {"gain", "se", "gain_over_se"} and s["ifbench_prompt_gain"] is None
+    # issue 40's figures: trained types, untrained types (the ood split), hacked_frac before and after
+    for key in ("heldout_trained", "heldout_new_types"):
+        assert set(s[key]) == {"before", "after", "diff", "se"}
+    assert s["heldout_trained"]["diff"] == s["heldout_gain"]["gain"]
+    assert set(s["hacked_frac"]) == {"before", "after"} and 0 <= s["hacked_frac"]["after"] <= 1
+    assert s["reward"] == "instructions_guarded" and s["heldout_new_types_before"]["n"] == 6
     items = json.loads((out / "items.json").read_text())
     assert len(items["heldout"]["before"]) == len(items["heldout"]["after"]) == 6
+    assert len(items["ood"]["after"]) == 6 and "hacked" in items["ood"]["after"][0]
     assert (out / "rl" / "model" / "config.json").is_file() and (out / "curves.png").is_file()
 
 
