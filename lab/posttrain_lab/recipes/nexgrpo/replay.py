@@ -12,10 +12,13 @@ Three buffers share one store (:class:`ExperienceReplay`):
 * ``nexgrpo`` (proposed design): stores the **failures** of partially solved groups (0 < Acc(q) < 1)
   with their per-token sampling log-probs, confidence ``c(o) = exp(mean_t log π(o_t))`` and an
   embedding; also the group's correct solutions (embeddings only matter). At draw time a
-  **mid-confidence gate** keeps failures with ``c`` inside ``[Q(low), Q(high)]`` of the pool
-  (``gate: quantile``) or inside ``[low, high]`` (``gate: absolute``); **boundary failure sampling**
-  scores each kept failure by ``s(o) = max_{o+ ∈ C(q)} cos(e(o), e(o+))`` and picks ``per_group`` of
-  them with ``p ∝ softmax(s / T)`` (``select: softmax``) or the top ones (``select: topk``).
+  **mid-confidence gate** (``gate: quantile``) keeps the middle ``low..high`` share of a question's
+  failures by confidence rank, or, for a question with fewer than ``gate_min_pool`` failures, those
+  inside ``[Q(low), Q(high)]`` of the whole pool (none while the pool is smaller; posttrain's design),
+  or those inside ``[low, high]`` (``gate: absolute``); **boundary failure sampling** scores each kept
+  failure by ``s(o) = max_{o+ ∈ C(q)} cos(e(o), e(o+))``, standardised within the question
+  (``similarity: zscore``: with T = 0.1 close to top-1 by rank, :func:`standardise`), and picks
+  ``per_group`` of them with ``p ∝ softmax(z / T)`` (``select: softmax``) or the top ones (``topk``).
 * ``random-failure``: the same failures, no gate, picked uniformly (the abstract's negative baseline).
 * ``success``: ExGRPO-style replay of correct trajectories; picks the stored one with the highest
   sampling confidence (ExGRPO picks the lowest current-policy entropy; confidence at insertion is a
@@ -107,6 +110,25 @@ def mid_confidence_gate(
     return [lo <= c <= hi for c in conf]
 
 
+def middle_by_rank(conf: list[float], *, low: float = 0.2, high: float = 0.8) -> list[bool]:
+    """Nearest-rank mid-confidence gate of one question's failures (posttrain's design, not in the
+    NexGRPO abstract or ExGRPO): sorted by confidence (ties by position), the lowest
+    ``d = ⌊low·n + ½⌋`` are dropped and the next ``m = max(1, ⌊(high − low)·n + ½⌋)`` kept (``d`` capped
+    at ``n − m``; the rest, the most confident, dropped). ``m`` never falls as ``n`` grows (0.2 / 0.8 keep
+    1, 1, 2, 2, 3, 4, 4, 5 of 1..8), where inclusive linear-interpolation quantile bounds keep 1, 0, 1,
+    2, 3, 4, 3, 4. ``low = 0, high = 1`` keeps everything."""
+    n = len(conf)
+    if n == 0:
+        return []
+    if not 0 <= low <= high <= 1:
+        raise InvalidValueError(f"gate: need 0 <= low <= high <= 1, got low={low}, high={high}")
+    keep_n = max(1, math.floor((high - low) * n + 0.5))
+    drop_lo = min(math.floor(low * n + 0.5), n - keep_n)
+    order = sorted(range(n), key=lambda i: (conf[i], i))
+    kept = set(order[drop_lo : drop_lo + keep_n])
+    return [i in kept for i in range(n)]
+
+
 def boundary_similarity(fail_emb: torch.Tensor, ok_emb: torch.Tensor) -> torch.Tensor:
     """``s(o) = max_{o+} cos(e(o), e(o+))`` for each failure row (n, d) against correct rows (m, d)."""
     if ok_emb.numel() == 0:
@@ -165,16 +187,21 @@ def replay_is_weights(
 
 
 def standardise(scores: list[float], min_std: float = 1e-12) -> list[float]:
-    """``(s − mean) / std`` over one question's candidates (population std), so the softmax temperature
-    acts on the spread WITHIN a question, not on raw cosines that all sit near 1. Candidates whose
-    spread is below ``min_std`` give zeros (a uniform draw): z-scores erase the size of the gap (two
-    candidates are always ±1, so at T = 0.1 the higher one has odds e^20 whatever the gap), which is
-    only information when the gap itself is more than noise (``zscore_min_std``, posttrain's design)."""
+    """``(s − mean) / max(std, min_std)`` over one question's candidates (population std), so the
+    softmax temperature acts on the spread WITHIN a question, not on raw cosines that all sit near 1.
+
+    What a z-score is: it erases the size of the gap (two candidates are always ±1, so at T = 0.1 the
+    higher one is picked with odds e^20 whatever the gap): with a small T, ``zscore`` boundary sampling
+    is close to **top-1 by rank**. The floor ``min_std`` (``zscore_min_std``, posttrain's design, not in
+    the NexGRPO abstract) keeps the gap's size where the spread is below it: the scores are then divided
+    by ``min_std``, a fixed scale, so a gap of 1e-6 gives z ≈ ±5e-4 (a near-uniform draw), and the draw
+    sharpens continuously as the spread grows to ``min_std`` (no cliff)."""
     if len(scores) < 2:
         return [0.0] * len(scores)
     m = sum(scores) / len(scores)
     sd = math.sqrt(sum((x - m) ** 2 for x in scores) / len(scores))
-    return [0.0] * len(scores) if sd < max(min_std, 1e-12) else [(x - m) / sd for x in scores]
+    scale = max(sd, min_std)
+    return [0.0] * len(scores) if scale < 1e-12 else [(x - m) / scale for x in scores]
 
 
 def token_edit_distance(a: list[int], b: list[int]) -> float:
@@ -424,34 +451,42 @@ class ExperienceReplay(ReplayBuffer):
 
     # -- replay ---------------------------------------------------------------------------------
     def gate_bounds(self, q: str | None = None) -> tuple[float, float]:
-        """``[lo, hi]`` of the mid-confidence gate: quantiles over question ``q``'s failures
-        (``gate_scope: question``, default) or over the whole failure pool (``pool``; then it keeps a
-        fixed share of the pool whatever the questions)."""
+        """``[lo, hi]`` of the mid-confidence gate by value: the ``gate_low`` / ``gate_high`` quantiles
+        (linear interpolation) of the whole failure pool (``gate_scope: pool``, and the fallback of a
+        question with fewer than ``gate_min_pool`` failures under ``gate_scope: question``; ``q`` is
+        unused: a question with enough failures of its own is gated by rank, :meth:`candidates`).
+        Fewer than ``gate_min_pool`` failures in the whole pool: an empty band (nothing yet)."""
         if self.p["gate"] == "none":
             return -math.inf, math.inf
         if self.p["gate"] == "absolute":
             return self.p["gate_low"], self.p["gate_high"]
-        need = self.p["gate_min_pool"]
-        s: list[float] = []
-        if self.p["gate_scope"] == "question" and q is not None:
-            s = sorted(e["conf"] for e in self.records.get(q, {}).get("fail", []))
-        if len(s) < need:  # the question's pool is too small to have quantiles: the whole pool's
-            s = sorted(e["conf"] for r in self.records.values() for e in r["fail"])
-        if len(s) < need:  # too few failures anywhere to tell mid-confidence from noise: none yet
+        s = sorted(e["conf"] for r in self.records.values() for e in r["fail"])
+        if len(s) < self.p["gate_min_pool"]:  # too few failures anywhere to tell mid-confidence from noise
             return math.inf, -math.inf
         return _quantile(s, self.p["gate_low"]), _quantile(s, self.p["gate_high"])
 
     def candidates(self, q: str, bounds: tuple[float, float] | None = None) -> list[dict[str, Any]]:
-        """The entries of question ``q`` that may be replayed (failures: those inside the gate)."""
+        """The entries of question ``q`` that may be replayed (failures: those the gate keeps).
+
+        ``gate: quantile, gate_scope: question`` (default; posttrain's design): a question with at least
+        ``gate_min_pool`` failures keeps its own middle by rank (:func:`middle_by_rank`: the kept count
+        never falls as the question's failures grow); one with fewer is gated by the whole pool's
+        quantile bounds (:meth:`gate_bounds`), none while the whole pool is smaller. ``bounds``: the
+        pool's bounds when the caller already has them."""
         rec = self.records.get(q)
         if rec is None:
             return []
         if self.store_kind == "successes":
             return list(rec["ok"])
-        if bounds is None or self.p["gate_scope"] == "question":
-            bounds = self.gate_bounds(q)
-        lo, hi = bounds
-        return [e for e in rec["fail"] if lo <= e["conf"] <= hi]
+        fails = rec["fail"]
+        own = self.p["gate"] == "quantile" and self.p["gate_scope"] == "question"
+        if own and len(fails) >= self.p["gate_min_pool"]:
+            keep = middle_by_rank(
+                [e["conf"] for e in fails], low=self.p["gate_low"], high=self.p["gate_high"]
+            )
+            return [e for e, k in zip(fails, keep, strict=True) if k]
+        lo, hi = self.gate_bounds() if bounds is None else bounds
+        return [e for e in fails if lo <= e["conf"] <= hi]
 
     def pick(self, q: str, k: int, rng: random.Random) -> list[dict[str, Any]]:
         """``k`` entries of ``q`` by the buffer's selection rule (boundary sampling for ``nexgrpo``)."""
@@ -598,16 +633,19 @@ _BASE_DEFAULTS: dict[str, Any] = {
     "gate_high": 0.8,
     "gate_scope": "question",  # quantiles per question (question) or over the whole pool (pool)
     # posttrain's design (not in NexGRPO or ExGRPO): quantiles of fewer than this many failures do not
-    # gate (1 failure is its own 0.2 and 0.8 quantile; 2 leave none inside); a smaller question pool
-    # falls back to the whole failure pool's quantiles, and a smaller whole pool keeps nothing yet
+    # gate (1 failure is its own 0.2 and 0.8 quantile; 2 leave none inside); a question with fewer
+    # failures falls back to the whole failure pool's quantile bounds, a smaller whole pool keeps
+    # nothing yet; a question with this many or more keeps its middle by rank (count never falls)
     "gate_min_pool": 5,
     "confidence": "geo",  # geo: exp(mean log π); mean: mean π
     "embedding": "policy-mean",  # boundary sampling embedding (None: none); plug-in module:fn
     "select": "softmax",  # softmax | topk | uniform | confident
     "temperature": 0.1,  # T of the softmax over similarities
-    "similarity": "zscore",  # zscore: standardised within the question; raw: max cosine as is
-    # posttrain's design: candidates whose similarities spread less than this (population std) carry no
-    # boundary information; their z-scores are 0 (a uniform draw) instead of ±1 (a near top-1 at T 0.1)
+    # zscore: standardised within the question (with T 0.1 close to top-1 BY RANK: z erases the gap's
+    # size); raw: max cosine as is
+    "similarity": "zscore",
+    # posttrain's design (not in the NexGRPO abstract): z = (s - mean) / max(std, this), so a spread
+    # below this (cosine units) is not blown up to ±1: a 1e-6 gap draws near-uniformly, not by rank
     "zscore_min_std": 1e-3,
     "near_miss_distance": 0.2,  # a failure within this token edit distance of a correct one is a near miss
     "sigma": 1.0,  # question sampling p ∝ N(Acc; 0.5, σ) (ExGRPO)

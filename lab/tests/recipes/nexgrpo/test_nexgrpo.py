@@ -3,6 +3,7 @@ weights, store, caps, checkpoint state; end to end on the tiny preset."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -19,9 +20,11 @@ from posttrain_lab.recipes.nexgrpo.replay import (
     boundary_similarity,
     entry_bytes,
     mid_confidence_gate,
+    middle_by_rank,
     replay_is_weights,
     select_indices,
     sequence_confidence,
+    standardise,
 )
 
 
@@ -235,8 +238,9 @@ def test_mid_confidence_gate_is_per_question_by_default():
     per_q = REPLAY_BUFFERS.get("nexgrpo")(gate_min_pool=3)
     pooled = REPLAY_BUFFERS.get("nexgrpo")(gate_scope="pool", gate_min_pool=3)
     per_q.records, pooled.records = recs, recs
-    assert [e["conf"] for e in per_q.candidates("q0")] == [0.2]
-    assert [e["conf"] for e in per_q.candidates("q1")] == [0.8]
+    # per question, by rank: round(0.2·3) = 1 lowest dropped, round(0.6·3) = 2 kept
+    assert [e["conf"] for e in per_q.candidates("q0")] == [0.2, 0.3]
+    assert [e["conf"] for e in per_q.candidates("q1")] == [0.8, 0.9]
     assert [e["conf"] for e in pooled.candidates("q0")] == [0.2, 0.3]
     assert [e["conf"] for e in pooled.candidates("q1")] == [0.7, 0.8]
     with pytest.raises(ValueError, match="gate_scope"):
@@ -312,7 +316,8 @@ def _gated(n_question: int, other: list[float], conf_of=lambda i, n: 0.3 + 0.4 *
 def test_the_gate_has_a_minimum_pool_small_questions_use_the_pooled_bounds():
     """Issue 41 item 3: per-question quantiles of 1..8 failures kept 1, 0, 1, 2, 3, 4, 3, 4: a lone
     failure passed whatever its confidence and two never did. Below gate_min_pool (5) a question's
-    failures are gated by the whole pool's quantiles; below it in the whole pool, nothing passes yet."""
+    failures are gated by the whole pool's quantiles; below it in the whole pool, nothing passes yet.
+    From gate_min_pool on, a question keeps its middle by rank, a count that never falls."""
     pool = [0.3, 0.4, 0.5, 0.6, 0.7]  # another question's failures: pooled Q(0.2), Q(0.8) near 0.4, 0.6
     lone_noise = _gated(1, pool, conf_of=lambda i, n: 0.05)
     assert lone_noise == []  # a lone failure at confidence 0.05 is noise: not replayed
@@ -322,18 +327,50 @@ def test_the_gate_has_a_minimum_pool_small_questions_use_the_pooled_bounds():
     assert len(two_mid) == 2  # two mid-confidence failures were never eligible before
     # nothing else stored: 1-4 failures cannot be gated at all, so none is replayed yet
     assert [len(_gated(n, [])) for n in range(1, 5)] == [0, 0, 0, 0]
-    # from the minimum pool on, the question's own quantiles (numpy's linear interpolation)
-    assert [len(_gated(n, [])) for n in range(5, 9)] == [3, 4, 3, 4]
-    # gate_min_pool 1 is the old per-question rule, kept reachable
-    assert [len(_gated(n, [], gate_min_pool=1)) for n in range(1, 5)] == [1, 0, 1, 2]
+    # from the minimum pool on, the question's own middle by rank: round(0.6 n) kept, never fewer for
+    # more failures (the linear-interpolation quantile bounds kept 3, 4, 3, 4 of 5..8)
+    counts = [len(_gated(n, [])) for n in range(5, 13)]
+    assert counts == [3, 4, 4, 5, 5, 6, 7, 7]
+    # gate_min_pool 1: the rank rule at every size (1, 2, 3 failures keep 1, 1, 2; bounds kept 1, 0, 1)
+    assert [len(_gated(n, [], gate_min_pool=1)) for n in range(1, 9)] == [1, 1, 2, 2, 3, 4, 4, 5]
     with pytest.raises(ValueError, match="gate_min_pool"):
         REPLAY_BUFFERS.get("nexgrpo")(gate_min_pool=0)
 
 
+def test_small_question_pools_n_1_2_3_beside_a_pool():
+    """n = 1, 2, 3 failures of one question beside another question's ten (0.30..0.75): each is judged
+    by value against the pooled band, so noise (c ≈ 0.05) and confidently wrong (c ≈ 0.95) failures stay
+    out and mid-confidence ones are replayable, whatever their number (bare per-question quantiles
+    kept 1, 0, 1 of them whatever their confidence)."""
+    pool = [0.3 + 0.05 * i for i in range(10)]
+    for n in (1, 2, 3):
+        mid = _gated(n, pool, conf_of=lambda i, n: 0.48 + 0.02 * i)
+        assert len(mid) == n, n
+        noise = _gated(n, pool, conf_of=lambda i, n: 0.05 + 0.01 * i)
+        assert noise == [], n
+        sure = _gated(n, pool, conf_of=lambda i, n: 0.95 - 0.01 * i)
+        assert sure == [], n
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=40), st.floats(0, 0.5), st.floats(0.5, 1))
+def test_rank_gate_count_never_falls_as_failures_grow(conf, low, high):
+    """Adding failures to a question never lowers how many its rank gate keeps, and the kept ones
+    are a contiguous run of the confidence ranks."""
+    counts = [sum(middle_by_rank(conf[:n], low=low, high=high)) for n in range(1, len(conf) + 1)]
+    assert all(a <= b for a, b in itertools.pairwise(counts)), counts
+    keep = middle_by_rank(conf, low=low, high=high)
+    ranks = sorted(range(len(conf)), key=lambda i: (conf[i], i))
+    kept_at = [r for r, i in enumerate(ranks) if keep[i]]
+    assert kept_at == list(range(kept_at[0], kept_at[0] + len(kept_at)))
+    assert middle_by_rank(conf, low=0.0, high=1.0) == [True] * len(conf)
+
+
 def test_a_negligible_similarity_gap_does_not_decide_the_draw():
     """Issue 41 item 4: z-scores turn any two candidates into ±1, so at T = 0.1 a cosine gap of 1e-6
-    chose the higher one with odds e^20. Below zscore_min_std the draw is uniform; a real gap still
-    decides it (the standardised test above)."""
+    chose the higher one with odds e^20. The spread is divided by max(std, zscore_min_std): a 1e-6 gap
+    draws near-uniformly, a gap of the floor's size decides it, and between the draw sharpens smoothly
+    (no cliff); a real gap still decides it (the standardised test above)."""
     ok = [1.0, 0.0]
     a = [1.0, 0.0]
     b = [math.cos(1e-3), math.sin(1e-3)]  # cosine 1 - 5e-7 against the correct solution
@@ -352,3 +389,7 @@ def test_a_negligible_similarity_gap_does_not_decide_the_draw():
         share[min_std] = sum(buf.pick("q0", 1, rng)[0]["seq"] == 1 for _ in range(400)) / 400
     assert 0.4 < share[1e-3] < 0.6
     assert share[0.0] > 0.99  # without the floor: top-1 by rank, whatever the gap
+    # the odds of the higher of two candidates grow with the gap below the floor: z = ±gap / (2·1e-3)
+    for gap, odds in ((1e-6, math.exp(1e-2)), (2e-4, math.exp(2.0)), (2e-3, math.exp(20.0))):
+        z = standardise([0.9, 0.9 + gap], 1e-3)
+        assert math.exp((z[1] - z[0]) / 0.1) == pytest.approx(odds, rel=1e-6), gap
