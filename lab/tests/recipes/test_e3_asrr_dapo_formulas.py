@@ -146,6 +146,16 @@ def test_asrr_reference_rows(correct, tau, expected_r):
     assert r == pytest.approx(expected_r, abs=1e-5)
 
 
+def test_asrr_shortest_correct_not_shortest_overall():
+    """The shortest rollout (100) is wrong: O_i = clip((L_i − 200) / 200, 0, 1) from the shortest
+    CORRECT one; Acc = 0.75, α = 1 · (0.75 − 0.5 + ε) / (1 − 0.5 + ε) ≈ 0.5. Measuring from the shortest
+    of all rollouts would give [0, 0.25, 0.5, 0.5]."""
+    eps = 1e-6
+    alpha = (0.75 - 0.5 + eps) / (1 - 0.5 + eps)
+    pen = asrr_length_penalty([False, True, True, True], [100, 200, 300, 400], beta=1.0, window=200, tau=0.5)
+    assert pen == pytest.approx([0.0, 0.0, 0.5 * alpha, 1.0 * alpha], abs=1e-12)
+
+
 def test_asrr_no_correct_rollout_means_no_length_term():
     assert asrr_length_penalty([False] * 4, LENGTHS, tau=0.0) == [0.0] * 4
 

@@ -147,8 +147,8 @@ class E3Sampler(UniformSampler):
     """E3 per-prompt rollout budget (arXiv:2505.18573, Alg. 1).
 
     Prompts come in the uniform sampler's shuffled epochs. Per question the sampler accumulates the
-    reward sum and count; at the end of each epoch it ranks the seen questions by mean reward
-    (descending: rank = index / |D| in [0, 1), larger = harder; unseen questions weight 0) and widens
+    reward sum and count; at the end of each epoch it ranks the questions by mean reward (not the sum;
+    descending: rank = index / |D| in [0, 1), larger = harder; unvisited ones per ``unseen``) and widens
     the budget bounds: ``[G − widen·e, G + widen·e]`` clipped to ``[g_min, g_max]`` after e epochs
     (G = ``rollout.group_size``; authors' scripts: G 8, g_min 4, g_max 12, widen 2 → 8/8, 6/10, 4/12).
     Each batch keeps the total ``prompts · G`` and splits it with :func:`allocate_rollouts`
@@ -157,7 +157,8 @@ class E3Sampler(UniformSampler):
     ``unseen``: how a question not yet visited counts once ranks exist. ``tail`` (default, the authors'
     ``update_rank``, which sorts every question of the dataset by average reward with 0 for an unvisited
     one): unvisited questions are ranked with mean reward 0, so they tie with the seen mean-0 questions
-    at the hard end of the ranking (ties broken by question id, as for seen ones); ``hardest`` gives
+    at the hard end of the ranking (ties in the dataset's order, as the authors' stable sort keeps
+    them; a question no longer in the dataset after them, by id); ``hardest`` gives
     every unvisited question the single top rank ``(|D| − 1)/|D|`` (posttrain's earlier rule); ``zero``
     gives it weight 0 (g_min). Before the first epoch ends no question has a rank and the split is
     uniform whichever rule.
@@ -221,7 +222,9 @@ class E3Sampler(UniformSampler):
             if self.unseen == "tail":  # the authors' sort covers the whole dataset, unvisited at mean 0
                 for ex in self.examples:
                     means.setdefault(_qid(ex), 0.0)
-            order = sorted(means, key=lambda qid: (-means[qid], qid))
+            # ties keep the dataset's order, as the authors' stable sort over the dataset's indices does
+            pos = {_qid(ex): i for i, ex in enumerate(self.examples)}
+            order = sorted(means, key=lambda qid: (-means[qid], pos.get(qid, len(pos)), qid))
             self.ranks = {qid: i / len(self.examples) for i, qid in enumerate(order)}
             self.epochs_done += 1
 

@@ -56,3 +56,12 @@ def test_before_the_first_epoch_ends_nothing_is_ranked():
     s = E3Sampler(_examples("a", "b", "c", "d"), seed=0)
     s.plan(0, 2, 8)
     assert s.ranks == {} and s.rank_of("a") == UNSEEN
+
+
+def test_ties_keep_the_dataset_order_as_the_authors_stable_sort():
+    """The authors' update_rank sorts the dataset's (index, stats) items with a stable sort, so equal
+    means keep the dataset's order; here the dataset order (z, m, a) is not the id order (a, m, z):
+    z and a tie at mean 0 with m unvisited (mean 0 under unseen: tail)."""
+    s = E3Sampler(_examples("z", "m", "a", "e"), seed=0)
+    _one_epoch(s, {"z": [0.0] * 4, "a": [0.0] * 4, "e": [1.0] * 4})
+    assert s.ranks == {"e": 0.0, "z": 0.25, "m": 0.5, "a": 0.75}
