@@ -6,7 +6,9 @@ Run folder ``<out_dir>/<method>/seed<k>/``: ``stage_00.json`` (evaluation before
 ``stage_XX.json`` + ``stage_XX/model`` after training task XX (accuracy and V-check row over all tasks,
 replay allocation, memory with its learning-time IG and perplexity, last training metrics, wall
 time), then ``summary.json`` (accuracy matrix, :func:`~posttrain_lab.studies.cit.metrics.cl_metrics`, P- and
-V-scores). A rerun skips finished stages and continues from the last saved model.
+V-scores). A rerun skips finished stages and continues from the last saved model. With
+``eval.p_score_endpoint`` the P-score's held-out rewrites are asked once per study and kept in
+``<out_dir>/p_score_rewrites.json``; a method's ``diversify`` endpoint rewrites only training rows.
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ class DiversifyConfig(StrictModel):
         default_factory=lambda: ["concretizing", "reasoning", "constraint", "breadth"]
     )
     base_url: str | None = None
-    """OpenAI-compatible endpoint for the rewrites (None: offline rules)."""
+    """OpenAI-compatible endpoint for the TRAINING rewrites (None: offline rules). It never writes the
+    P-score's held-out rewrites (``eval.p_score_endpoint`` does, for every method alike)."""
     model: str | None = None
     api_key_env: str | None = None
 
@@ -124,11 +127,25 @@ METHOD_PRESETS: dict[str, dict[str, Any]] = {
 (proposed design): IG-driven replay, the hinge objective and instruction diversification."""
 
 
+class RewriteEndpointConfig(StrictModel):
+    base_url: str
+    model: str
+    api_key_env: str | None = None
+    seed: int = 0
+    """Seed of the held-out rewrite requests (mixed with the split and the template)."""
+
+
 class CITEvalConfig(StrictModel):
     max_new_tokens: int = Field(8, ge=1)
     batch_size: int = Field(128, ge=1)
     p_score: bool = True
     """Evaluate held-out tasks under the four rewrites after the last stage (P-score)."""
+    p_score_endpoint: RewriteEndpointConfig | None = None
+    """Where the P-score's held-out rewrites come from (posttrain's design): None (default) the offline
+    held-out rules; else this OpenAI-compatible endpoint, asked with the held-out prompt (not the
+    training rewrites' prompt) and its own seeds, once per study (``<out_dir>/p_score_rewrites.json``)
+    so every method and seed is scored on the same rows. A method's ``diversify`` endpoint rewrites
+    only its training rows."""
 
 
 class CITConfig(StrictModel):
@@ -274,7 +291,7 @@ class StreamRun:
         if d.base_url and d.model:
             from posttrain_lab.studies.cit.diversify import EndpointRewriter
 
-            self.rewriter = EndpointRewriter(d.base_url, d.model, api_key_env=d.api_key_env)
+            self.rewriter = EndpointRewriter(d.base_url, d.model, api_key_env=d.api_key_env, seed=seed)
 
     # ---- helpers
     def _encode(self, exs: list[InstructionExample]) -> list[Any]:
@@ -366,7 +383,13 @@ class StreamRun:
         out = list(rows)
         for t in set(tmpl):
             sel = [i for i, tt in zip(pick, tmpl, strict=True) if tt == t]
-            new = diversify([rows[i] for i in sel], [t], concrete=CONCRETE, rewriter=self.rewriter)[t]
+            new = diversify(
+                [rows[i] for i in sel],
+                [t],
+                concrete=CONCRETE,
+                rewriter=self.rewriter,
+                seed=f"{self.seed}-{k}",
+            )[t]
             for i, ex in zip(sel, new, strict=True):
                 out[i] = ex
         return out
@@ -485,9 +508,11 @@ class StreamRun:
         if held and self.cfg.eval.p_score:
             p_path = self.dir / "p_score.json"
             rec = json.loads(p_path.read_text()) if p_path.exists() else {}
-            if rec.get("rules") != "heldout":  # missing, or written before held-out rules existed
+            # recomputed when missing, written before held-out rules existed, or from another source
+            if rec.get("rules") != "heldout" or rec.get("source", self._legacy_p_source()) != self.p_source():
                 rec = {
                     "rules": "heldout",
+                    "source": self.p_source(),
                     "by_rewrite": self._p_accuracy("heldout"),
                     "by_rewrite_train_rules": self._p_accuracy("train"),
                 }
@@ -497,23 +522,73 @@ class StreamRun:
             out["p_score_train_rules"] = p_score(rec["by_rewrite_train_rules"])
         return out
 
+    def p_source(self) -> dict[str, Any]:
+        """Where the P-score's held-out rewrites come from (recorded in ``p_score.json``)."""
+        e = self.cfg.eval.p_score_endpoint
+        if e is None:
+            return {"kind": "rules"}
+        return {"kind": "endpoint", "base_url": e.base_url, "model": e.model, "seed": e.seed}
+
+    def _legacy_p_source(self) -> dict[str, Any]:
+        """What a ``p_score.json`` without ``source`` was scored with: the method's own rewriter."""
+        d = self.method.diversify
+        if d.base_url and d.model:
+            return {"kind": "method-endpoint", "base_url": d.base_url, "model": d.model}
+        return {"kind": "rules"}
+
     def p_score_sets(self, rules: str = "heldout") -> dict[str, dict[str, list[InstructionExample]]]:
-        """``{template: {held-out task: rewritten test rows}}`` scored by the P-score. ``heldout`` (the
-        P-score): :data:`~posttrain_lab.studies.cit.diversify.HELDOUT_RULES` with
-        :data:`~posttrain_lab.studies.cit.world.HELDOUT_CONCRETE`, wordings no method trained on; ``train``: the
-        training rules and table (kept as a diagnostic of how much the ``kpig`` arm gains from having
-        trained on the phrasings)."""
+        """``{template: {held-out task: rewritten test rows}}`` scored by the P-score, the same for every
+        method. ``heldout`` (the P-score): :data:`~posttrain_lab.studies.cit.diversify.HELDOUT_RULES`
+        with :data:`~posttrain_lab.studies.cit.world.HELDOUT_CONCRETE`, wordings no method trained on,
+        or ``eval.p_score_endpoint`` (:meth:`_endpoint_heldout_sets`); never the method's training
+        rewriter. ``train``: the offline training rules and table (a diagnostic of how much the ``kpig``
+        arm gains from having trained on the rules' phrasings)."""
         from posttrain_lab.studies.cit.diversify import RULE_SETS, TEMPLATES, diversify
         from posttrain_lab.studies.cit.world import CONCRETE, HELDOUT_CONCRETE
 
+        if rules == "heldout" and self.cfg.eval.p_score_endpoint is not None:
+            return self._endpoint_heldout_sets()
         concrete = HELDOUT_CONCRETE if rules == "heldout" else CONCRETE
         by: dict[str, dict[str, list[InstructionExample]]] = {}
         for t in self.cfg.stream.heldout:
-            rew = diversify(
-                self.test[t], TEMPLATES, concrete=concrete, rewriter=self.rewriter, rules=RULE_SETS[rules]
-            )
+            rew = diversify(self.test[t], TEMPLATES, concrete=concrete, rules=RULE_SETS[rules])
             for tmpl, exs in rew.items():
                 by.setdefault(tmpl, {})[t] = exs
+        return by
+
+    def _endpoint_heldout_sets(self) -> dict[str, dict[str, list[InstructionExample]]]:
+        """The held-out rewrites of ``eval.p_score_endpoint`` (held-out prompt, its own seeds; falls back
+        to the held-out rules per row), asked once per study and kept in ``<out_dir>/p_score_rewrites.json``
+        (reused while the endpoint, seed and held-out test rows are the same)."""
+        from posttrain_lab.studies.cit.data import parse_markup
+        from posttrain_lab.studies.cit.diversify import HELDOUT_RULES, TEMPLATES, EndpointRewriter, diversify
+        from posttrain_lab.studies.cit.world import HELDOUT_CONCRETE
+
+        e = self.cfg.eval.p_score_endpoint
+        assert e is not None
+        held = list(self.cfg.stream.heldout)
+        key = {"source": self.p_source(), "rows": {t: [x.marked() for x in self.test[t]] for t in held}}
+        path = Path(self.cfg.out_dir) / "p_score_rewrites.json"
+        cached = json.loads(path.read_text()) if path.exists() else {}
+        if {k: cached.get(k) for k in key} != key:
+            rewriter = EndpointRewriter(e.base_url, e.model, api_key_env=e.api_key_env, seed=e.seed)
+            marked: dict[str, dict[str, list[str]]] = {}
+            for t in held:
+                rew = diversify(
+                    self.test[t], TEMPLATES, concrete=HELDOUT_CONCRETE, rewriter=rewriter, rules=HELDOUT_RULES
+                )
+                for tmpl, exs in rew.items():
+                    marked.setdefault(tmpl, {})[t] = [x.marked() for x in exs]
+            cached = {**key, "rewrites": marked, "fallbacks": rewriter.fallbacks, "crossed": rewriter.crossed}
+            _write(path, cached)
+        by: dict[str, dict[str, list[InstructionExample]]] = {}
+        for tmpl, tasks in cached["rewrites"].items():
+            for t, rows in tasks.items():
+                out = []
+                for x, m in zip(self.test[t], rows, strict=True):
+                    text, spans = parse_markup(m, f"{path}: {tmpl} rewrite of {t}")
+                    out.append(InstructionExample(text, x.input, x.output, x.task, spans, x.source, x.meta))
+                by.setdefault(tmpl, {})[t] = out
         return by
 
     def _p_accuracy(self, rules: str) -> dict[str, dict[str, float]]:
