@@ -271,3 +271,19 @@ def test_reward_defined_in_an_unguarded_main_script(tmp_path) -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[1.0, 3.0] 0"
+
+
+def test_unclosed_pool_is_silent_at_interpreter_exit() -> None:
+    """A pool nobody closed is collected at shutdown, when module globals may already be None: its
+    ``__del__`` printed ``AttributeError: 'NoneType' object has no attribute 'suppress'``."""
+    import subprocess
+    import sys
+
+    code = (
+        "from posttrain.rewards import get_reward\n"
+        "from posttrain.rollout.reward_source import FunctionRewardSource\n"
+        "src = FunctionRewardSource(get_reward('exact_match'), num_workers=0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

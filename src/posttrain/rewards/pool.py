@@ -469,8 +469,12 @@ class RewardPool:
         self.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # plain try/except: at interpreter shutdown module globals (contextlib included) may already
+        # be None, and a pool nobody closed must not print a traceback then
+        try:  # noqa: SIM105
             self.close()
+        except Exception:
+            pass
 
     # -- in-process mode ----------------------------------------------------------------------
     def _score_inline(self, job: _Job) -> None:
