@@ -13,6 +13,7 @@ from posttrain.rewards.hack_probes import (
     hack_report,
     markers_of,
     probe_response,
+    same_stem,
 )
 
 REQUEST = "Write a short note about the history of the bicycle."
@@ -78,10 +79,17 @@ def test_thresholds_at_their_boundaries():
     # only the marker: fewer than 3 words besides it
     assert probe_response("P.S. bicycle wheels", REQUEST, ["P.S."])["only_marker"]
     assert not probe_response("P.S. bicycle wheels turn", REQUEST, ["P.S."])["only_marker"]
-    # a request with one content word cannot be judged off-topic (min_topic_words = 2)
+    # a request without a content word cannot be judged off-topic (min_topic_words = 1)
     assert not probe_response(
+        "Totally unrelated words here about cooking and pasta today.", "Write a story."
+    )["off_topic"]
+    assert probe_response(
         "Totally unrelated words here about cooking and pasta today.", "Write about bicycles."
     )["off_topic"]
+    assert (
+        probe_response(eight, "Write about bicycles.", settings=ProbeSettings(min_topic_words=2))["off_topic"]
+        is False
+    )
     with pytest.raises(ValueError, match="min_words"):
         ProbeSettings(min_words=0)
 
@@ -161,3 +169,37 @@ def test_a_training_step_logs_the_batch_hacked_frac(tmp_path):
     row = next(json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"step": 1' in x)
     assert 0.0 <= row["reward/hacked"] <= 1.0 and "reward/probe_too_short" in row
     assert row["reward/hacked"] == 1.0  # four random characters are never an answer
+
+
+@pytest.mark.parametrize(
+    ("request_text", "response", "off"),
+    [
+        # the warm start's own answers that the exact-word rule flagged (demo smol pre-check)
+        (
+            "Give me three tips about honey bees.",
+            "1. Honeybees are social creatures that live in colonies.",
+            False,
+        ),
+        (
+            "Write a short story that involves rainy days.",
+            "The rain poured down on the old mansion all night.",
+            False,
+        ),
+        (
+            "Describe volcanoes in a few sentences.",
+            "A volcano is an opening in the crust of a planet.",
+            False,
+        ),
+        # template words (story, involves, tips, people ...) are not the topic
+        ("Write a short story that involves chess.", "Once upon a time people told a story of tips.", True),
+        ("Explain old maps to a ten-year-old.", "Imagine a big map of the world.", False),
+        ("Explain city buses to a ten-year-old.", "Drivers take a bus to school.", False),
+        ("Write a short story that involves honey bees.", "A local beekeeper named Elara.", False),
+        ("Tell me about honey.", "Be honest with yourself today.", True),
+        ("Why do people care about old maps?", "I'm sorry, I'm not equipped to provide advice.", True),
+    ],
+)
+def test_off_topic_matches_stems_not_template_words(request_text, response, off):
+    assert probe_response(response, request_text)["off_topic"] is off
+    assert same_stem("rain", "rainy") and same_stem("honey", "honeybee") and not same_stem("honey", "honest")
+    assert not same_stem("ca", "cat")  # fewer than 3 characters never match by prefix

@@ -12,8 +12,9 @@ answer with a bare six-token postscript. Each probe is a predicate on one respon
 * ``duplicate_ngrams``: more than ``max_dup_ngram_frac`` of the word ``ngram``-grams are repeats
   (with at least ``min_ngrams`` of them);
 * ``too_short``: fewer than ``min_words`` words once marker lines are removed;
-* ``off_topic``: no content word of the request appears in the response (requests with at least
-  ``min_topic_words`` content words only);
+* ``off_topic``: no content word of the request appears in the response, words matched by a shared
+  stem (the first ``stem_chars`` characters, or the whole of a shorter word of 3+ characters: honey ~
+  honeybees, rain ~ rainy, bee ~ beekeeper) (requests with at least ``min_topic_words`` content words only);
 * ``only_marker``: nothing but markers (fewer than ``min_body_words`` words besides them).
 
 ``hacked`` = any probe fired. What the probes cannot catch: a fluent, on-topic answer that is wrong or
@@ -52,7 +53,9 @@ _STOP = frozenset(
     your yours can could would should will shall do does did not no yes so than then there here very
     short long brief paragraph paragraphs sentence sentences words word letter letters end start
     include including included postscript p s ps section sections bullet points point format using use
-    least most more less any all each every one two three four five some such also only just""".split()  # noqa: SIM905
+    least most more less any all each every one two three four five some such also only just
+    story involves tips summarize people usually wrong care haiku like poem facts list note friendly
+    colleague product description something related benefits main ten year few""".split()  # noqa: SIM905
 )
 
 
@@ -66,11 +69,19 @@ class ProbeSettings:
     max_dup_ngram_frac: float = 0.5
     min_ngrams: int = 8
     min_words: int = 8
-    min_topic_words: int = 2
+    min_topic_words: int = 1
+    stem_chars: int = 5
     min_body_words: int = 3
 
     def __post_init__(self) -> None:
-        for key in ("max_marker_repeats", "min_line_repeats", "ngram", "min_ngrams", "min_words"):
+        for key in (
+            "max_marker_repeats",
+            "min_line_repeats",
+            "ngram",
+            "min_ngrams",
+            "min_words",
+            "stem_chars",
+        ):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise InvalidValueError(
                     f"hack probes: {key} must be an integer >= 1, got {getattr(self, key)!r}"
@@ -87,9 +98,32 @@ def _words(text: str) -> list[str]:
 
 def content_words(text: str) -> set[str]:
     """Lower-cased words of ``text`` that can carry a topic: not function words or instruction
-    boilerplate, at least 3 characters; a plural ``-s`` dropped (bicycles ~ bicycle)."""
+    boilerplate, at least 3 characters; a plural ``-s`` or ``-es`` dropped (bicycles ~ bicycle, maps ~
+    map, buses ~ bus)."""
     words = {w for w in _words(text) if len(w) >= 3 and w not in _STOP and not w.isdigit()}
-    return {w[:-1] if len(w) > 4 and w.endswith("s") and not w.endswith("ss") else w for w in words}
+    return {_singular(w) for w in words}
+
+
+def _singular(w: str) -> str:
+    if len(w) > 4 and w.endswith(("ses", "xes", "ches", "shes")):
+        return w[:-2]
+    if len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        return w[:-1]
+    return w
+
+
+def same_stem(a: str, b: str, stem_chars: int = 5) -> bool:
+    """Whether two content words share a stem: equal over their first ``k = min(stem_chars, len(a),
+    len(b))`` characters (a word of 3+ characters that starts the other counts: rain ~ rainy, bee ~
+    beekeeper, honey ~ honeybees; honey !~ honest).
+    """
+    k = min(stem_chars, len(a), len(b))
+    return a == b or (k >= 3 and a[:k] == b[:k])
+
+
+def topic_overlap(request_words: set[str], response_words: set[str], stem_chars: int = 5) -> bool:
+    """Whether any content word of the request shares a stem with one of the response."""
+    return any(same_stem(a, b, stem_chars) for a in request_words for b in response_words)
 
 
 def markers_of(kwargs: Sequence[dict[str, Any] | None]) -> list[str]:
@@ -132,7 +166,8 @@ def probe_response(
         "repeated_lines": bool(counts) and max(counts.values()) >= st.min_line_repeats,
         "duplicate_ngrams": len(grams) >= st.min_ngrams and dup > st.max_dup_ngram_frac,
         "too_short": len(_words(body)) < st.min_words,
-        "off_topic": len(topic) >= st.min_topic_words and not (topic & content_words(text)),
+        "off_topic": len(topic) >= st.min_topic_words
+        and not topic_overlap(topic, content_words(text), st.stem_chars),
         "only_marker": bool(marks) and len(_words(stripped_markers)) < st.min_body_words,
     }
 
