@@ -9,36 +9,46 @@
 3. RL through the full loop of :mod:`posttrain.train.rl` on the task's train prompts with the
    ``instructions_guarded`` reward (the checker, vetoed when a probe fires; settings in
    ``posttrain_lab/demos/demo_smol.yaml``);
-4. the same evaluations after RL; ``summary.json`` (``heldout_trained``, ``heldout_new_types``,
-   ``ifbench``: ``{before, after, diff, se}``; ``hacked_frac``: ``{before, after}``; wall time, peak
-   memory), ``items.json`` (per-prompt verdicts), ``curves.png`` and the RL run in ``rl/``.
+4. the same evaluations after RL, per seed; ``summary.json`` (``heldout_trained``,
+   ``heldout_new_types``, ``ifbench``: ``{before, after, diff, se, per_seed}``; ``hacked_frac``:
+   ``{before, after}``; wall time, peak memory), ``items.json`` (per-prompt verdicts), ``curves.png``.
+
+Resumable: the evaluation before RL is written to ``before.json`` (greedy decoding of the same model, so
+it is shared by every seed), each seed's RL run to ``seed<s>/rl/`` with a checkpoint every
+``checkpoint.every`` steps and its evaluation after RL to ``seed<s>/after.json`` as it completes;
+``--resume`` keeps what is finished and continues the rest from its last checkpoint.
 
 Standard errors: a held-out accuracy ``p`` over ``n`` prompts has ``SE = sqrt(p(1-p)/n)``; the gain is
 paired (the same prompts before and after), so its SE is ``sd(d)/sqrt(n)`` over the per-prompt
-differences ``d = after - before`` (in {-1, 0, 1}). ``gain_over_se`` is the gain in those units.
+differences ``d = after - before`` (in {-1, 0, 1}; with several seeds ``after`` is the prompt's
+verdict averaged over the seeds, so the SE covers prompts and, in part, seeds; each seed's own paired
+figures are in ``per_seed``, and ``seed_se`` is the SD of the seeds' gains over sqrt(seeds)).
+``gain_over_se`` is the gain in those units.
 """
 
 from __future__ import annotations
 
 import math
 import resource
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.utils.errors import InvalidValueError
+from posttrain.utils.errors import InvalidValueError, option
 from posttrain.utils.io import atomic_write_json
 from posttrain.utils.stats import se_binomial
 
 
-def paired_gain(before: list[bool], after: list[bool]) -> dict[str, float]:
-    """Gain of ``after`` over ``before`` (same prompts, 0/1 verdicts) with its paired standard error."""
+def paired_gain(before: list[float], after: list[float]) -> dict[str, float]:
+    """Gain of ``after`` over ``before`` (same prompts; 0/1 verdicts, or an after-verdict averaged over
+    seeds) with its paired standard error ``sd(d)/sqrt(n)`` over the per-prompt differences."""
     if len(before) != len(after) or not before:
         raise InvalidValueError(
             f"paired_gain: need two equally long non-empty lists, got {len(before)} and {len(after)}"
         )
     n = len(before)
-    d = [int(a) - int(b) for a, b in zip(after, before, strict=True)]
+    d = [float(a) - float(b) for a, b in zip(after, before, strict=True)]
     mean = sum(d) / n
     var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
     se = math.sqrt(var / n)
@@ -121,17 +131,97 @@ def evaluate_instructions(
     }
 
 
+SETS = ("heldout", "ood", "ifbench")
+"""The held-out sets: new prompts of the trained types, types never trained on, IFBench."""
+HEADLINE = {"heldout": "heldout_trained", "ood": "heldout_new_types", "ifbench": "ifbench"}
+
+
+def _settings(cfg: Any, ifbench: bool, ifbench_max_new_tokens: int) -> dict[str, Any]:
+    """What the evaluation before RL depends on: ``before.json`` is reused only when these match."""
+    return {
+        "model": cfg.model.name,
+        "precision": cfg.model.precision,
+        "engine": cfg.rollout.engine.name,
+        "task": {"name": cfg.task.name, **cfg.task.params},
+        "eval_n": cfg.eval.n,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "ifbench": ifbench,
+        "ifbench_max_new_tokens": ifbench_max_new_tokens if ifbench else None,
+    }
+
+
+def _read_json(path: Path) -> Any:
+    import json
+
+    return json.loads(path.read_text())
+
+
+def _evaluate_sets(
+    model: Any, tok: Any, sets: dict[str, tuple[Any, list[Any], int]], **kw: Any
+) -> dict[str, Any]:
+    return {
+        name: evaluate_instructions(model, tok, task, exs, max_new_tokens=mnt, **kw) if exs else None
+        for name, (task, exs, mnt) in sets.items()
+    }
+
+
+def _headline(
+    name: str, before: dict[str, Any], afters: list[dict[str, Any]], seeds: list[int]
+) -> dict[str, Any]:
+    """``{before, after, diff, se, per_seed, seed_se}`` of one set: ``after`` and ``diff`` averaged over
+    the seeds, ``se`` paired over prompts of the seed-averaged verdicts."""
+    b = [float(i["strict"]) for i in before["items"]]
+    per_prompt = [[float(i["strict"]) for i in a["items"]] for a in afters]
+    mean_after = [sum(col) / len(col) for col in zip(*per_prompt, strict=True)]
+    g = paired_gain(b, mean_after)
+    per_seed = []
+    for seed, a, pp in zip(seeds, afters, per_prompt, strict=True):
+        gs = paired_gain(b, pp)
+        per_seed.append(
+            {
+                "seed": seed,
+                "after": a["prompt_strict"],
+                "diff": gs["gain"],
+                "se": gs["se"],
+                "hacked_frac": a["hacked_frac"],
+            }
+        )
+    diffs = [p["diff"] for p in per_seed]
+    seed_se = (
+        math.sqrt(sum((x - sum(diffs) / len(diffs)) ** 2 for x in diffs) / (len(diffs) - 1) / len(diffs))
+        if len(diffs) > 1
+        else None
+    )
+    return {
+        "before": before["prompt_strict"],
+        "after": sum(a["prompt_strict"] for a in afters) / len(afters),
+        "diff": g["gain"],
+        "se": g["se"],
+        "gain_over_se": g["gain_over_se"],
+        "per_seed": per_seed,
+        "seed_se": seed_se,
+        "n": before["n"],
+    }
+
+
+def _strip(ev: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if ev is None else {k: v for k, v in ev.items() if k != "items"}
+
+
 def run_smol_demo(
     out_dir: str | Path = "runs/demo-smol",
     *,
     rl_steps: int | None = None,
     ifbench: bool = True,
-    ifbench_max_new_tokens: int = 128,
+    ifbench_max_new_tokens: int = 64,
+    seeds: int = 1,
     seed: int = 0,
     progress: bool | None = None,
     overrides: list[str] | None = None,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> dict[str, Any]:
+    """The demo over ``seeds`` RL seeds ``seed, seed+1, ...`` (see the module docstring)."""
     from importlib.resources import files
 
     from posttrain.models import load_model_and_tokenizer
@@ -140,10 +230,12 @@ def run_smol_demo(
     from posttrain.train.config import RLConfig
     from posttrain.train.plot import plot_run
     from posttrain.train.rl import RLTrainer
-    from posttrain.train.run_dir import prepare_run_dir
+    from posttrain.train.run_dir import RunDirError, prepare_run_dir
     from posttrain.utils.config import build_config
     from posttrain.utils.tables import print_table
 
+    if seeds < 1:
+        raise InvalidValueError(f"demo smol: seeds must be >= 1, got {seeds}")
     t0 = time.perf_counter()
     out = Path(out_dir)
     extra = [f"out_dir={out / 'rl'}", f"seed={seed}"] + (
@@ -152,168 +244,205 @@ def run_smol_demo(
     cfg: RLConfig = build_config(
         RLConfig, str(files("posttrain_lab.demos") / "demo_smol.yaml"), [*extra, *(overrides or [])]
     )
-    prepare_run_dir(out, overwrite=overwrite, can_resume=False)
+    prepare_run_dir(out, overwrite=overwrite, resume=resume)
+    partial = [p.name for p in (out / "before.json", *sorted(out.glob("seed*"))) if p.exists()]
+    if partial and not resume:  # a stopped demo: its files are not run files of prepare_run_dir
+        if not overwrite:
+            raise RunDirError(
+                f"{out} already holds a demo smol ({', '.join(partial)}); continue it with {option('resume')}, "
+                f"or start again with {option('overwrite')} (deletes those files first), or choose another out_dir"
+            )
+        for name in partial:
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+    if resume and not (out / "before.json").is_file() and not any(out.glob("seed*/rl")):
+        raise RunDirError(
+            f"{option('resume')}: {out} holds no demo smol to continue (no before.json, no seed*/rl)"
+        )
     # the tasks first: a missing checker package is one line before the model loads
     task = get_task(cfg.task.name, **cfg.task.params)
     bench = get_task("ifbench") if ifbench else None
     out.mkdir(parents=True, exist_ok=True)
-    model, tok = load_model_and_tokenizer(cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=seed)
-    t_load = time.perf_counter() - t0
-    heldout = task.split("heldout")[: cfg.eval.n]
-    bs = cfg.rollout.max_batch_size or 16
     mnt = cfg.rollout.max_new_tokens
-    ev_kw = {"engine": cfg.rollout.engine.name, "precision": cfg.model.precision}
-    bench_ex = bench.split("heldout") if bench is not None else []
+    sets = {
+        "heldout": (task, task.split("heldout")[: cfg.eval.n], mnt),
+        "ood": (task, task.split("ood")[: cfg.eval.n] if "ood" in task.splits else [], mnt),
+        "ifbench": (bench, bench.split("heldout") if bench is not None else [], ifbench_max_new_tokens),
+    }
+    ev_kw = {
+        "batch_size": cfg.rollout.max_batch_size or 16,
+        "engine": cfg.rollout.engine.name,
+        "precision": cfg.model.precision,
+    }
+    settings = _settings(cfg, ifbench, ifbench_max_new_tokens)
 
-    ood = task.split("ood")[: cfg.eval.n] if "ood" in task.splits else []
-
-    print(f"[smol] held-out before RL: {len(heldout)} prompts", flush=True)
-    before = evaluate_instructions(model, tok, task, heldout, max_new_tokens=mnt, batch_size=bs, **ev_kw)
-    ood_before = (
-        evaluate_instructions(model, tok, task, ood, max_new_tokens=mnt, batch_size=bs, **ev_kw)
-        if ood
-        else None
-    )
+    # 1. before RL (once; greedy decoding of the same model, shared by every seed)
+    before_path = out / "before.json"
+    if before_path.is_file():
+        saved = _read_json(before_path)
+        if saved["settings"] != settings:
+            changed = sorted(k for k in settings if saved["settings"].get(k) != settings[k])
+            raise RunDirError(
+                f"{option('resume')}: {before_path} was measured with other settings ({', '.join(changed)}); "
+                f"start again with {option('overwrite')} or choose another out_dir"
+            )
+        before = saved["sets"]
+        print(f"[smol] evaluation before RL: kept from {before_path}", flush=True)
+    else:
+        model, tok = load_model_and_tokenizer(cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=seed)
+        print(
+            f"[smol] evaluation before RL: {', '.join(f'{k} {len(v[1])}' for k, v in sets.items())} prompts",
+            flush=True,
+        )
+        before = _evaluate_sets(model, tok, sets, **ev_kw)
+        atomic_write_json(before_path, {"settings": settings, "sets": before})
+        del model
     # the pre-check: RL can only move types whose warm-start accuracy is neither 0 nor 1
+    per_type = before["heldout"]["per_type"]
+    stuck = [k for k, v in per_type.items() if v["strict"] in (0.0, 1.0)]
     print(
         "[smol] pre-check, warm start per trained type (strict): "
-        + ", ".join(f"{k} {v['strict']:.2f}" for k, v in before["per_type"].items())
-        + f"; hacked_frac {before['hacked_frac']:.2f}",
+        + ", ".join(f"{k} {v['strict']:.2f}" for k, v in per_type.items())
+        + f"; hacked_frac {before['heldout']['hacked_frac']:.2f}"
+        + (f"; NO SIGNAL for RL on {stuck} (accuracy 0 or 1)" if stuck else "; every type in (0, 1)"),
         flush=True,
     )
-    ifb_before = (
-        evaluate_instructions(
-            model, tok, bench, bench_ex, max_new_tokens=ifbench_max_new_tokens, batch_size=bs, **ev_kw
-        )
-        if bench is not None
-        else None
-    )
-    cfg.eval.at_start = False
-    cfg.eval.at_end = False
-    cfg.checkpoint.final = False
-    with RLTrainer(cfg, model, tok) as trainer:
-        rl_summary = trainer.train(progress=progress)
-        policy = save_model_dir(trainer.model, trainer.tokenizer, out / "rl" / "model")
-        model = trainer.model
-    print("[smol] held-out after RL", flush=True)
-    after = evaluate_instructions(model, tok, task, heldout, max_new_tokens=mnt, batch_size=bs, **ev_kw)
-    ood_after = (
-        evaluate_instructions(model, tok, task, ood, max_new_tokens=mnt, batch_size=bs, **ev_kw)
-        if ood
-        else None
-    )
-    ifb_after = (
-        evaluate_instructions(
-            model, tok, bench, bench_ex, max_new_tokens=ifbench_max_new_tokens, batch_size=bs, **ev_kw
-        )
-        if bench is not None
-        else None
-    )
-    gain = paired_gain([i["strict"] for i in before["items"]], [i["strict"] for i in after["items"]])
-    ood_gain = (
-        paired_gain([i["strict"] for i in ood_before["items"]], [i["strict"] for i in ood_after["items"]])
-        if ood_before is not None and ood_after is not None
-        else None
-    )
-    ifb_gain = (
-        {
-            key: paired_gain([i[key] for i in ifb_before["items"]], [i[key] for i in ifb_after["items"]])
-            for key in ("strict", "loose")
-        }
-        if ifb_before is not None and ifb_after is not None
-        else None
-    )
-    # per-prompt verdicts before and after (the paired differences above are computed from these)
+
+    # 2. RL and the evaluation after it, per seed (each finished seed is kept)
+    seed_list = [seed + i for i in range(seeds)]
+    afters, rl_runs = [], []
+    for i, s in enumerate(seed_list):
+        sdir = out / f"seed{s}"
+        after_path = sdir / "after.json"
+        if after_path.is_file():
+            print(f"[smol] seed {s}: kept from {after_path}", flush=True)
+            done = _read_json(after_path)
+        else:
+            scfg = cfg.model_copy(deep=True)
+            scfg.out_dir, scfg.seed = str(sdir / "rl"), s
+            scfg.eval.at_start = scfg.eval.at_end = False
+            scfg.checkpoint.final = True
+            scfg.checkpoint.every = scfg.checkpoint.every or 4
+            scfg.checkpoint.keep = 1
+            has_ckpt = (sdir / "rl" / "checkpoints" / "latest").is_file()
+            print(
+                f"[smol] seed {s} ({i + 1}/{seeds}): RL {scfg.steps} steps"
+                + (" (resumed)" if has_ckpt else ""),
+                flush=True,
+            )
+            if has_ckpt:
+                trainer = RLTrainer(scfg, resume=True)
+            else:
+                prepare_run_dir(sdir / "rl", overwrite=True)  # a seed stopped before its first checkpoint
+                model, tok = load_model_and_tokenizer(
+                    cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=s
+                )
+                trainer = RLTrainer(scfg, model, tok)
+            with trainer:
+                rl_summary = trainer.train(progress=progress)
+                save_model_dir(trainer.model, trainer.tokenizer, sdir / "rl" / "model")
+                print(f"[smol] seed {s}: evaluation after RL", flush=True)
+                after = _evaluate_sets(trainer.model, trainer.tokenizer, sets, **ev_kw)
+            done = {
+                "seed": s,
+                "rl_steps": rl_summary["steps"],
+                "rl_wall_s": rl_summary["wall_s"],
+                "sets": after,
+            }
+            atomic_write_json(after_path, done)
+            plot_run(sdir / "rl", sdir / "curves.png")
+            # the model is kept in rl/model; the optimizer state is not needed once after.json exists
+            shutil.rmtree(sdir / "rl" / "checkpoints", ignore_errors=True)
+        afters.append(done)
+        rl_runs.append(str(sdir / "rl"))
+
+    # 3. summary over seeds
+    head: dict[str, Any] = {}
+    for name in SETS:
+        if before[name] is None:
+            head[HEADLINE[name]] = None
+            continue
+        head[HEADLINE[name]] = _headline(name, before[name], [a["sets"][name] for a in afters], seed_list)
+    hacked_after = [a["sets"]["heldout"]["hacked_frac"] for a in afters]
     atomic_write_json(
         out / "items.json",
         {
-            "heldout": {"before": before["items"], "after": after["items"]},
-            "ood": None
-            if ood_before is None
-            else {"before": ood_before["items"], "after": ood_after["items"]},
-            "ifbench": None
-            if ifb_before is None or ifb_after is None
-            else {"before": ifb_before["items"], "after": ifb_after["items"]},
+            name: None
+            if before[name] is None
+            else {
+                "before": before[name]["items"],
+                "after": {str(s): a["sets"][name]["items"] for s, a in zip(seed_list, afters, strict=True)},
+            }
+            for name in SETS
         },
     )
-    plot = plot_run(out / "rl", out / "curves.png")
+    shutil.copyfile(out / f"seed{seed_list[0]}" / "curves.png", out / "curves.png")
     wall = time.perf_counter() - t0
-
-    def strip(ev: dict[str, Any] | None) -> dict[str, Any] | None:
-        return None if ev is None else {k: v for k, v in ev.items() if k != "items"}
-
     summary = {
         "model": cfg.model.name,
         "task": {"name": cfg.task.name, **task.params()},
         "reward": cfg.reward.name,
+        "reward_params": cfg.reward.params,
         "objective": cfg.objective.name,
-        "rl_steps": rl_summary["steps"],
-        "heldout_before": strip(before),
-        "heldout_after": strip(after),
-        "heldout_gain": gain,
-        # issue 40's headline figures: new prompts of the trained instruction types, instruction types
-        # never trained on, IFBench; and the share of held-out answers the hack probes flag
-        "heldout_trained": _paired(before["prompt_strict"], after["prompt_strict"], gain),
-        "heldout_new_types": None
-        if ood_gain is None
-        else _paired(ood_before["prompt_strict"], ood_after["prompt_strict"], ood_gain),
-        "ifbench": None
-        if ifb_gain is None
-        else _paired(ifb_before["prompt_strict"], ifb_after["prompt_strict"], ifb_gain["strict"]),
-        "hacked_frac": {"before": before["hacked_frac"], "after": after["hacked_frac"]},
+        "rl_steps": afters[0]["rl_steps"],
+        "seeds": seed_list,
+        **head,
+        "hacked_frac": {
+            "before": before["heldout"]["hacked_frac"],
+            "after": sum(hacked_after) / len(hacked_after),
+            "per_seed": hacked_after,
+        },
         "hacked_frac_new_types": None
-        if ood_before is None
-        else {"before": ood_before["hacked_frac"], "after": ood_after["hacked_frac"]},
-        "heldout_new_types_before": strip(ood_before),
-        "heldout_new_types_after": strip(ood_after),
-        "ifbench_before": strip(ifb_before),
-        "ifbench_after": strip(ifb_after),
-        "ifbench_prompt_gain": ifb_gain,
-        "load_s": t_load,
-        "rl_wall_s": rl_summary["wall_s"],
-        "wall_s": wall,
+        if before["ood"] is None
+        else {
+            "before": before["ood"]["hacked_frac"],
+            "after": sum(a["sets"]["ood"]["hacked_frac"] for a in afters) / len(afters),
+        },
+        "before": {k: _strip(v) for k, v in before.items()},
+        "after": {
+            str(s): {k: _strip(v) for k, v in a["sets"].items()}
+            for s, a in zip(seed_list, afters, strict=True)
+        },
+        "settings": settings,
+        "rl_wall_s": [a["rl_wall_s"] for a in afters],
+        "wall_s_this_call": wall,
         "peak_rss_gib": _peak_rss_gib(),
-        "plot": str(plot),
+        "plot": str(out / "curves.png"),
         "run_dir": str(out),
-        "rl_model": str(policy),
+        "rl_runs": rl_runs,
+        "rl_models": [f"{r}/model" for r in rl_runs],
     }
     atomic_write_json(out / "summary.json", summary)
-    rows = [
-        ["held-out prompt strict", before["prompt_strict"], after["prompt_strict"]],
-        ["  (standard error)", before["prompt_strict_se"], after["prompt_strict_se"]],
-        ["held-out prompt loose", before["prompt_loose"], after["prompt_loose"]],
-        ["completion length", before["length_mean"], after["length_mean"]],
-        ["held-out hacked_frac (probes)", before["hacked_frac"], after["hacked_frac"]],
-    ]
-    if ood_before is not None and ood_after is not None:
-        rows += [
-            ["untrained types prompt strict", ood_before["prompt_strict"], ood_after["prompt_strict"]],
-            ["untrained types hacked_frac", ood_before["hacked_frac"], ood_after["hacked_frac"]],
+    rows = []
+    labels = {
+        "heldout_trained": "held-out prompts, trained types",
+        "heldout_new_types": "untrained types",
+        "ifbench": "IFBench",
+    }
+    for key, label in labels.items():
+        h = summary[key]
+        if h is not None:
+            rows.append([f"{label} (prompt strict)", h["before"], h["after"], h["diff"], h["se"], h["n"]])
+    rows.append(
+        [
+            "held-out hacked_frac (probes)",
+            summary["hacked_frac"]["before"],
+            summary["hacked_frac"]["after"],
+            None,
+            None,
+            None,
         ]
-    if ifb_before is not None and ifb_after is not None:
-        for key in ("prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose"):
-            rows.append([f"IFBench {key.replace('_', ' ')}", ifb_before[key], ifb_after[key]])
+    )
     print_table(
         f"posttrain demo smol: {cfg.model.name}, {cfg.task.name} ({', '.join(task.params()['types'])}), "
-        f"RL ({cfg.objective.name}) {rl_summary['steps']} steps",
-        ["greedy", "before RL", "after RL"],
+        f"RL ({cfg.objective.name}, {cfg.reward.name}) {summary['rl_steps']} steps, seeds {seed_list}",
+        ["greedy", "before RL", "after RL", "diff", "paired SE", "n"],
         rows,
     )
+    h = summary["heldout_trained"]
     print(
-        f"held-out gain {100 * gain['gain']:+.1f} points, paired SE {100 * gain['se']:.1f} "
-        f"({gain['gain_over_se']:.1f} SE); wall {wall:.0f} s (RL {rl_summary['wall_s']:.0f} s), "
-        f"peak RSS {summary['peak_rss_gib']:.1f} GiB; summary: {out / 'summary.json'}; curves: {plot}"
+        f"held-out gain on trained types {100 * h['diff']:+.1f} points, paired SE {100 * h['se']:.1f} "
+        f"({h['gain_over_se']:.1f} SE); hacked_frac {summary['hacked_frac']['before']:.3f} -> "
+        f"{summary['hacked_frac']['after']:.3f}; wall {wall:.0f} s this call; summary: {out / 'summary.json'}"
     )
-    if ood_gain is not None:
-        print(
-            f"untrained instruction types: {100 * ood_gain['gain']:+.1f} points, paired SE "
-            f"{100 * ood_gain['se']:.1f}; hacked_frac held-out {before['hacked_frac']:.2f} -> {after['hacked_frac']:.2f}"
-        )
-    if ifb_gain is not None:
-        print(
-            "IFBench prompt-level change (paired over the same prompts): "
-            + ", ".join(
-                f"{k} {100 * g['gain']:+.1f} points (SE {100 * g['se']:.1f})" for k, g in ifb_gain.items()
-            )
-        )
     return summary

@@ -28,44 +28,97 @@ def test_paired_gain_closed_form():
         paired_gain([True], [True, False])
 
 
+TINY = [
+    "model.name=tiny",
+    "task.params.n_train=16",
+    "task.params.n_heldout=6",
+    "task.params.n_ood=6",
+    "eval.n=6",
+    "rollout.max_new_tokens=8",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "reward.num_workers=0",
+]
+
+
 def test_smol_demo_runs_end_to_end_on_tiny(tmp_path):
     out = tmp_path / "smol"
-    res = CliRunner().invoke(
-        app,
-        [
-            "demo",
-            "smol",
-            "--out",
-            str(out),
-            "--rl-steps",
-            "1",
-            "--no-ifbench",
-            "--no-progress",
-            "model.name=tiny",
-            "task.params.n_train=16",
-            "task.params.n_heldout=6",
-            "task.params.n_ood=6",
-            "eval.n=6",
-            "rollout.max_new_tokens=8",
-            "rollout.prompts_per_step=2",
-            "rollout.group_size=2",
-            "reward.num_workers=0",
-        ],
-    )
+    args = [
+        "demo",
+        "smol",
+        "--out",
+        str(out),
+        "--rl-steps",
+        "1",
+        "--no-ifbench",
+        "--no-progress",
+        "--seeds",
+        "2",
+    ]
+    res = CliRunner().invoke(app, [*args, *TINY])
     assert res.exit_code == 0, res.output
     s = json.loads((out / "summary.json").read_text())
-    assert s["rl_steps"] == 1 and s["heldout_before"]["n"] == 6 and s["ifbench_before"] is None
-    assert set(s["heldout_gain"]) == {"gain", "se", "gain_over_se"} and s["ifbench_prompt_gain"] is None
+    assert s["rl_steps"] == 1 and s["seeds"] == [0, 1] and s["ifbench"] is None
+    assert s["before"]["heldout"]["n"] == 6 and s["before"]["ifbench"] is None
     # issue 40's figures: trained types, untrained types (the ood split), hacked_frac before and after
     for key in ("heldout_trained", "heldout_new_types"):
-        assert set(s[key]) == {"before", "after", "diff", "se"}
-    assert s["heldout_trained"]["diff"] == s["heldout_gain"]["gain"]
-    assert set(s["hacked_frac"]) == {"before", "after"} and 0 <= s["hacked_frac"]["after"] <= 1
-    assert s["reward"] == "instructions_guarded" and s["heldout_new_types_before"]["n"] == 6
+        assert {"before", "after", "diff", "se", "per_seed"} <= set(s[key]) and len(s[key]["per_seed"]) == 2
+    assert set(s["hacked_frac"]) == {"before", "after", "per_seed"} and 0 <= s["hacked_frac"]["after"] <= 1
+    assert s["reward"] == "instructions_guarded"
     items = json.loads((out / "items.json").read_text())
-    assert len(items["heldout"]["before"]) == len(items["heldout"]["after"]) == 6
-    assert len(items["ood"]["after"]) == 6 and "hacked" in items["ood"]["after"][0]
-    assert (out / "rl" / "model" / "config.json").is_file() and (out / "curves.png").is_file()
+    before = [float(i["strict"]) for i in items["heldout"]["before"]]
+    after = [
+        (float(a["strict"]) + float(b["strict"])) / 2 for a, b in zip(*items["heldout"]["after"].values())
+    ]
+    # the headline is paired over prompts of the seed-averaged verdicts
+    assert s["heldout_trained"]["diff"] == pytest.approx(paired_gain(before, after)["gain"])
+    assert s["heldout_trained"]["se"] == pytest.approx(paired_gain(before, after)["se"])
+    assert len(items["ood"]["after"]["1"]) == 6 and "hacked" in items["ood"]["after"]["0"][0]
+    for seed in (0, 1):
+        assert (out / f"seed{seed}" / "rl" / "model" / "config.json").is_file()
+        assert (out / f"seed{seed}" / "after.json").is_file()
+        assert not (out / f"seed{seed}" / "rl" / "checkpoints").exists()  # dropped once after.json exists
+    assert (out / "curves.png").is_file() and (out / "before.json").is_file()
+    # a finished demo is not overwritten silently
+    res = CliRunner().invoke(app, [*args, *TINY])
+    assert res.exit_code != 0 and "--overwrite" in res.output
+
+
+def test_smol_demo_resumes_a_stopped_seed_without_redoing_finished_parts(tmp_path, monkeypatch):
+    """Killed during seed 1's evaluation after RL: --resume keeps before.json and seed 0, resumes seed 1
+    from its last checkpoint (no step trained twice) and evaluates it."""
+    import posttrain_lab.demos.smol as smol
+
+    out = tmp_path / "smol"
+    calls = []
+    real = smol._evaluate_sets
+
+    def stop_on_fourth(*a, **k):  # before RL, seed 0 after, seed 1 after (killed)
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(smol, "_evaluate_sets", stop_on_fourth)
+    kw = {"rl_steps": 2, "ifbench": False, "seeds": 2, "progress": False, "overrides": TINY}
+    with pytest.raises(KeyboardInterrupt):
+        smol.run_smol_demo(out, **kw)
+    assert (out / "seed0" / "after.json").is_file() and not (out / "seed1" / "after.json").exists()
+    assert (out / "seed1" / "rl" / "checkpoints" / "latest").is_file()
+    steps_before = (out / "seed1" / "rl" / "metrics.jsonl").read_text().count('"kind": "step"')
+    seed0 = (out / "seed0" / "after.json").read_text()
+    with pytest.raises(ValueError, match="resume=True"):  # a stopped demo is not silently started over
+        smol.run_smol_demo(out, **kw)
+    calls.clear()
+    monkeypatch.setattr(smol, "_evaluate_sets", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    s = smol.run_smol_demo(out, resume=True, **kw)
+    assert len(calls) == 1  # only seed 1's evaluation after RL
+    assert (out / "seed0" / "after.json").read_text() == seed0
+    assert (out / "seed1" / "rl" / "metrics.jsonl").read_text().count('"kind": "step"') == steps_before == 2
+    assert s["seeds"] == [0, 1] and len(s["heldout_trained"]["per_seed"]) == 2
+    # resuming with settings that change the evaluation before RL is refused, naming the key
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        smol.run_smol_demo(out, resume=True, **{**kw, "overrides": [*TINY, "rollout.max_new_tokens=9"]})
 
 
 def test_shipped_demo_smol_config_builds_its_task():
