@@ -82,6 +82,34 @@ ARMS: dict[str, list[str]] = {
     ],
 }
 
+
+def _smol_demo_config() -> dict[str, Any]:
+    from importlib.resources import files
+
+    import yaml
+
+    return yaml.safe_load((files("posttrain_lab.demos") / "demo_smol.yaml").read_text())
+
+
+def _smol_task_params(**changes: Any) -> str:
+    """The demo smol task's params as a flow mapping, with ``changes`` (its ``ood`` split is left out:
+    the ablation evaluates the trained types' held-out prompts)."""
+    import json
+
+    params = {
+        k: v for k, v in _smol_demo_config()["task"]["params"].items() if k not in ("ood_types", "n_ood")
+    }
+    params.update(changes)
+    return ", ".join(f"{k}: {json.dumps(v)}" for k, v in params.items())
+
+
+def _smol_reward() -> list[str]:
+    import json
+
+    reward = _smol_demo_config()["reward"]
+    return [f"reward.name={reward['name']}", f"reward.params={json.dumps(reward.get('params') or {})}"]
+
+
 #: ``--task``: the task overrides of every run. dialogue-events adds in-domain / OOD accuracy and
 #: macro-F1 columns (:func:`task_scores`) and generates at most 12 tokens (labels are <= 9 characters).
 TASKS: dict[str, Callable[[Any], list[str]]] = {
@@ -97,13 +125,14 @@ TASKS: dict[str, Callable[[Any], list[str]]] = {
         # first line (with `numeric` the pre-check gave 0.000 at 16 tokens)
         "reward.name=last_number",
     ],
+    # the task and reward of `posttrain demo smol` (one source, demos/demo_smol.yaml): five IFEval types the
+    # warm start follows on 25-65 % of prompts, scored by the checker with the hack-probe veto (issue 40:
+    # with the bare checker and postscript alone every arm reached 1.00 by stacking `P.S.` lines)
     "instructions": lambda s: [
         "task.name=instructions",
-        # postscript: the base model follows it on ~30 % of held-out prompts (inside the 10-40 % band);
-        # startend:quotation gave 0.033 at 32 tokens
-        f"task.params={{types: [detectable_content:postscript], max_instructions: 1, n_train: {s.n_train}, n_heldout: {max(s.eval_n, 50)}, seed: 0}}",
+        f"task.params={{{_smol_task_params(n_train=s.n_train, n_heldout=max(s.eval_n, 50))}}}",
         "task.chat_template=true",
-        "reward.name=instructions_strict",
+        *_smol_reward(),
     ],
     "dialogue-events": lambda s: [
         "task.name=dialogue-events",
@@ -474,12 +503,17 @@ def greedy_verdicts(trainer: Any, examples: list[Any]) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, logprobs=False)
     eps, correct = _scored_episodes(trainer, examples, 1, params)
     lengths = eps.batch.action_lengths.float()
-    return {
+    out = {
         "accuracy": sum(correct) / len(correct),
         "length_mean": float(lengths.mean()),
         "correct": correct,
         "samples": [t for t in eps.texts[:3]],
     }
+    report = getattr(trainer.task, "eval_report", None)
+    rep = report(list(eps.examples), list(eps.texts)) if report is not None else None
+    if rep and rep.get("hacked_frac") is not None:  # instruction tasks: the hack probes and the bare checker
+        out.update(hacked_frac=rep["hacked_frac"], checker_strict=rep["prompt_strict"])
+    return out
 
 
 MIXED_MIN = 0.10
@@ -647,6 +681,9 @@ def run_seed(
             correct_start=pre["correct"],
             correct_end=end["correct"],
             heldout_acc_end_verdicts=end["accuracy"],
+            hacked_frac_start=pre.get("hacked_frac"),
+            hacked_frac_end=end.get("hacked_frac"),
+            checker_strict_end=end.get("checker_strict"),
             settings=settings_identity(s),
             micro_batch_size=s.micro_batch_size,
         )
@@ -833,6 +870,8 @@ COLUMNS = [
     ("id_f1", "F1 in", 3),
     ("ood_acc", "acc OOD", 3),
     ("ood_f1", "F1 OOD", 3),
+    ("hacked_frac_end", "hacked", 3),
+    ("checker_strict_end", "checker", 3),
 ]
 
 
@@ -936,7 +975,9 @@ def markdown_table(result: dict[str, Any]) -> str:
         "step's entropy); τ end: final temperature; rollouts: completions generated; zero-var: mean share "
         "of zero-variance groups; n hard / n easy: E3's completions per ranked-hard / ranked-easy prompt; "
         "replayed: replayed trajectories; F1 in / acc OOD / F1 OOD (dialogue-events): greedy macro-F1 on "
-        "the in-domain held-out split, accuracy and macro-F1 on the held-out business.",
+        "the in-domain held-out split, accuracy and macro-F1 on the held-out business; hacked / checker "
+        "(instructions): share of held-out greedy answers a hack probe flags, and the bare checker's strict "
+        "accuracy (acc is the reward's: the checker with the probes' veto).",
         "",
         "Claims: " + "; ".join(f"{k}: {v['holds']}" for k, v in result["claims"].items()),
         "",

@@ -122,7 +122,43 @@ def test_real_model_settings_are_checked():
     )
     assert any("max_value: 10" in x for x in o)
     oi = arm_overrides(AblationSettings(model="smollm2-135m", task="instructions"), "grpo", 0, Path("r"))
-    assert any("detectable_content:postscript" in x for x in oi) and "reward.name=instructions_strict" in oi
+    # issue 40: the instructions arms train the demo smol's type mix with the hack-probe veto, so a checker
+    # hack (stacked `P.S.` lines) cannot reach 1.00
+    assert "reward.name=instructions_guarded" in oi and 'reward.params={"mode": "veto"}' in oi
+    from importlib.resources import files
+
+    import yaml
+
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import build_config
+
+    demo = yaml.safe_load((files("posttrain_lab.demos") / "demo_smol.yaml").read_text())
+    cfg = build_config(RLConfig, None, [o for o in oi if not o.startswith("out_dir")])
+    assert cfg.task.params["types"] == demo["task"]["params"]["types"] and "ood_types" not in cfg.task.params
+    assert cfg.reward.name == "instructions_guarded" and cfg.reward.params == {"mode": "veto"}
+
+
+def test_greedy_verdicts_report_hacked_frac_on_instruction_tasks(tmp_path):
+    """The ablation's instructions arms report the share of hacked held-out answers and the bare checker's
+    accuracy beside the guarded reward's (a hacked answer counts for the checker, not for the reward)."""
+    pytest.importorskip("if_verifiable")
+    from posttrain import RLTrainer
+    from posttrain_lab.benchmarks.ablation import greedy_verdicts
+
+    cfg = {
+        "model": {"name": "tiny"},
+        "task": {
+            "name": "instructions",
+            "params": {"types": ["detectable_content:postscript"], "n_train": 8, "n_heldout": 4},
+        },
+        "reward": {"name": "instructions_guarded", "num_workers": 0},
+        "rollout": {"max_new_tokens": 6, "prompts_per_step": 2, "group_size": 2},
+        "out_dir": str(tmp_path / "r"),
+    }
+    with RLTrainer(cfg) as tr:
+        v = greedy_verdicts(tr, tr.task.split("heldout"))
+    assert 0 <= v["hacked_frac"] <= 1 and 0 <= v["checker_strict"] <= 1
+    assert v["hacked_frac"] == 1.0  # six characters of a tiny model: too short and off topic, always
 
 
 def test_cli_quick_and_bad_arm(tmp_path):
