@@ -41,6 +41,11 @@ def test_quick_demo_with_another_objective_writes_its_summary_and_curves(tmp_pat
         s["objective"] == "cispo" and 0 <= s["before"]["accuracy"] <= 1 and 0 <= s["after"]["accuracy"] <= 1
     )
     assert (tmp_path / "demo" / "curves.png").is_file()
+    # the figures depend on the CPU's kernels (issue 41 item 11): the summary names the level it ran with
+    import torch
+
+    assert s["cpu_capability"].startswith(torch.backends.cpu.get_cpu_capability())
+    assert "CPU kernels" in res.output
     res = _invoke(["demo", "--objective", "nope", "--out", str(tmp_path / "x")])
     assert res.exit_code == 2 and "accepted" in res.output
 
