@@ -165,43 +165,54 @@ def _evaluate_sets(
     }
 
 
+def _clean(item: dict[str, Any]) -> float:
+    """The checker followed AND no hack probe fired: the guarded reward's verdict on a greedy answer."""
+    return float(item["strict"] and not item.get("hacked", False))
+
+
 def _headline(
     name: str, before: dict[str, Any], afters: list[dict[str, Any]], seeds: list[int]
 ) -> dict[str, Any]:
     """``{before, after, diff, se, per_seed, seed_se}`` of one set: ``after`` and ``diff`` averaged over
-    the seeds, ``se`` paired over prompts of the seed-averaged verdicts."""
-    b = [float(i["strict"]) for i in before["items"]]
-    per_prompt = [[float(i["strict"]) for i in a["items"]] for a in afters]
-    mean_after = [sum(col) / len(col) for col in zip(*per_prompt, strict=True)]
-    g = paired_gain(b, mean_after)
-    per_seed = []
-    for seed, a, pp in zip(seeds, afters, per_prompt, strict=True):
-        gs = paired_gain(b, pp)
-        per_seed.append(
-            {
-                "seed": seed,
-                "after": a["prompt_strict"],
-                "diff": gs["gain"],
-                "se": gs["se"],
-                "hacked_frac": a["hacked_frac"],
-            }
+    the seeds, ``se`` paired over prompts of the seed-averaged verdicts; ``clean``: the same for answers
+    the checker accepts and no hack probe flags."""
+
+    def paired(verdict: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        b = [verdict(i) for i in before["items"]]
+        per_prompt = [[verdict(i) for i in a["items"]] for a in afters]
+        mean_after = [sum(col) / len(col) for col in zip(*per_prompt, strict=True)]
+        g = paired_gain(b, mean_after)
+        per_seed = []
+        for seed, a, pp in zip(seeds, afters, per_prompt, strict=True):
+            gs = paired_gain(b, pp)
+            per_seed.append(
+                {
+                    "seed": seed,
+                    "after": sum(pp) / len(pp),
+                    "diff": gs["gain"],
+                    "se": gs["se"],
+                    "hacked_frac": a["hacked_frac"],
+                }
+            )
+        diffs = [p["diff"] for p in per_seed]
+        seed_se = (
+            math.sqrt(sum((x - sum(diffs) / len(diffs)) ** 2 for x in diffs) / (len(diffs) - 1) / len(diffs))
+            if len(diffs) > 1
+            else None
         )
-    diffs = [p["diff"] for p in per_seed]
-    seed_se = (
-        math.sqrt(sum((x - sum(diffs) / len(diffs)) ** 2 for x in diffs) / (len(diffs) - 1) / len(diffs))
-        if len(diffs) > 1
-        else None
-    )
-    return {
-        "before": before["prompt_strict"],
-        "after": sum(a["prompt_strict"] for a in afters) / len(afters),
-        "diff": g["gain"],
-        "se": g["se"],
-        "gain_over_se": g["gain_over_se"],
-        "per_seed": per_seed,
-        "seed_se": seed_se,
-        "n": before["n"],
-    }
+        out = {
+            "before": sum(b) / len(b),
+            "after": sum(mean_after) / len(mean_after),
+            "diff": g["gain"],
+            "se": g["se"],
+            "gain_over_se": g["gain_over_se"],
+            "seed_se": seed_se,
+        }
+        return out, per_seed
+
+    head, per_seed = paired(lambda i: float(i["strict"]))
+    clean, _ = paired(_clean)
+    return {**head, "per_seed": per_seed, "n": before["n"], "clean": clean}
 
 
 def _strip(ev: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -68,11 +68,19 @@ def test_smol_demo_runs_end_to_end_on_tiny(tmp_path):
     items = json.loads((out / "items.json").read_text())
     before = [float(i["strict"]) for i in items["heldout"]["before"]]
     after = [
-        (float(a["strict"]) + float(b["strict"])) / 2 for a, b in zip(*items["heldout"]["after"].values())
+        (float(a["strict"]) + float(b["strict"])) / 2
+        for a, b in zip(*items["heldout"]["after"].values(), strict=True)
     ]
     # the headline is paired over prompts of the seed-averaged verdicts
     assert s["heldout_trained"]["diff"] == pytest.approx(paired_gain(before, after)["gain"])
     assert s["heldout_trained"]["se"] == pytest.approx(paired_gain(before, after)["se"])
+    # clean: the checker followed and no probe fired (the guarded reward's verdict)
+    clean_b = [float(i["strict"] and not i["hacked"]) for i in items["heldout"]["before"]]
+    clean_a = [
+        (float(a["strict"] and not a["hacked"]) + float(b["strict"] and not b["hacked"])) / 2
+        for a, b in zip(*items["heldout"]["after"].values(), strict=True)
+    ]
+    assert s["heldout_trained"]["clean"]["diff"] == pytest.approx(paired_gain(clean_b, clean_a)["gain"])
     assert len(items["ood"]["after"]["1"]) == 6 and "hacked" in items["ood"]["after"]["0"][0]
     for seed in (0, 1):
         assert (out / f"seed{seed}" / "rl" / "model" / "config.json").is_file()
