@@ -170,9 +170,7 @@ def _clean(item: dict[str, Any]) -> float:
     return float(item["strict"] and not item.get("hacked", False))
 
 
-def _headline(
-    name: str, before: dict[str, Any], afters: list[dict[str, Any]], seeds: list[int]
-) -> dict[str, Any]:
+def _headline(before: dict[str, Any], afters: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     """``{before, after, diff, se, per_seed, seed_se}`` of one set: ``after`` and ``diff`` averaged over
     the seeds, ``se`` paired over prompts of the seed-averaged verdicts; ``clean``: the same for answers
     the checker accepts and no hack probe flags."""
@@ -373,7 +371,7 @@ def run_smol_demo(
         if before[name] is None:
             head[HEADLINE[name]] = None
             continue
-        head[HEADLINE[name]] = _headline(name, before[name], [a["sets"][name] for a in afters], seed_list)
+        head[HEADLINE[name]] = _headline(before[name], [a["sets"][name] for a in afters], seed_list)
     hacked_after = [a["sets"]["heldout"]["hacked_frac"] for a in afters]
     atomic_write_json(
         out / "items.json",
