@@ -55,11 +55,6 @@ def paired_gain(before: list[float], after: list[float]) -> dict[str, float]:
     return {"gain": mean, "se": se, "gain_over_se": mean / se if se > 0 else float("inf") if mean else 0.0}
 
 
-def _paired(before: float, after: float, gain: dict[str, float]) -> dict[str, float]:
-    """``{before, after, diff, se}`` of one held-out set (``diff`` and ``se`` paired over its prompts)."""
-    return {"before": before, "after": after, "diff": gain["gain"], "se": gain["se"]}
-
-
 def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
 
@@ -247,9 +242,8 @@ def run_smol_demo(
         raise InvalidValueError(f"demo smol: seeds must be >= 1, got {seeds}")
     t0 = time.perf_counter()
     out = Path(out_dir)
-    extra = [f"out_dir={out / 'rl'}", f"seed={seed}"] + (
-        [f"steps={rl_steps}"] if rl_steps is not None else []
-    )
+    # out_dir and seed are set per seed below (seed<s>/rl, s)
+    extra = [f"steps={rl_steps}"] if rl_steps is not None else []
     cfg: RLConfig = build_config(
         RLConfig, str(files("posttrain_lab.demos") / "demo_smol.yaml"), [*extra, *(overrides or [])]
     )
