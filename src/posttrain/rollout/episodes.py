@@ -155,7 +155,9 @@ class Episodes:
     ``texts[i]`` its decoded completion; ``rewards`` (N,) when the environment already scored it
     (else None: the loop asks the reward source); ``advantage_inputs`` extra keyword arguments for the
     advantage estimator, each a tensor with one row per sequence ((N,), (N, T) per completion token,
-    or (N, ...)); ``replayed`` (N,) bool marks trajectories injected by a replay buffer."""
+    or (N, ...)); ``replayed`` (N,) bool marks trajectories injected by a replay buffer; ``row_stats``
+    per-row counts the runner reports as step metrics (:meth:`EpisodeRunner.step_metrics`, e.g. tool
+    calls per conversation), each an (N,) tensor."""
 
     batch: RolloutBatch
     texts: list[str]
@@ -163,6 +165,7 @@ class Episodes:
     rewards: torch.Tensor | None = None
     advantage_inputs: dict[str, Any] = field(default_factory=dict)
     replayed: torch.Tensor | None = None
+    row_stats: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.batch)
@@ -183,6 +186,10 @@ class Episodes:
                     f"Episodes: advantage_inputs[{k!r}] must be a tensor with one row per sequence "
                     f"({n} rows), got {got}"
                 )
+        for k, v in self.row_stats.items():
+            if not isinstance(v, torch.Tensor) or tuple(v.shape) != (n,):
+                got = f"shape {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+                raise InvalidValueError(f"Episodes: row_stats[{k!r}] must be a ({n},) tensor, got {got}")
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -198,6 +205,7 @@ class Episodes:
             rewards=None if self.rewards is None else self.rewards[idx],
             advantage_inputs={k: v[idx] for k, v in self.advantage_inputs.items()},
             replayed=self.replayed[idx],
+            row_stats={k: v[idx] for k, v in self.row_stats.items()},
         )
 
     @staticmethod
@@ -227,6 +235,9 @@ class Episodes:
             rewards=rewards,
             advantage_inputs=adv_inputs,
             replayed=torch.cat([p.replayed for p in parts]),
+            row_stats=cat_row_inputs(
+                [p.row_stats for p in parts], [0] * len(parts), where="Episodes.concat: row_stats"
+            ),
         )
 
 
@@ -240,6 +251,11 @@ class EpisodeRunner(ABC):
         """Extra evaluation results for ``episodes`` (this runner's last ``run``), merged into the
         output of :func:`posttrain.train.evaluate.run_eval` (a multi-turn runner reports e.g. its
         environment's conversion rate and transcripts). Default: none."""
+        return {}
+
+    def step_metrics(self, episodes: Episodes) -> dict[str, float]:
+        """Numbers the RL loop logs at every step for the step's ``episodes`` (after filtering; read
+        from their ``row_stats``, so they follow the rows), e.g. ``tool_call_rate``. Default: none."""
         return {}
 
 

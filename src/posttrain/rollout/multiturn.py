@@ -38,11 +38,32 @@ every turn criterion of every turn). With ``turn_inputs=true`` the runner also p
 
 ``duca`` (:func:`posttrain.algos.advantages.duca`) consumes them; estimators that take only outcome
 rewards (``grpo``) need ``turn_inputs=false``.
+
+Tools (``tools``: registered names or ``package.module:function``, :mod:`posttrain.tools`): the tool
+schemas go to the chat template (``apply_chat_template(tools=...)``) when it speaks a tool format
+(``tool_format: auto`` reads it: ``hermes`` for Qwen2.5/Qwen3, ``llama3``), else posttrain's
+``fallback`` (tool descriptions in the system message, results as a ``<tool_response>`` user turn;
+:mod:`posttrain.tools.calls`). An agent turn that contains calls is not sent to the environment: each
+call runs (the ``python`` tool in its sandbox), a malformed call or a bad argument comes back as a
+tool error (never a crash), the results are appended as tool turns (environment tokens: attended,
+never trained on) and the agent continues the same turn (its tokens keep the turn's index). A
+conversation makes at most ``max_tool_calls`` calls; once they are spent, a turn with calls goes to the
+environment as the agent's message, unexecuted. ``Episodes.row_stats`` counts ``tool_calls`` and
+``tool_valid_calls`` (well-formed, a known tool, arguments accepted and the tool returned without
+error) per conversation; the RL loop logs ``tool_call_rate`` (share of conversations with a call),
+``tool_valid_rate`` (valid / all calls; 0 when no call was made) and ``tool_calls_mean``.
+
+Token-exact: the training row IS the token sequence the engine extended, turn after turn; the tokens
+between two agent turns are rendered from the template by appending the new messages to a fixed
+stand-in conversation and taking what follows the stand-in agent turn and its EOS, so a template that
+re-renders earlier turns differently (Qwen3 drops earlier ``<think>`` blocks) cannot change tokens
+that were generated.
 """
 
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +72,15 @@ import torch
 from posttrain.envs import ENVS, Env, check_step, env_factory
 from posttrain.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, RolloutEngine, SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter
+from posttrain.tools import ToolResult, get_tool
+from posttrain.tools.calls import (
+    MalformedCall,
+    ToolCall,
+    detect_call_format,
+    fallback_instructions,
+    fallback_results,
+    get_call_format,
+)
 from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 
 REWARD_MODES = ("session", "sum")
@@ -75,6 +105,10 @@ class Session:
     done: bool = False
     truncated: bool = False
     turns_cut: int = 0
+    turn: int = 1  # the environment turn the agent is in (tool rounds stay in it)
+    turn_cut: bool = False  # a round of the current turn was cut at the token cap
+    tool_calls: int = 0
+    tool_valid: int = 0
 
     @property
     def context(self) -> list[int]:
@@ -99,7 +133,11 @@ class MultiTurnRunner(EpisodeRunner):
     holds ("session" or "sum"); ``turn_inputs``: pass the per-turn advantage inputs; ``user_turn``:
     the plain-template rendering of an observation; ``seed``: seeds the environments (session j of
     example i in the c-th ``run`` call gets a seed derived from (seed, c, example id, j));
-    ``transcripts``: how many conversations :meth:`eval_metrics` returns verbatim."""
+    ``transcripts``: how many conversations :meth:`eval_metrics` returns verbatim; ``system``: the
+    example's prompt as the system message (false: the first observation opens the conversation, as
+    for the ``answer`` environment); ``tools`` / ``tool_format`` / ``max_tool_calls`` /
+    ``tool_turn`` (the plain-template rendering of tool results) / ``tool_workers`` (calls run in
+    parallel): tool use (module docstring)."""
 
     def __init__(
         self,
@@ -115,6 +153,12 @@ class MultiTurnRunner(EpisodeRunner):
         seed: int = 0,
         transcripts: int = 3,
         cut_violation: str | None = "auto",
+        system: bool = True,
+        tools: list[str] | None = None,
+        tool_format: str = "auto",
+        max_tool_calls: int = 4,
+        tool_turn: str = "\nTool: {observation}\nAgent:",
+        tool_workers: int = 4,
     ) -> None:
         if reward not in REWARD_MODES:
             raise InvalidValueError(
@@ -128,9 +172,28 @@ class MultiTurnRunner(EpisodeRunner):
             raise InvalidValueError(
                 f"runner 'multi-turn': user_turn must contain '{{observation}}', got {user_turn!r}"
             )
+        for key, val, low in (("max_tool_calls", max_tool_calls, 0), ("tool_workers", tool_workers, 1)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < low:
+                raise InvalidValueError(f"runner 'multi-turn': {key} must be an int >= {low}, got {val!r}")
+        if "{observation}" not in tool_turn:
+            raise InvalidValueError(
+                f"runner 'multi-turn': tool_turn must contain '{{observation}}', got {tool_turn!r}"
+            )
         self.engine = engine
         self.formatter = formatter
         self.tokenizer = formatter.tokenizer
+        self.system = system
+        self.tools = {t.name: t for t in (get_tool(x) for x in tools or [])}
+        self.tool_schemas = [t.schema for t in self.tools.values()]
+        template = getattr(self.tokenizer, "chat_template", None) if formatter.chat else None
+        self.tool_format = (
+            (detect_call_format(template) if tool_format == "auto" else tool_format) if self.tools else "none"
+        )
+        self.parse_calls = get_call_format(self.tool_format) if self.tools else None
+        self.native_tools = self.tool_format in ("hermes", "llama3")  # the template renders them
+        self.max_tool_calls = max_tool_calls if self.tools else 0
+        self.tool_turn = tool_turn
+        self.tool_workers = tool_workers
         self.make_env = env_factory(env, env_params)
         probe = self.make_env()
         self.criteria: tuple[str, ...] = tuple(probe.criteria)
@@ -157,33 +220,68 @@ class MultiTurnRunner(EpisodeRunner):
     def _encode(self, text: str) -> list[int]:
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
+    def _template(self, messages: list[dict[str, Any]], **kw: Any) -> Any:
+        if self.native_tools:
+            kw["tools"] = self.tool_schemas
+        return self.tokenizer.apply_chat_template(messages, **kw)
+
     def _prompt(self, example: Any, first_obs: str) -> tuple[list[int], list[dict[str, Any]]]:
-        system = self.formatter.text(example.prompt)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": first_obs}]
+        system = self.formatter.text(example.prompt) if self.system else ""
+        if self.tools and not self.native_tools:  # fallback: the tools are described in the system message
+            system = "\n\n".join(x for x in (system, fallback_instructions(self.tool_schemas)) if x)
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": first_obs})
         if not self.formatter.chat:
             return self._encode(system + self.user_turn.replace("{observation}", first_obs)), messages
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = self._template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(i) for i in ids], messages
 
-    def _reply(self, s: Session, observation: str) -> list[int]:
-        """Environment tokens after the agent's last turn (``s.messages`` ends with that turn)."""
-        if not self.formatter.chat:
-            return self._encode(self.user_turn.replace("{observation}", observation))
-        msgs = [{"role": m["role"], "content": m["content"]} for m in s.messages]
-        full = self.tokenizer.apply_chat_template(
-            [*msgs, {"role": "user", "content": observation}], add_generation_prompt=True, tokenize=False
-        )
-        anchor = msgs[-1]["content"] + (self.tokenizer.eos_token or "")
+    _ANCHOR = "posttrain-agent-turn-anchor"
+
+    def _after_agent(self, new: list[dict[str, Any]]) -> str:
+        """The template's text between an agent turn's EOS and the next generation prompt when
+        ``new`` messages follow it, rendered after a fixed stand-in conversation (never the real one,
+        which a template may re-render differently: module docstring)."""
+        stand_in = [{"role": "user", "content": "?"}, {"role": "assistant", "content": self._ANCHOR}]
+        full = self._template([*stand_in, *new], add_generation_prompt=True, tokenize=False)
+        anchor = self._ANCHOR + (self.tokenizer.eos_token or "")
         at = full.rfind(anchor)
         if at < 0:
             raise InvalidValueError(
-                "runner 'multi-turn': the chat template does not render the agent's turn verbatim followed "
+                "runner 'multi-turn': the chat template does not render an agent turn verbatim followed "
                 f"by the EOS token {self.tokenizer.eos_token!r}, so the environment's reply cannot be "
                 "tokenised after it; use the plain template (task.chat_template=false)"
             )
-        return self._encode(full[at + len(anchor) :])
+        return full[at + len(anchor) :]
+
+    def _reply(self, observation: str) -> list[int]:
+        """Environment tokens after the agent's turn: the environment's next observation."""
+        if not self.formatter.chat:
+            return self._encode(self.user_turn.replace("{observation}", observation))
+        return self._encode(self._after_agent([{"role": "user", "content": observation}]))
+
+    def _tool_reply(self, results: list[tuple[str, ToolResult]]) -> list[int]:
+        """Environment tokens after a turn with tool calls: the results as tool turns."""
+        texts = [r.text for _, r in results]
+        if not self.formatter.chat:
+            return self._encode(self.tool_turn.replace("{observation}", fallback_results(texts)))
+        if self.native_tools:
+            msgs = [{"role": "tool", "name": name, "content": r.text} for name, r in results]
+        else:
+            msgs = [{"role": "user", "content": fallback_results(texts)}]
+        return self._encode(self._after_agent(msgs))
+
+    def _run_call(self, call: ToolCall | MalformedCall) -> tuple[str, ToolResult]:
+        if isinstance(call, MalformedCall):
+            return "", ToolResult(f"error: malformed tool call: {call.error}", False)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools))
+            return call.name, ToolResult(f"error: unknown tool {call.name!r}; tools: {known}", False)
+        res = tool.invoke(call.arguments)
+        return call.name, res if res.ok else ToolResult(f"error: {res.text}", False)
 
     # ------------------------------------------------------------------------------------- run
     def _env_seed(self, example: Any, j: int) -> int:
@@ -205,8 +303,8 @@ class MultiTurnRunner(EpisodeRunner):
                 sessions.append(Session(g, ex, env, seed, prompt, messages=messages))
         self._calls += 1
         have_lp = params.logprobs
-        eos = self.tokenizer.eos_token_id
-        for turn in range(1, self.max_turns + 1):
+        # every round either ends an environment turn or spends at least one tool call
+        for _round in range(self.max_turns + self.max_tool_calls):
             for s in sessions:
                 if not s.done and len(s.context) + params.max_new_tokens > self.max_context:
                     s.done, s.truncated, s.session_reward = True, True, float(s.env.abort())
@@ -216,36 +314,98 @@ class MultiTurnRunner(EpisodeRunner):
             b = self.engine.generate([s.context for s in active], [1] * len(active), params)
             have_lp = have_lp and b.logprobs is not None
             texts = self.tokenizer.batch_decode(b.completion_lists(), skip_special_tokens=True)
+            calls: list[list[ToolCall | MalformedCall]] = []
+            cuts = [r == FINISH_LENGTH for r in b.finish_reasons]
             for j, (s, ids) in enumerate(zip(active, b.completion_lists(), strict=True)):
                 lps = b.logprobs[j, : len(ids)].tolist() if b.logprobs is not None else [0.0] * len(ids)
                 s.completion += ids
                 s.actions += [1] * len(ids)
                 s.logprobs += lps
-                s.turn_index += [turn] * len(ids)
-                res = check_step(s.env, s.env.step(texts[j]), turn)
-                cut = b.finish_reasons[j] == FINISH_LENGTH
-                turn_r = dict(res.turn_rewards)
-                if cut and self.cut_violation is not None:  # the EOS closing it is not the policy's
-                    turn_r[self.cut_violation] = min(float(turn_r[self.cut_violation]), -1.0)
-                s.turn_rewards.append([float(turn_r[c]) for c in self.criteria])
-                s.messages.append({"role": "assistant", "content": texts[j], "turn_rewards": turn_r})
-                s.turns_cut += int(cut)
-                if cut and eos is not None:  # close the turn the way the template expects
-                    self._append_env(s, [int(eos)])
-                if res.done:
-                    s.done, s.session_reward = True, float(res.session_reward)
-                    if res.observation:
-                        s.messages.append({"role": "user", "content": res.observation, "final": True})
-                    continue
-                reply = self._reply(s, res.observation)
-                s.messages.append({"role": "user", "content": res.observation})
-                self._append_env(s, reply)
+                s.turn_index += [s.turn] * len(ids)
+                s.turns_cut += int(cuts[j])
+                s.turn_cut = s.turn_cut or cuts[j]
+                budget = self.max_tool_calls - s.tool_calls
+                calls.append(self.parse_calls(texts[j]) if self.parse_calls and budget > 0 else [])
+            results = self._run_tools(active, calls)
+            for j, s in enumerate(active):
+                if calls[j]:
+                    self._tool_round(s, texts[j], calls[j], results[j], cuts[j])
+                else:
+                    self._env_round(s, texts[j], cuts[j])
         for s in sessions:  # check_step guarantees done by max_turns; belt and braces
             if not s.done:
                 raise PosttrainRuntimeError("runner 'multi-turn': a session neither ended nor was cut")
         self.last_sessions = sessions
         self._last = self._episodes(sessions, have_lp)
         return self._last
+
+    def _run_tools(
+        self, active: list[Session], calls: list[list[ToolCall | MalformedCall]]
+    ) -> list[list[tuple[str, ToolResult]]]:
+        """Each session's calls of this round, within its budget (all sessions' calls in parallel)."""
+        jobs: list[tuple[int, ToolCall | MalformedCall | None]] = []
+        for j, (s, cs) in enumerate(zip(active, calls, strict=True)):
+            budget = self.max_tool_calls - s.tool_calls
+            jobs += [(j, c if k < budget else None) for k, c in enumerate(cs)]
+        if not jobs:
+            return [[] for _ in active]
+        over = ("", ToolResult(f"error: tool call budget of {self.max_tool_calls} spent; answer now", False))
+        with ThreadPoolExecutor(max_workers=self.tool_workers) as pool:
+            done = list(pool.map(lambda job: over if job[1] is None else self._run_call(job[1]), jobs))
+        out: list[list[tuple[str, ToolResult]]] = [[] for _ in active]
+        for (j, call), res in zip(jobs, done, strict=True):
+            out[j].append(res)
+            active[j].tool_calls += int(call is not None)
+            active[j].tool_valid += int(call is not None and res[1].ok)
+        return out
+
+    def _close_turn(self, s: Session, cut: bool) -> None:
+        """A round the engine cut at the token cap (no EOS sampled) ends with an EOS (an environment
+        token), as the template expects."""
+        eos = self.tokenizer.eos_token_id
+        if cut and eos is not None:
+            self._append_env(s, [int(eos)])
+
+    def _tool_round(
+        self,
+        s: Session,
+        text: str,
+        calls: list[ToolCall | MalformedCall],
+        results: list[tuple[str, ToolResult]],
+        cut: bool,
+    ) -> None:
+        s.messages.append(
+            {
+                "role": "assistant",
+                "content": text,
+                "tool_calls": [
+                    {"name": c.name, "arguments": c.arguments}
+                    if isinstance(c, ToolCall)
+                    else {"malformed": c.raw, "error": c.error}
+                    for c in calls
+                ],
+            }
+        )
+        s.messages += [{"role": "tool", "name": n, "content": r.text, "ok": r.ok} for n, r in results]
+        self._close_turn(s, cut)
+        self._append_env(s, self._tool_reply(results))
+
+    def _env_round(self, s: Session, text: str, cut: bool) -> None:
+        res = check_step(s.env, s.env.step(text), s.turn)
+        turn_r = dict(res.turn_rewards)
+        if s.turn_cut and self.cut_violation is not None:  # the EOS closing it is not the policy's
+            turn_r[self.cut_violation] = min(float(turn_r[self.cut_violation]), -1.0)
+        s.turn_rewards.append([float(turn_r[c]) for c in self.criteria])
+        s.messages.append({"role": "assistant", "content": text, "turn_rewards": turn_r})
+        self._close_turn(s, cut)
+        s.turn, s.turn_cut = s.turn + 1, False
+        if res.done:
+            s.done, s.session_reward = True, float(res.session_reward)
+            if res.observation:
+                s.messages.append({"role": "user", "content": res.observation, "final": True})
+            return
+        s.messages.append({"role": "user", "content": res.observation})
+        self._append_env(s, self._reply(res.observation))
 
     @staticmethod
     def _append_env(s: Session, ids: list[int]) -> None:
@@ -278,18 +438,38 @@ class MultiTurnRunner(EpisodeRunner):
             num = torch.tensor([len(s.turn_rewards) for s in sessions], dtype=torch.long)
             inputs = {"turn_index": turn_idx, "turn_rewards": turn_r, "num_turns": num}
         texts = self.tokenizer.batch_decode([s.completion for s in sessions], skip_special_tokens=True)
+        stats = {}
+        if self.tools:
+            stats = {
+                "tool_calls": torch.tensor([float(s.tool_calls) for s in sessions]),
+                "tool_valid_calls": torch.tensor([float(s.tool_valid) for s in sessions]),
+            }
         return Episodes(
             batch=batch,
             texts=list(texts),
             examples=[s.example for s in sessions],
             rewards=rewards,
             advantage_inputs=inputs,
+            row_stats=stats,
         )
+
+    def step_metrics(self, episodes: Episodes) -> dict[str, float]:
+        """With tools: ``tool_call_rate`` (share of conversations with at least one call),
+        ``tool_valid_rate`` (valid calls / calls, 0 without calls) and ``tool_calls_mean``."""
+        st = episodes.row_stats
+        if "tool_calls" not in st:
+            return {}
+        calls, valid = st["tool_calls"], st["tool_valid_calls"]
+        return {
+            "tool_call_rate": float((calls > 0).float().mean()) if len(calls) else 0.0,
+            "tool_valid_rate": float(valid.sum() / calls.sum().clamp(min=1.0)),
+            "tool_calls_mean": float(calls.mean()) if len(calls) else 0.0,
+        }
 
     # ------------------------------------------------------------------------------ evaluation
     def eval_metrics(self, episodes: Episodes) -> dict[str, Any]:
         """Over the conversations of ``episodes`` (this runner's last run): ``session_reward_mean``,
-        ``avg_turns``, ``truncated_rate``, per criterion c ``<c>_rate`` (fraction of agent turns with a
+        ``avg_turns``, ``truncated_rate``, the tool metrics of :meth:`step_metrics`, per criterion c ``<c>_rate`` (fraction of agent turns with a
         negative score) and ``<c>_session_rate`` (fraction of conversations with at least one), for
         every boolean fact of ``Env.summary()`` (sales: ``conversion``) ``<fact>_rate``, and
         ``transcripts``: the first ``transcripts`` conversations verbatim."""
@@ -314,6 +494,7 @@ class MultiTurnRunner(EpisodeRunner):
         for key in summaries[0] if summaries else ():
             if all(isinstance(sm.get(key), bool) for sm in summaries):
                 out[f"{key}_rate"] = sum(sm[key] for sm in summaries) / n
+        out.update(self.step_metrics(episodes))
         out["transcripts"] = [s.transcript() for s in ss[: self.n_transcripts]]
         return out
 
@@ -330,6 +511,12 @@ def multi_turn_runner(
     seed: int | None = None,
     transcripts: int = 3,
     cut_violation: str | None = "auto",
+    system: bool = True,
+    tools: list[str] | None = None,
+    tool_format: str = "auto",
+    max_tool_calls: int = 4,
+    tool_turn: str = "\nTool: {observation}\nAgent:",
+    tool_workers: int = 4,
 ) -> MultiTurnRunner:
     """Registry factory (``rollout.runner: {name: multi-turn, params: {...}}``): a
     :class:`MultiTurnRunner` over the context's engine and formatter; the environments are seeded from
@@ -352,6 +539,12 @@ def multi_turn_runner(
         seed=ctx.seed if seed is None else seed,
         transcripts=transcripts,
         cut_violation=cut_violation,
+        system=system,
+        tools=tools,
+        tool_format=tool_format,
+        max_tool_calls=max_tool_calls,
+        tool_turn=tool_turn,
+        tool_workers=tool_workers,
     )
 
 

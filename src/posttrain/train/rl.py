@@ -556,6 +556,7 @@ class RLTrainer(RunLoopTrainer):
             metrics.update({f"filter/{k}": v for k, v in c.group_filter.metrics().items()})
         metrics.update({f"replay/{k}": v for k, v in c.replay.metrics().items()})
         metrics.update(scores.shaping)
+        metrics.update(c.runner.step_metrics(ro.episodes))  # the runner's own (tool calls, ...)
         # the hooks' own numbers (Hook.step_metrics): a method's metric comes from its hook, not the loop
         metrics.update(hook_metrics(self.hooks(), ro.episodes, kind="step", reserved=metrics))
         # distributed: the global batch's metrics and outcomes, so every rank's hooks see the same

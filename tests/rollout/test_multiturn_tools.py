@@ -1,0 +1,253 @@
+"""Tools in the multi-turn runner (issue 43 items 1-2): calls executed and returned as tool turns that are
+attended but never trained on, malformed calls returned as errors, the call budget, the step metrics,
+and token identity between generation and training under a template that re-renders earlier turns."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from posttrain.models import load_model_and_tokenizer
+from posttrain.rollout import PromptFormatter, RolloutBatch, RolloutEngine, SamplingParams
+from posttrain.rollout.multiturn import MultiTurnRunner
+from posttrain.tasks.base import Example
+
+LP = -0.5
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_model_and_tokenizer("tiny", device="cpu", seed=0)[1]
+
+
+def call(expr: str, name: str = "calculator") -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": {"expression": expr}}) + "</tool_call>"
+
+
+class ScriptedAgent(RolloutEngine):
+    """Turn r of a conversation (r = tool responses already in its context) is ``script[r]`` + EOS,
+    cut at max_new_tokens; every call's contexts and completions are recorded."""
+
+    def __init__(self, tok, script: list[str]):
+        self.tok, self.script = tok, script
+        self.calls: list[tuple[list[list[int]], list[list[int]]]] = []
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tok.pad_token_id)
+
+    def generate(self, prompt_ids, n_per_prompt, params):
+        comps, reasons = [], []
+        for p in prompt_ids:
+            ctx = self.tok.decode(p, skip_special_tokens=False)
+            r = ctx.count("\n</tool_response>")  # the results (the tool description names the tag too)
+            text = self.script[min(r, len(self.script) - 1)]
+            ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id]
+            reasons.append("length" if len(ids) > params.max_new_tokens else "stop")
+            comps.append(ids[: params.max_new_tokens])
+        self.calls.append(([list(p) for p in prompt_ids], comps))
+        return RolloutBatch.from_token_lists(
+            prompt_ids,
+            comps,
+            pad_token_id=self.pad_token_id,
+            group_ids=list(range(len(prompt_ids))),
+            finish_reasons=reasons,
+            logprobs=[[LP] * len(c) for c in comps],
+        )
+
+
+def ex(answer: int = 7006652) -> Example:
+    return Example(id="q0", prompt="What is 1234 times 5678?", answer=str(answer))
+
+
+def runner(tok, engine, *, chat=True, **kw):
+    kw.setdefault("env", "answer")
+    kw.setdefault("system", False)
+    kw.setdefault("tools", ["calculator"])
+    return MultiTurnRunner(engine, PromptFormatter(tok, chat=chat), **kw)
+
+
+def spans(mask: list[int]) -> list[tuple[int, int]]:
+    out, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        if not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_call_runs_its_result_is_a_tool_turn_and_only_generated_tokens_are_trained(tok, chat):
+    eng = ScriptedAgent(tok, [f"I will compute. {call('1234*5678')}", "The answer is 7006652."])
+    r = runner(tok, eng, chat=chat)
+    eps = r.run([ex()], [2], SamplingParams(max_new_tokens=200))
+    b = eps.batch
+    assert eps.rewards.tolist() == [1.0, 1.0] and len(eng.calls) == 2  # one batched call per round
+    assert eps.row_stats["tool_calls"].tolist() == [1.0, 1.0]
+    assert eps.row_stats["tool_valid_calls"].tolist() == [1.0, 1.0]
+    for i in range(2):
+        n = int(b.completion_mask[i].sum())
+        comp = b.completion_ids[i, :n].tolist()
+        act = b.action_mask[i, :n].tolist()
+        # the trained tokens are exactly the two generated rounds, in order
+        gen = [eng.calls[k][1][i] for k in range(2)]
+        sp = spans(act)
+        assert [comp[a:e] for a, e in sp] == gen
+        # between them: the tool's result, attended (completion mask 1), never trained (action 0)
+        tool_text = tok.decode(comp[sp[0][1] : sp[1][0]], skip_special_tokens=False)
+        assert "<tool_response>\n7006652\n</tool_response>" in tool_text
+        assert b.logprobs[i, :n][torch.tensor(act) == 0].abs().sum() == 0
+        # the context the engine extended in round 2 is the training row's prefix (token identity)
+        ctx2 = eng.calls[1][0][i]
+        assert ctx2 == (b.prompt_ids[i][b.prompt_mask[i].bool()].tolist() + comp)[: len(ctx2)]
+        ti = eps.advantage_inputs["turn_index"][i, :n].tolist()
+        assert {t for t, a in zip(ti, act, strict=True) if a} == {1}  # tool rounds stay in turn 1
+        assert all(t == 0 for t, a in zip(ti, act, strict=True) if not a)
+    # the action lengths (length metrics, length penalties) count the agent's tokens only
+    assert b.action_lengths.tolist() == [
+        sum(len(c) for c in (eng.calls[0][1][i], eng.calls[1][1][i])) for i in range(2)
+    ]
+    m = r.step_metrics(eps)
+    assert m == {"tool_call_rate": 1.0, "tool_valid_rate": 1.0, "tool_calls_mean": 1.0}
+    # the fallback format describes the tools in the prompt
+    assert "calculator" in tok.decode(eng.calls[0][0][0]) and "<tool_call>" in tok.decode(eng.calls[0][0][0])
+
+
+@pytest.mark.parametrize(
+    ("first", "error"),
+    [
+        ('<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>', "malformed tool call"),
+        (call("1+1", name="search"), "unknown tool 'search'"),
+        ('<tool_call>{"name": "calculator", "arguments": {"expr": "1+1"}}</tool_call>', "unknown argument"),
+        ('<tool_call>{"name": "calculator", "arguments": {"expression": "1+', "without its closing"),
+    ],
+)
+def test_a_bad_call_is_returned_to_the_model_as_an_error_and_the_episode_goes_on(tok, first, error):
+    eng = ScriptedAgent(tok, [first, "7006652"])
+    r = runner(tok, eng)
+    eps = r.run([ex()], [1], SamplingParams(max_new_tokens=200))
+    assert eps.rewards.tolist() == [1.0]  # the episode went on to its answer
+    assert eps.row_stats["tool_calls"].tolist() == [1.0] and eps.row_stats["tool_valid_calls"].tolist() == [
+        0.0
+    ]
+    ctx2 = tok.decode(eng.calls[1][0][0])
+    assert "<tool_response>\nerror: " in ctx2 and error in ctx2
+    msgs = r.last_sessions[0].messages
+    assert msgs[-2]["role"] == "tool" and msgs[-2]["ok"] is False
+    assert r.step_metrics(eps)["tool_valid_rate"] == 0.0 and r.step_metrics(eps)["tool_call_rate"] == 1.0
+
+
+def test_the_call_budget_ends_the_tool_loop(tok):
+    eng = ScriptedAgent(tok, [f"{call('1+1')}{call('2+2')}{call('3+3')}", call("4+4")])
+    r = runner(tok, eng, max_tool_calls=2)
+    eps = r.run([ex(2)], [1], SamplingParams(max_new_tokens=300))
+    # round 1: three calls, two run, the third is refused (budget); round 2 goes to the environment
+    assert len(eng.calls) == 2
+    assert eps.row_stats["tool_calls"].tolist() == [2.0] and eps.row_stats["tool_valid_calls"].tolist() == [
+        2.0
+    ]
+    ctx2 = tok.decode(eng.calls[1][0][0])
+    assert ctx2.count("\n</tool_response>") == 3 and "budget of 2 spent" in ctx2
+    assert r.last_sessions[0].messages[-1] == {
+        "role": "assistant",
+        "content": call("4+4"),
+        "turn_rewards": {"format": 0.0},
+    }
+    assert eps.rewards.tolist() == [0.0]  # the last number of the unexecuted call is 4, not 2
+    # max_tool_calls=0 is no tool loop at all; a negative budget is refused
+    eng0 = ScriptedAgent(tok, [call("1+1")])
+    assert runner(tok, eng0, max_tool_calls=0).run(
+        [ex(1)], [1], SamplingParams(max_new_tokens=200)
+    ).row_stats["tool_calls"].tolist() == [0.0]
+    with pytest.raises(ValueError, match="max_tool_calls must be an int >= 0"):
+        runner(tok, eng0, max_tool_calls=-1)
+
+
+def test_a_round_cut_at_the_token_cap_is_closed_by_an_env_eos_and_marks_the_turn(tok):
+    eng = ScriptedAgent(tok, [call("1234*5678"), "7006652"])
+    r = runner(tok, eng)
+    eps = r.run([ex()], [1], SamplingParams(max_new_tokens=20))  # the call is cut: unclosed tag
+    s = r.last_sessions[0]
+    assert s.turns_cut == 1 and s.tool_calls == 1 and s.tool_valid == 0
+    n = int(eps.batch.completion_mask[0].sum())
+    comp, act = eps.batch.completion_ids[0, :n].tolist(), eps.batch.action_mask[0, :n].tolist()
+    first = spans(act)[0]
+    assert comp[first[1]] == tok.eos_token_id and act[first[1]] == 0  # the EOS is not the policy's
+    assert s.turn_rewards == [[-1.0]]  # the turn had a cut round: a format violation
+
+
+# a Qwen3-like template: earlier assistant turns lose their <think> block when re-rendered, tools are
+# rendered natively (hermes), tool results become <tool_response> blocks in a user turn
+STRIP_THINK = (
+    "{% if tools %}<|system|>\n# Tools\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n"
+    "Call with <tool_call>{}</tool_call>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}{% set c = m['content'] %}"
+    "{% if not loop.last and '</think>' in c %}{% set c = c.split('</think>')[-1] %}{% endif %}"
+    "{{ '<|assistant|>\n' + c + eos_token + '\n' }}"
+    "{% elif m['role'] == 'tool' %}"
+    "{% if loop.previtem is defined and loop.previtem['role'] != 'tool' %}{{ '<|user|>\n' }}{% endif %}"
+    "{{ '<tool_response>\n' + m['content'] + '\n</tool_response>\n' }}"
+    "{% else %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", ["plain-chat", "strip-think"])
+def test_token_identity_between_generation_and_training_under_two_templates(tok, template):
+    tk = copy.deepcopy(tok)  # the same tokenizer under another template
+    if template == "strip-think":
+        tk.chat_template = STRIP_THINK
+    eng = ScriptedAgent(tk, [f"<think>multiply</think>{call('1234*5678')}", "<think>done</think>7006652"])
+    r = runner(tk, eng)
+    assert r.tool_format == ("hermes" if template == "strip-think" else "fallback")
+    eps = r.run([ex()], [1], SamplingParams(max_new_tokens=200))
+    b, s = eps.batch, r.last_sessions[0]
+    row = (
+        b.prompt_ids[0][b.prompt_mask[0].bool()].tolist()
+        + b.completion_ids[0][b.completion_mask[0].bool()].tolist()
+    )
+    # every generation call saw a prefix of the training row and produced the tokens that follow it
+    for ctxs, comps in eng.calls:
+        assert row[: len(ctxs[0])] == ctxs[0] and row[len(ctxs[0]) : len(ctxs[0]) + len(comps[0])] == comps[0]
+    assert eps.rewards.tolist() == [1.0]
+    text = tk.decode(row, skip_special_tokens=False)
+    assert "<think>multiply</think>" in text  # the generated thinking stays in the trained tokens
+    if template == "strip-think":
+        # re-rendering the conversation with the template would have dropped it: the drift avoided
+        msgs = [{k: v for k, v in m.items() if k in ("role", "content")} for m in s.messages]
+        rerendered = tk.apply_chat_template(msgs, tools=r.tool_schemas, tokenize=False)
+        assert "<think>multiply</think>" not in rerendered
+        assert "<tools>" in tk.decode(eng.calls[0][0][0])  # tools rendered by the template itself
+        assert "<|user|>\n<tool_response>\n7006652\n</tool_response>" in text
+
+
+def test_tools_off_changes_nothing_and_bad_params_are_refused(tok):
+    eng = ScriptedAgent(tok, [call("1+1")])
+    r = runner(tok, eng, tools=None)
+    eps = r.run([ex(1)], [1], SamplingParams(max_new_tokens=200))
+    assert eps.row_stats == {} and r.step_metrics(eps) == {} and len(eng.calls) == 1
+    assert eps.rewards.tolist() == [1.0]  # the call text is the answer (last number 1)
+    with pytest.raises(ValueError, match="tool call format must be one of"):
+        runner(tok, eng, tool_format="xml")
+    with pytest.raises(ValueError, match="tool_turn must contain"):
+        runner(tok, eng, tool_turn="Tool:")
+
+
+def test_row_stats_follow_their_rows_and_a_bad_shape_is_refused(tok):
+    from posttrain.rollout.episodes import Episodes
+
+    eng = ScriptedAgent(tok, [call("1+1"), "2"])
+    eps = runner(tok, eng).run([ex(2), ex(3)], [2, 1], SamplingParams(max_new_tokens=200))
+    eps.row_stats["tool_calls"] = torch.tensor([1.0, 2.0, 3.0])
+    sel = eps.select([2, 0])
+    assert sel.row_stats["tool_calls"].tolist() == [3.0, 1.0]
+    both = Episodes.concat([sel, eps.select([1])])
+    assert both.row_stats["tool_calls"].tolist() == [3.0, 1.0, 2.0]
+    with pytest.raises(ValueError, match=r"row_stats\['x'\] must be a \(3,\) tensor"):
+        Episodes(eps.batch, eps.texts, eps.examples, row_stats={"x": torch.zeros(2)})
