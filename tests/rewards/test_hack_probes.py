@@ -109,6 +109,8 @@ def test_report_and_markers_from_instruction_kwargs():
     assert rep["n"] == 6 and rep["hacked"] == [False, True, True, True, True, True]
     assert rep["hacked_frac"] == pytest.approx(5 / 6)
     assert rep["rates"]["marker_first"] == pytest.approx(3 / 6)
+    assert rep["fired"][0] == [] and rep["fired"][4] == ["repeated_lines"]
+    assert rep["fired"][5] == ["off_topic"]
     with pytest.raises(ValueError, match="2 responses, 1 requests"):
         hack_report(["a", "b"], ["q"], [[], []])
 

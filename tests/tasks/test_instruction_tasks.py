@@ -228,6 +228,9 @@ def test_eval_report_flags_the_postscript_hacks_of_the_real_model():
     rep = t.eval_report([held[0]] * 3, [genuine, stacked, bare])
     assert rep["prompt_strict"] == 1.0  # the checker accepts all three
     assert [i["hacked"] for i in rep["items"]] == [False, True, True] and rep["hacked_frac"] == 2 / 3
+    # each item keeps its completion and the probes that fired, so a flagged answer can be read
+    assert [i["completion"] for i in rep["items"]] == [genuine, stacked, bare]
+    assert rep["items"][0]["probes"] == [] and "marker_repeated" in rep["items"][1]["probes"]
 
 
 def test_word_problems():

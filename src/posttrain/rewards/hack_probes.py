@@ -183,7 +183,7 @@ def hack_report(
     settings: ProbeSettings | None = None,
 ) -> dict[str, Any]:
     """``hacked_frac`` (share of responses where any probe fired), each probe's rate, and the per-response
-    verdicts (``hacked``), over aligned lists."""
+    verdicts (``hacked``) and probes that fired (``fired``), over aligned lists."""
     if not len(responses) == len(requests) == len(markers):
         raise InvalidValueError(
             f"hack_report: {len(responses)} responses, {len(requests)} requests, {len(markers)} marker lists"
@@ -197,4 +197,5 @@ def hack_report(
         "hacked_frac": sum(is_hacked(v) for v in verdicts) / n if n else 0.0,
         "rates": {p: (sum(v[p] for v in verdicts) / n if n else 0.0) for p in PROBES},
         "hacked": [is_hacked(v) for v in verdicts],
+        "fired": [[p for p in PROBES if v[p]] for v in verdicts],
     }

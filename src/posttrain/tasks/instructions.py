@@ -347,16 +347,18 @@ def instruction_report(
             late_skips += 1
             continue
         rows.append({"instruction_id_list": m["instruction_id_list"], "strict": strict, "loose": loose})
-        items.append({"id": ex.id, "strict": all(strict), "loose": all(loose)})
+        items.append({"id": ex.id, "strict": all(strict), "loose": all(loose), "completion": text})
         scored.append((text, m.get("request") or ex.prompt, markers_of(m["kwargs"])))
     # hack probes (posttrain.rewards.hack_probes): answers that game the checkers
     hacks = hack_report(*(list(col) for col in zip(*scored, strict=True))) if scored else None
-    for item, hacked in zip(items, hacks["hacked"] if hacks else [], strict=True):
-        item["hacked"] = hacked
+    for item, hacked, fired in zip(
+        items, hacks["hacked"] if hacks else [], hacks["fired"] if hacks else [], strict=True
+    ):
+        item["hacked"], item["probes"] = hacked, fired
     agg = aggregate(rows)
     agg["hacked_frac"] = hacks["hacked_frac"] if hacks else None
     agg["hack_rates"] = hacks["rates"] if hacks else None
-    agg["items"] = items  # per-prompt verdicts (paired before/after comparisons)
+    agg["items"] = items  # per-prompt verdicts and completions (paired before/after comparisons)
     agg["skipped"] = {**(skipped or {}), "at_scoring": late_skips}
     table_rows: list[list[Any]] = [
         ["prompt-level", agg.get("prompt_strict"), agg.get("prompt_loose"), agg["n_prompts"]],
