@@ -291,3 +291,16 @@ def test_ood_split_holds_instruction_types_never_trained_on():
         get_task("instructions", **kw, ood_types=["punctuation:no_comma"])
     with pytest.raises(ValueError, match="unknown ood_types"):
         get_task("instructions", **kw, ood_types=["nope"])
+
+
+def test_word_problems_carry_the_expression_that_gives_their_answer():
+    """meta["expression"] (tool-use warm starts) evaluates to the gold answer on every problem, with
+    each operation kind (gain, loss, groups) present."""
+    from posttrain.tools import get_tool
+
+    calc = get_tool("calculator")
+    t = get_task("word_problems", steps=3, max_value=9999, n_train=200, n_heldout=50)
+    exs = t.split("train") + t.split("heldout")
+    assert all(calc.call({"expression": e.meta["expression"]}) == e.answer for e in exs)
+    joined = " ".join(e.meta["expression"] for e in exs)
+    assert all(op in joined for op in (" + ", " - ", ") * "))

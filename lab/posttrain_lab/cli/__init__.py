@@ -12,6 +12,7 @@ from posttrain_lab.cli import cit as _cit  # noqa: F401
 from posttrain_lab.cli import demo as _demo  # noqa: F401
 from posttrain_lab.cli import demo_smol as _demo_smol  # noqa: F401
 from posttrain_lab.cli import demo_tiny as _demo_tiny  # noqa: F401
+from posttrain_lab.cli import demo_tools as _demo_tools  # noqa: F401
 from posttrain_lab.cli import rm as _rm  # noqa: F401
 from posttrain_lab.cli import scpg as _scpg  # noqa: F401
 from posttrain_lab.cli import silo as _silo  # noqa: F401

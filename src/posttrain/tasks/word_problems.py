@@ -3,7 +3,8 @@
 Each problem is a short story with ``steps`` operations (1-3) on small quantities: a start amount,
 then gains (``+``), losses (``-``), or groups (``x``), e.g. "Maya has 14 stickers. She buys 6 more,
 then gives 5 to a friend. How many stickers does Maya have now? Answer with only the number." The gold
-answer is the integer result (never negative). Default reward ``last_number`` (the last number
+answer is the integer result (never negative); ``meta["expression"]`` is the arithmetic that gives it
+(e.g. ``(3510 - 1066) * 2``, for tool-use warm starts). Default reward ``last_number`` (the last number
 anywhere in the completion: chat models reason before they answer whatever the prompt asks; ``numeric``,
 which reads the first line, scored 1.7 % on 2-step problems). Held-out is drawn first; the splits
 never share a problem text. A chat task (``chat = True``): meant for instruction-tuned models.
@@ -75,31 +76,35 @@ class WordProblemsTask(Task):
             "seed": self.seed,
         }
 
-    def _problem(self, rng: random.Random) -> tuple[str, int]:
+    def _problem(self, rng: random.Random) -> tuple[str, int, str]:
         name, pron = rng.choice(NAMES)
         item = rng.choice(ITEMS)
         total = rng.randint(3, self.max_value)
         parts = [f"{name} has {total} {item}."]
         actions = []
+        expr = str(total)
         for _ in range(self.steps):
             kind = rng.choice(("gain", "loss", "groups") if total <= self.max_value else ("gain", "loss"))
             if kind == "loss" and total >= 2:
                 n = rng.randint(1, total - 1)
                 actions.append(rng.choice(_LOSS).format(n=n))
                 total -= n
+                expr = f"{expr} - {n}"
             elif kind == "groups":
                 n = rng.randint(2, 4)
                 actions.append(
                     f"{'doubles' if n == 2 else f'ends up with {n} times as many as'} {'them' if n == 2 else 'before'}"
                 )
                 total *= n
+                expr = f"({expr}) * {n}" if " " in expr else f"{expr} * {n}"
             else:
                 n = rng.randint(1, self.max_value)
                 actions.append(rng.choice(_GAIN).format(n=n))
                 total += n
+                expr = f"{expr} + {n}"
         parts.append(f"{pron} " + ", then ".join(actions) + ".")
         parts.append(f"How many {item} does {name} have now? Answer with only the number.")
-        return " ".join(parts), total
+        return " ".join(parts), total, expr
 
     def _build_splits(self) -> dict[str, list[Example]]:
         rng = random.Random(f"word_problems:{self.seed}")
@@ -114,12 +119,19 @@ class WordProblemsTask(Task):
                         f"task 'word_problems': could not draw {n} distinct {split} problems; raise max_value "
                         "or lower n_train/n_heldout"
                     )
-                text, answer = self._problem(rng)
+                text, answer, expr = self._problem(rng)
                 if text in seen:
                     continue
                 seen.add(text)
                 j = len(out[split])
-                out[split].append(Example(id=f"word_problems-{split}-{j}", prompt=text, answer=str(answer)))
+                out[split].append(
+                    Example(
+                        id=f"word_problems-{split}-{j}",
+                        prompt=text,
+                        answer=str(answer),
+                        meta={"expression": expr},
+                    )
+                )
         return out
 
     def reference_completion(self, example: Example, style: str = "short") -> str:

@@ -1,0 +1,121 @@
+"""`posttrain demo tools` (issue 43 item 4): the warm start's scripted conversations are rendered as the
+runner renders a tool episode, and the demo runs end to end on the tiny preset, resumable per arm."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from posttrain.models import load_model_and_tokenizer
+from posttrain.rollout import PromptFormatter, RolloutBatch, RolloutEngine, SamplingParams
+from posttrain.rollout.multiturn import MultiTurnRunner
+from posttrain.tasks import get_task
+from posttrain.tools import get_tool
+from posttrain.train.rl import DegenerateSettingWarning
+from posttrain_lab.demos import tools as demo
+
+TINY = [
+    "model.name=tiny",
+    "rollout.group_size=2",
+    "rollout.prompts_per_step=2",
+    "rollout.max_new_tokens=16",
+    "threads=1",
+    "micro_batch_size=4",
+]
+
+
+class Replay(RolloutEngine):
+    """Generates the assistant turns of a scripted conversation, in order."""
+
+    def __init__(self, tok, turns):
+        self.tok, self.turns, self.k = tok, turns, 0
+
+    @property
+    def pad_token_id(self):
+        return int(self.tok.pad_token_id)
+
+    def generate(self, prompt_ids, n_per_prompt, params):
+        ids = [*self.tok.encode(self.turns[self.k], add_special_tokens=False), self.tok.eos_token_id]
+        self.k += 1
+        return RolloutBatch.from_token_lists(
+            prompt_ids, [ids], pad_token_id=self.pad_token_id, group_ids=[0], finish_reasons=["stop"]
+        )
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2-135m"])
+def test_the_scripted_conversation_is_what_the_runner_would_have_produced(model):
+    tok = load_model_and_tokenizer(model, device="cpu", seed=0)[1]
+    ex = get_task("word_problems", steps=2, max_value=9999, n_train=4, n_heldout=1).split("train")[0]
+    calc = get_tool("calculator")
+    row = demo.tool_transcript(ex, [calc.schema])
+    msgs = row["messages"]
+    assert calc.call({"expression": ex.meta["expression"]}) == ex.answer == msgs[-1]["content"]
+    eng = Replay(tok, [msgs[2]["content"], msgs[4]["content"]])
+    r = MultiTurnRunner(
+        eng, PromptFormatter(tok, chat=True), env="answer", system=False, tools=["calculator"]
+    )
+    eps = r.run([ex], [1], SamplingParams(max_new_tokens=400))
+    assert eps.rewards.tolist() == [1.0] and r.last_sessions[0].tool_valid == 1
+    b = eps.batch
+    ids = (
+        b.prompt_ids[0][b.prompt_mask[0].bool()].tolist()
+        + b.completion_ids[0][b.completion_mask[0].bool()].tolist()
+    )
+    # SFT renders the same conversation with the chat template; the runner's row is its prefix (the
+    # template adds only the newline after the last end-of-turn)
+    sft_text = tok.apply_chat_template(msgs, tokenize=False)
+    assert sft_text.startswith(tok.decode(ids, skip_special_tokens=False))
+    assert len(sft_text) - len(tok.decode(ids, skip_special_tokens=False)) <= 1
+
+
+def test_demo_tools_end_to_end_on_tiny_and_resumes_per_arm(tmp_path):
+    out = tmp_path / "d"
+    kw = {"n_eval": 4, "sft_steps": 2, "rl_steps": 1, "overrides": TINY, "progress": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        s = demo.run_tools_demo(out, **kw)
+        assert set(s["arms"]) == set(demo.ARMS) and set(s["paired"]) == {f"{a}-{b}" for a, b in demo.PAIRS}
+        for arm in demo.ARMS:
+            a = json.loads((out / f"{arm}.json").read_text())
+            assert a["n"] == 4 and len(a["correct"]) == 4 and 0.0 <= a["tool_call_rate"] <= 1.0
+        assert s["arms"]["no_tool"]["tool_calls_mean"] == 0.0
+        assert (out / "sft" / "model" / "config.json").is_file() and (out / "rl" / "model").is_dir()
+        # resume: every finished arm is kept (no evaluation runs again)
+        (out / "tool_rl.json").unlink()
+        stamps = {arm: (out / f"{arm}.json").stat().st_mtime_ns for arm in demo.ARMS[:3]}
+        demo.run_tools_demo(out, resume=True, **kw)
+        assert {arm: (out / f"{arm}.json").stat().st_mtime_ns for arm in demo.ARMS[:3]} == stamps
+        assert (out / "tool_rl.json").is_file()
+        with pytest.raises(ValueError, match="already holds a demo tools"):
+            demo.run_tools_demo(out, **kw)
+    # through the CLI (its run-folder lock file is not "a previous demo")
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    res = CliRunner().invoke(app, ["demo", "tools", "--help"])
+    assert res.exit_code == 0 and "--sft-steps" in res.output
+    fresh = tmp_path / "cli"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateSettingWarning)
+        res = CliRunner().invoke(
+            app,
+            [
+                "demo",
+                "tools",
+                "--out",
+                str(fresh),
+                "--n-eval",
+                "2",
+                "--sft-steps",
+                "1",
+                "--rl-steps",
+                "1",
+                "--no-progress",
+                *TINY,
+            ],
+        )
+    assert res.exit_code == 0, res.output
+    assert json.loads((fresh / "summary.json").read_text())["arms"]["tool_rl"]["n"] == 2
