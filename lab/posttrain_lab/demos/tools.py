@@ -164,6 +164,10 @@ def run_tools_demo(
     tools = [get_tool(t) for t in cfg.rollout.runner.params.get("tools") or []]
     if not tools:
         raise InvalidValueError("demo tools: the config names no tools (rollout.runner.params.tools)")
+    if cfg.threads:  # the run's torch CPU threads, for the evaluations too
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     results: dict[str, Any] = {}
 
