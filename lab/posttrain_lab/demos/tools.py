@@ -238,6 +238,20 @@ def run_tools_demo(
             save_model_dir(trainer.model, trainer.tokenizer, rl_model)
     arm("tool_rl", str(rl_model), True)
 
+    # the RL gate: groups whose answers differ in reward are the only ones with a gradient
+    steps = [json.loads(x) for x in (out / "rl" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in steps if r.get("kind") == "step"]
+    gate = {
+        "steps": len(steps),
+        "mixed_groups_mean": sum(1.0 - r["zero_var_frac"] for r in steps) / max(len(steps), 1),
+        "steps_without_gradient": sum(r["zero_var_frac"] >= 1.0 for r in steps),
+        "temperature": cfg.rollout.temperature,
+    }
+    print(
+        f"[tools] RL gate: {100 * gate['mixed_groups_mean']:.0f} % of groups had mixed rewards on average "
+        f"({gate['steps_without_gradient']} of {gate['steps']} steps without any), T = {gate['temperature']}",
+        flush=True,
+    )
     pairs = {f"{a}-{b}": _paired(results[a]["correct"], results[b]["correct"]) for a, b in PAIRS}
     summary = {
         "model": cfg.model.name,
@@ -245,6 +259,7 @@ def run_tools_demo(
         "tools": [t.name for t in tools],
         "sft": {"steps": sft_steps, "lr": sft_lr, "rows": sft_steps * 8},
         "rl_steps": cfg.steps,
+        "rl_gate": gate,
         "arms": {
             k: {x: v for x, v in results[k].items() if x not in ("correct", "ids", "transcripts")}
             for k in ARMS

@@ -81,6 +81,7 @@ def test_demo_tools_end_to_end_on_tiny_and_resumes_per_arm(tmp_path):
             a = json.loads((out / f"{arm}.json").read_text())
             assert a["n"] == 4 and len(a["correct"]) == 4 and 0.0 <= a["tool_call_rate"] <= 1.0
         assert s["arms"]["no_tool"]["tool_calls_mean"] == 0.0
+        assert s["rl_gate"]["steps"] == 1 and 0.0 <= s["rl_gate"]["mixed_groups_mean"] <= 1.0
         assert (out / "sft" / "model" / "config.json").is_file() and (out / "rl" / "model").is_dir()
         # resume: every finished arm is kept (no evaluation runs again)
         (out / "tool_rl.json").unlink()

@@ -49,8 +49,9 @@ tool error (never a crash), the results are appended as tool turns (environment 
 never trained on) and the agent continues the same turn (its tokens keep the turn's index). A
 conversation makes at most ``max_tool_calls`` calls; once they are spent, a turn with calls goes to the
 environment as the agent's message, unexecuted. ``Episodes.row_stats`` counts ``tool_calls`` and
-``tool_valid_calls`` (well-formed, a known tool, arguments accepted and the tool returned without
-error) per conversation; the RL loop logs ``tool_call_rate`` (share of conversations with a call),
+``tool_valid_calls`` (well-formed, a known tool, arguments accepted and the tool did not raise; an
+error message the tool returns, such as the calculator's "division by zero", is a valid call's answer)
+per conversation; the RL loop logs ``tool_call_rate`` (share of conversations with a call),
 ``tool_valid_rate`` (valid / all calls; 0 when no call was made) and ``tool_calls_mean``.
 
 Token-exact: the training row IS the token sequence the engine extended, turn after turn; the tokens
