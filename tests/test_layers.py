@@ -76,6 +76,9 @@ def test_rollout_does_not_load_httpx_and_stays_small():
     assert "httpx" not in mods
     # before the layering it loaded 44 posttrain modules, SILO's agents and all 30 SILO tasks among them
     assert len([m for m in mods if m.startswith("posttrain")]) < 40
+    # the tools (and the sandbox) load only when a runner is given tools; the `answer` environment
+    # loads the rewards only when it is built
+    assert not [m for m in mods if m.startswith(("posttrain.tools", "posttrain.rewards", "posttrain.tasks"))]
 
 
 def test_import_posttrain_is_light():

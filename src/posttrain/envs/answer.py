@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from posttrain.envs.base import Env, StepResult, register_env
-from posttrain.rewards import get_reward
 
 
 @register_env("answer")
@@ -25,6 +24,8 @@ class AnswerEnv(Env):
     max_turns = 1
 
     def __init__(self, reward: str = "last_number", reward_params: dict[str, Any] | None = None) -> None:
+        from posttrain.rewards import get_reward  # on use: importing the environments stays light
+
         self.reward = get_reward(reward, **(reward_params or {}))
         self.example: Any = None
         self.answer: str | None = None

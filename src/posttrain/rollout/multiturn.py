@@ -66,23 +66,18 @@ from __future__ import annotations
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from posttrain.envs import ENVS, Env, check_step, env_factory
 from posttrain.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, RolloutEngine, SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter
-from posttrain.tools import ToolResult, get_tool
-from posttrain.tools.calls import (
-    MalformedCall,
-    ToolCall,
-    detect_call_format,
-    fallback_instructions,
-    fallback_results,
-    get_call_format,
-)
 from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
+
+if TYPE_CHECKING:  # the tools load only when a runner uses them (importing rollout stays light)
+    from posttrain.tools import ToolResult
+    from posttrain.tools.calls import MalformedCall, ToolCall
 
 REWARD_MODES = ("session", "sum")
 
@@ -184,13 +179,18 @@ class MultiTurnRunner(EpisodeRunner):
         self.formatter = formatter
         self.tokenizer = formatter.tokenizer
         self.system = system
-        self.tools = {t.name: t for t in (get_tool(x) for x in tools or [])}
-        self.tool_schemas = [t.schema for t in self.tools.values()]
-        template = getattr(self.tokenizer, "chat_template", None) if formatter.chat else None
-        self.tool_format = (
-            (detect_call_format(template) if tool_format == "auto" else tool_format) if self.tools else "none"
-        )
-        self.parse_calls = get_call_format(self.tool_format) if self.tools else None
+        self.tools: dict[str, Any] = {}
+        self.tool_schemas: list[dict[str, Any]] = []
+        self.tool_format, self.parse_calls = "none", None
+        if tools:
+            from posttrain.tools import get_tool
+            from posttrain.tools.calls import detect_call_format, get_call_format
+
+            self.tools = {t.name: t for t in (get_tool(x) for x in tools)}
+            self.tool_schemas = [t.schema for t in self.tools.values()]
+            template = getattr(self.tokenizer, "chat_template", None) if formatter.chat else None
+            self.tool_format = detect_call_format(template) if tool_format == "auto" else tool_format
+            self.parse_calls = get_call_format(self.tool_format)
         self.native_tools = self.tool_format in ("hermes", "llama3")  # the template renders them
         self.max_tool_calls = max_tool_calls if self.tools else 0
         self.tool_turn = tool_turn
@@ -229,6 +229,8 @@ class MultiTurnRunner(EpisodeRunner):
     def _prompt(self, example: Any, first_obs: str) -> tuple[list[int], list[dict[str, Any]]]:
         system = self.formatter.text(example.prompt) if self.system else ""
         if self.tools and not self.native_tools:  # fallback: the tools are described in the system message
+            from posttrain.tools.calls import fallback_instructions
+
             system = "\n\n".join(x for x in (system, fallback_instructions(self.tool_schemas)) if x)
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": first_obs})
@@ -265,6 +267,8 @@ class MultiTurnRunner(EpisodeRunner):
 
     def _tool_reply(self, results: list[tuple[str, ToolResult]]) -> list[int]:
         """Environment tokens after a turn with tool calls: the results as tool turns."""
+        from posttrain.tools.calls import fallback_results
+
         texts = [r.text for _, r in results]
         if not self.formatter.chat:
             return self._encode(self.tool_turn.replace("{observation}", fallback_results(texts)))
@@ -275,6 +279,9 @@ class MultiTurnRunner(EpisodeRunner):
         return self._encode(self._after_agent(msgs))
 
     def _run_call(self, call: ToolCall | MalformedCall) -> tuple[str, ToolResult]:
+        from posttrain.tools import ToolResult
+        from posttrain.tools.calls import MalformedCall
+
         if isinstance(call, MalformedCall):
             return "", ToolResult(f"error: malformed tool call: {call.error}", False)
         tool = self.tools.get(call.name)
@@ -350,6 +357,8 @@ class MultiTurnRunner(EpisodeRunner):
             jobs += [(j, c if k < budget else None) for k, c in enumerate(cs)]
         if not jobs:
             return [[] for _ in active]
+        from posttrain.tools import ToolResult
+
         over = ("", ToolResult(f"error: tool call budget of {self.max_tool_calls} spent; answer now", False))
         with ThreadPoolExecutor(max_workers=self.tool_workers) as pool:
             done = list(pool.map(lambda job: over if job[1] is None else self._run_call(job[1]), jobs))
@@ -381,7 +390,7 @@ class MultiTurnRunner(EpisodeRunner):
                 "content": text,
                 "tool_calls": [
                     {"name": c.name, "arguments": c.arguments}
-                    if isinstance(c, ToolCall)
+                    if hasattr(c, "name")  # a ToolCall; a MalformedCall has raw text and the reason
                     else {"malformed": c.raw, "error": c.error}
                     for c in calls
                 ],
