@@ -9,9 +9,10 @@ import json
 
 import pytest
 import torch
+from _engine_helpers import ScriptedEngine, by_tool_round
 
 from posttrain.models import load_model_and_tokenizer
-from posttrain.rollout import PromptFormatter, RolloutBatch, RolloutEngine, SamplingParams
+from posttrain.rollout import PromptFormatter, SamplingParams
 from posttrain.rollout.multiturn import MultiTurnRunner
 from posttrain.tasks.base import Example
 
@@ -27,36 +28,9 @@ def call(expr: str, name: str = "calculator") -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": {"expression": expr}}) + "</tool_call>"
 
 
-class ScriptedAgent(RolloutEngine):
-    """Turn r of a conversation (r = tool responses already in its context) is ``script[r]`` + EOS,
-    cut at max_new_tokens; every call's contexts and completions are recorded."""
-
-    def __init__(self, tok, script: list[str]):
-        self.tok, self.script = tok, script
-        self.calls: list[tuple[list[list[int]], list[list[int]]]] = []
-
-    @property
-    def pad_token_id(self) -> int:
-        return int(self.tok.pad_token_id)
-
-    def generate(self, prompt_ids, n_per_prompt, params):
-        comps, reasons = [], []
-        for p in prompt_ids:
-            ctx = self.tok.decode(p, skip_special_tokens=False)
-            r = ctx.count("\n</tool_response>")  # the results (the tool description names the tag too)
-            text = self.script[min(r, len(self.script) - 1)]
-            ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id]
-            reasons.append("length" if len(ids) > params.max_new_tokens else "stop")
-            comps.append(ids[: params.max_new_tokens])
-        self.calls.append(([list(p) for p in prompt_ids], comps))
-        return RolloutBatch.from_token_lists(
-            prompt_ids,
-            comps,
-            pad_token_id=self.pad_token_id,
-            group_ids=list(range(len(prompt_ids))),
-            finish_reasons=reasons,
-            logprobs=[[LP] * len(c) for c in comps],
-        )
+def scripted_agent(tok, script: list[str]) -> ScriptedEngine:
+    """Turn r of a conversation (r = tool responses already in its context) is ``script[r]`` + EOS."""
+    return ScriptedEngine(tok, by_tool_round(script), logprob=LP)
 
 
 def ex(answer: int = 7006652) -> Example:
@@ -83,7 +57,7 @@ def spans(mask: list[int]) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("chat", [True, False])
 def test_a_call_runs_its_result_is_a_tool_turn_and_only_generated_tokens_are_trained(tok, chat):
-    eng = ScriptedAgent(tok, [f"I will compute. {call('1234*5678')}", "The answer is 7006652."])
+    eng = scripted_agent(tok, [f"I will compute. {call('1234*5678')}", "The answer is 7006652."])
     r = runner(tok, eng, chat=chat)
     eps = r.run([ex()], [2], SamplingParams(max_new_tokens=200))
     b = eps.batch
@@ -128,7 +102,7 @@ def test_a_call_runs_its_result_is_a_tool_turn_and_only_generated_tokens_are_tra
     ],
 )
 def test_a_bad_call_is_returned_to_the_model_as_an_error_and_the_episode_goes_on(tok, first, error):
-    eng = ScriptedAgent(tok, [first, "7006652"])
+    eng = scripted_agent(tok, [first, "7006652"])
     r = runner(tok, eng)
     eps = r.run([ex()], [1], SamplingParams(max_new_tokens=200))
     assert eps.rewards.tolist() == [1.0]  # the episode went on to its answer
@@ -143,7 +117,7 @@ def test_a_bad_call_is_returned_to_the_model_as_an_error_and_the_episode_goes_on
 
 
 def test_the_call_budget_ends_the_tool_loop(tok):
-    eng = ScriptedAgent(tok, [f"{call('1+1')}{call('2+2')}{call('3+3')}", call("4+4")])
+    eng = scripted_agent(tok, [f"{call('1+1')}{call('2+2')}{call('3+3')}", call("4+4")])
     r = runner(tok, eng, max_tool_calls=2)
     eps = r.run([ex(2)], [1], SamplingParams(max_new_tokens=300))
     # round 1: three calls, two run, the third is refused (budget); round 2 goes to the environment
@@ -160,7 +134,7 @@ def test_the_call_budget_ends_the_tool_loop(tok):
     }
     assert eps.rewards.tolist() == [0.0]  # the last number of the unexecuted call is 4, not 2
     # max_tool_calls=0 is no tool loop at all; a negative budget is refused
-    eng0 = ScriptedAgent(tok, [call("1+1")])
+    eng0 = scripted_agent(tok, [call("1+1")])
     assert runner(tok, eng0, max_tool_calls=0).run(
         [ex(1)], [1], SamplingParams(max_new_tokens=200)
     ).row_stats["tool_calls"].tolist() == [0.0]
@@ -169,7 +143,7 @@ def test_the_call_budget_ends_the_tool_loop(tok):
 
 
 def test_a_round_cut_at_the_token_cap_is_closed_by_an_env_eos_and_marks_the_turn(tok):
-    eng = ScriptedAgent(tok, [call("1234*5678"), "7006652"])
+    eng = scripted_agent(tok, [call("1234*5678"), "7006652"])
     r = runner(tok, eng)
     eps = r.run([ex()], [1], SamplingParams(max_new_tokens=20))  # the call is cut: unclosed tag
     s = r.last_sessions[0]
@@ -203,7 +177,7 @@ def test_token_identity_between_generation_and_training_under_two_templates(tok,
     tk = copy.deepcopy(tok)  # the same tokenizer under another template
     if template == "strip-think":
         tk.chat_template = STRIP_THINK
-    eng = ScriptedAgent(tk, [f"<think>multiply</think>{call('1234*5678')}", "<think>done</think>7006652"])
+    eng = scripted_agent(tk, [f"<think>multiply</think>{call('1234*5678')}", "<think>done</think>7006652"])
     r = runner(tk, eng)
     assert r.tool_format == ("hermes" if template == "strip-think" else "fallback")
     eps = r.run([ex()], [1], SamplingParams(max_new_tokens=200))
@@ -228,7 +202,7 @@ def test_token_identity_between_generation_and_training_under_two_templates(tok,
 
 
 def test_tools_off_changes_nothing_and_bad_params_are_refused(tok):
-    eng = ScriptedAgent(tok, [call("1+1")])
+    eng = scripted_agent(tok, [call("1+1")])
     r = runner(tok, eng, tools=None)
     eps = r.run([ex(1)], [1], SamplingParams(max_new_tokens=200))
     assert eps.row_stats == {} and r.step_metrics(eps) == {} and len(eng.calls) == 1
@@ -242,7 +216,7 @@ def test_tools_off_changes_nothing_and_bad_params_are_refused(tok):
 def test_row_stats_follow_their_rows_and_a_bad_shape_is_refused(tok):
     from posttrain.rollout.episodes import Episodes
 
-    eng = ScriptedAgent(tok, [call("1+1"), "2"])
+    eng = scripted_agent(tok, [call("1+1"), "2"])
     eps = runner(tok, eng).run([ex(2), ex(3)], [2, 1], SamplingParams(max_new_tokens=200))
     eps.row_stats["tool_calls"] = torch.tensor([1.0, 2.0, 3.0])
     sel = eps.select([2, 0])

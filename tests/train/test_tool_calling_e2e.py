@@ -9,10 +9,10 @@ import warnings
 from importlib.resources import files
 
 import torch
+from _engine_helpers import ScriptedEngine
 from typer.testing import CliRunner
 
 from posttrain.cli import app
-from posttrain.rollout import RolloutBatch, RolloutEngine
 from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 
@@ -46,42 +46,18 @@ def test_the_bar_tool_calling_yaml_on_tiny_logs_tool_metrics_every_step(tmp_path
         assert 0.0 <= r["tool_call_rate"] <= 1.0 and 0.0 <= r["tool_valid_rate"] <= 1.0
 
 
-class CallThenAnswer(RolloutEngine):
-    """Round 1: a calculator call; round 2: the number the tool returned. Wraps the real engine's
-    pad id; log-probs are a constant (the trainer recomputes its own)."""
-
-    def __init__(self, tok, pad_id: int):
-        self.tok, self._pad = tok, pad_id
-
-    @property
-    def pad_token_id(self) -> int:
-        return self._pad
-
-    def generate(self, prompt_ids, n_per_prompt, params):
-        comps = []
-        for p in prompt_ids:
-            ctx = self.tok.decode(p, skip_special_tokens=False)
-            if "\n</tool_response>" in ctx:
-                result = ctx.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
-                text = result
-            else:
-                text = '<tool_call>{"name": "calculator", "arguments": {"expression": "2*3+4"}}</tool_call>'
-            comps.append([*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id])
-        return RolloutBatch.from_token_lists(
-            prompt_ids,
-            comps,
-            pad_token_id=self._pad,
-            group_ids=list(range(len(prompt_ids))),
-            finish_reasons=["stop"] * len(comps),
-            logprobs=[[-1.0] * len(c) for c in comps],
-        )
+def call_then_answer(context: str) -> str:
+    """Round 1: a calculator call; round 2: the number the tool returned."""
+    if "\n</tool_response>" in context:
+        return context.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
+    return '<tool_call>{"name": "calculator", "arguments": {"expression": "2*3+4"}}</tool_call>'
 
 
 def test_a_step_with_tool_calls_counts_them_and_trains_only_the_agent_tokens(tmp_path):
     cfg = load_rl_config(CFG, [*SMALL, "rollout.max_new_tokens=120", f"out_dir={tmp_path / 'run'}"])
     tr = RLTrainer(cfg)
     runner = tr.collector.runner
-    runner.engine = CallThenAnswer(runner.tokenizer, runner.engine.pad_token_id)
+    runner.engine = ScriptedEngine(runner.tokenizer, call_then_answer, logprob=-1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         m = tr.step()

@@ -24,7 +24,6 @@ checkpointed; ``--resume`` keeps what is finished.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from importlib.resources import files
@@ -33,6 +32,8 @@ from typing import Any
 
 from posttrain.utils.errors import InvalidValueError, option
 from posttrain.utils.io import atomic_write_json
+from posttrain.utils.stats import se_binomial
+from posttrain_lab.demos.smol import paired_gain
 
 ARMS = ("no_tool", "tool_untrained", "tool_sft", "tool_rl")
 PAIRS = (
@@ -64,13 +65,14 @@ def tool_transcript(example: Any, schemas: list[dict[str, Any]], tool: str = "ca
     }
 
 
-def _paired(a: list[float], b: list[float]) -> dict[str, float]:
-    d = [x - y for x, y in zip(a, b, strict=True)]
-    n = len(d)
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
-    se = sd / math.sqrt(n) if n else 0.0
-    return {"diff": mean, "se": se, "gain_over_se": mean / se if se > 0 else 0.0, "n": n}
+def _paired(after: list[float], before: list[float]) -> dict[str, float]:
+    g = paired_gain(before, after)
+    return {
+        "diff": g["gain"],
+        "se": g["se"],
+        "gain_over_se": g["gain"] / g["se"] if g["se"] > 0 else 0.0,
+        "n": len(after),
+    }
 
 
 def evaluate_arm(model: Any, tok: Any, cfg: Any, examples: list[Any], *, tools: bool) -> dict[str, Any]:
@@ -107,7 +109,7 @@ def evaluate_arm(model: Any, tok: Any, cfg: Any, examples: list[Any], *, tools: 
     return {
         "n": n,
         "accuracy": sum(correct) / n,
-        "accuracy_se": math.sqrt(max(sum(correct) / n * (1 - sum(correct) / n), 0.0) / n),
+        "accuracy_se": se_binomial(sum(correct) / n, n),
         "tool_call_rate": sum(c > 0 for c in calls) / n,
         "tool_valid_rate": sum(valid) / max(sum(calls), 1.0),
         "tool_calls_mean": sum(calls) / n,
@@ -137,7 +139,7 @@ def run_tools_demo(
     from posttrain.train.config import RLConfig
     from posttrain.train.rl import RLTrainer
     from posttrain.train.run_dir import LOCK_NAME, RunDirError
-    from posttrain.train.sft import SFTConfig, SFTTrainer
+    from posttrain.train.sft import sft_warm_start
     from posttrain.utils.config import build_config
     from posttrain.utils.tables import print_table
 
@@ -202,22 +204,22 @@ def run_tools_demo(
         model, tok = load_model_and_tokenizer(
             cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=cfg.seed
         )
-        scfg = SFTConfig(
-            model=cfg.model,
-            task=cfg.task,
-            steps=sft_steps,
-            batch_size=8,
-            lr=sft_lr,
-            threads=cfg.threads,
-            seed=cfg.seed,
-            out_dir=str(out / "sft"),
-            progress=progress,
-        )
-        scfg.eval.at_end = False
         print(
             f"[tools] SFT warm start: {len(rows)} scripted tool conversations, {sft_steps} steps", flush=True
         )
-        SFTTrainer(scfg, model, tok, rows=rows).train(overwrite=True)
+        sft_warm_start(
+            cfg,
+            model,
+            tok,
+            steps=sft_steps,
+            lr=sft_lr,
+            seed=cfg.seed,
+            out_dir=out / "sft",
+            progress=progress,
+            rows=rows,
+            batch_size=8,
+            overwrite=True,
+        )
         save_model_dir(model, tok, sft_model)
     arm("tool_sft", str(sft_model), True)
 

@@ -7,9 +7,10 @@ import json
 import warnings
 
 import pytest
+from _engine_helpers import ScriptedEngine, by_tool_round
 
 from posttrain.models import load_model_and_tokenizer
-from posttrain.rollout import PromptFormatter, RolloutBatch, RolloutEngine, SamplingParams
+from posttrain.rollout import PromptFormatter, SamplingParams
 from posttrain.rollout.multiturn import MultiTurnRunner
 from posttrain.tasks import get_task
 from posttrain.tools import get_tool
@@ -26,24 +27,6 @@ TINY = [
 ]
 
 
-class Replay(RolloutEngine):
-    """Generates the assistant turns of a scripted conversation, in order."""
-
-    def __init__(self, tok, turns):
-        self.tok, self.turns, self.k = tok, turns, 0
-
-    @property
-    def pad_token_id(self):
-        return int(self.tok.pad_token_id)
-
-    def generate(self, prompt_ids, n_per_prompt, params):
-        ids = [*self.tok.encode(self.turns[self.k], add_special_tokens=False), self.tok.eos_token_id]
-        self.k += 1
-        return RolloutBatch.from_token_lists(
-            prompt_ids, [ids], pad_token_id=self.pad_token_id, group_ids=[0], finish_reasons=["stop"]
-        )
-
-
 @pytest.mark.parametrize("model", ["tiny", "smollm2-135m"])
 def test_the_scripted_conversation_is_what_the_runner_would_have_produced(model):
     tok = load_model_and_tokenizer(model, device="cpu", seed=0)[1]
@@ -52,7 +35,7 @@ def test_the_scripted_conversation_is_what_the_runner_would_have_produced(model)
     row = demo.tool_transcript(ex, [calc.schema])
     msgs = row["messages"]
     assert calc.call({"expression": ex.meta["expression"]}) == ex.answer == msgs[-1]["content"]
-    eng = Replay(tok, [msgs[2]["content"], msgs[4]["content"]])
+    eng = ScriptedEngine(tok, by_tool_round([msgs[2]["content"], msgs[4]["content"]]))
     r = MultiTurnRunner(
         eng, PromptFormatter(tok, chat=True), env="answer", system=False, tools=["calculator"]
     )

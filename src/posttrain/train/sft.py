@@ -456,17 +456,22 @@ def sft_warm_start(
     progress: bool | None = None,
     save: bool = True,
     pairs: list[tuple[str, str]] | None = None,
+    rows: list[Any] | None = None,
+    batch_size: int = 32,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """An SFT warm start for an RL config, in place on ``model``: batch 32 on the reference completions
-    of the RL config's task (scratchpad tasks in the ``long`` style), ``steps`` steps at ``lr``. The
-    tiny demo, the objectives ablation and the APARL experiment start RL from it. ``pairs`` (optional,
-    ``(prompt, completion)``) replaces the task's reference completions as the SFT set."""
+    """An SFT warm start for an RL config, in place on ``model``: batch ``batch_size`` (32) on the
+    reference completions of the RL config's task (scratchpad tasks in the ``long`` style), ``steps``
+    steps at ``lr``. The tiny demo, the objectives ablation, the APARL experiment and the tools demo
+    start RL from it. ``pairs`` (``(prompt, completion)``) or ``rows`` (``{"messages": [...]}`` and the
+    other :class:`SFTTrainer` row formats) replace the task's reference completions as the SFT set;
+    ``overwrite`` replaces a previous run in ``out_dir``."""
 
     sft_cfg = SFTConfig(
         model=cfg.model,
         task=cfg.task,
         steps=steps,
-        batch_size=32,
+        batch_size=batch_size,
         lr=lr,
         style=style or ("long" if cfg.task.params.get("format") == "scratchpad" else "short"),
         threads=cfg.threads,
@@ -477,4 +482,4 @@ def sft_warm_start(
         save=save,
     )
     sft_cfg.eval.at_end = False
-    return SFTTrainer(sft_cfg, model, tok, pairs=pairs).train()
+    return SFTTrainer(sft_cfg, model, tok, pairs=pairs, rows=rows).train(overwrite=overwrite)
