@@ -23,6 +23,9 @@ def tools_demo(
     ),
     sft_lr: float = typer.Option(5e-5, "--sft-lr", min=0.0),
     rl_steps: Optional[int] = typer.Option(None, "--rl-steps", min=0),  # noqa: UP045
+    seeds: int = typer.Option(
+        1, "--seeds", min=1, help="training seeds (seed, seed+1, ...): a warm start and an RL run each"
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace a previous demo in --out"),
     resume: bool = typer.Option(False, "--resume", help="continue a stopped demo: finished arms are kept"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress"),  # noqa: UP045
@@ -40,6 +43,7 @@ def tools_demo(
                 sft_steps=sft_steps,
                 sft_lr=sft_lr,
                 rl_steps=rl_steps,
+                seeds=seeds,
                 overrides=overrides or [],
                 resume=resume,
                 overwrite=overwrite,

@@ -16,9 +16,12 @@ held-out problems:
 
 Each arm's held-out accuracy, the share of episodes that call the tool, the share of valid calls and
 the calls per episode; paired differences over problems (``tool_untrained - no_tool``,
-``tool_sft - no_tool``, ``tool_rl - tool_sft``) with their SE, ``sd(d)/sqrt(n)``. Resumable: every arm's
-evaluation is written to ``<arm>.json`` as it finishes, the warm start to ``sft/model``, RL is
-checkpointed; ``--resume`` keeps what is finished.
+``tool_sft - no_tool``, ``tool_rl - tool_sft``) with their SE, ``sd(d)/sqrt(n)``. With ``--seeds S``
+the trained arms run for S seeds (each its own warm start and RL run under ``seed<N>/``); the pooled
+difference averages each problem's verdicts over seeds (SE over problems) and ``se_seeds`` is the
+spread of the seeds' own differences. RL samples at T = 1.3 (``DEMO_TEMPERATURE``). Resumable: every
+arm's evaluation is written to ``<arm>.json`` as it finishes (``seed<N>/<arm>.json`` for the trained
+arms), the warm start to ``seed<N>/sft/model``, RL is checkpointed; ``--resume`` keeps what is finished.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ PAIRS = (
     ("tool_rl", "tool_sft"),
     ("tool_rl", "no_tool"),
 )
+# the demo's sampling temperature for RL (tool-calling.yaml keeps 1.0): measured on SmolLM2-135M after
+# the warm start, T = 1.0 gave no group with mixed rewards in the first 2 steps (no gradient), T = 1.3
+# gave 22 % mixed groups over 12 steps (docs/tools.md)
+DEMO_TEMPERATURE = 1.3
 
 
 def tool_transcript(example: Any, schemas: list[dict[str, Any]], tool: str = "calculator") -> dict[str, Any]:
@@ -120,6 +127,54 @@ def evaluate_arm(model: Any, tok: Any, cfg: Any, examples: list[Any], *, tools: 
     }
 
 
+def _pooled(
+    pairs_by_seed: dict[int, dict[str, Any]], per_seed: dict[int, dict[str, Any]], shared: dict[str, Any]
+) -> dict[str, Any]:
+    """Each pair over all seeds: the per-problem difference averaged over seeds, paired over problems
+    (``se``: problem-level), and the spread of the seeds' own differences (``se_seeds``, sd/sqrt(S))."""
+    seeds = sorted(per_seed)
+    out: dict[str, Any] = {}
+    for a, b in PAIRS:
+
+        def verdicts(arm: str) -> list[float]:
+            if arm in shared:
+                return list(shared[arm]["correct"])
+            rows = [per_seed[s][arm]["correct"] for s in seeds]
+            return [sum(col) / len(col) for col in zip(*rows, strict=True)]
+
+        key = f"{a}-{b}"
+        pooled = _paired(verdicts(a), verdicts(b))
+        diffs = [pairs_by_seed[s][key]["diff"] for s in seeds]
+        m = sum(diffs) / len(diffs)
+        sd = (sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5 if len(diffs) > 1 else 0.0
+        out[key] = {
+            **pooled,
+            "by_seed": dict(zip([str(s) for s in seeds], diffs, strict=True)),
+            "se_seeds": sd / len(diffs) ** 0.5,
+            "seeds": len(diffs),
+        }
+    return out
+
+
+def _arm_mean(per_seed: dict[int, dict[str, Any]], arm: str) -> dict[str, Any]:
+    seeds = sorted(per_seed)
+    rows = [per_seed[s][arm] for s in seeds]
+    mean = {
+        k: sum(r[k] for r in rows) / len(rows)
+        for k in ("accuracy", "tool_call_rate", "tool_valid_rate", "tool_calls_mean", "wall_s")
+    }
+    n = rows[0]["n"]
+    return {
+        "n": n,
+        **mean,
+        "accuracy_se": se_binomial(mean["accuracy"], n * len(rows))
+        if len(rows) > 1
+        else rows[0]["accuracy_se"],
+        "accuracy_by_seed": {str(s): r["accuracy"] for s, r in zip(seeds, rows, strict=True)},
+        "model": [r["model"] for r in rows],
+    }
+
+
 def run_tools_demo(
     out_dir: str | Path = "runs/demo-tools",
     *,
@@ -127,11 +182,15 @@ def run_tools_demo(
     sft_steps: int = 40,
     sft_lr: float = 5e-5,
     rl_steps: int | None = None,
+    seeds: int = 1,
     overrides: list[str] | None = None,
     resume: bool = False,
     overwrite: bool = False,
     progress: bool | None = None,
 ) -> dict[str, Any]:
+    """The four arms; ``tool_sft`` and ``tool_rl`` for ``seeds`` training seeds (the config's ``seed``,
+    ``seed + 1``, ...; each its own warm start and RL run under ``seed<N>/``), the untrained arms once
+    (greedy, they do not depend on the seed)."""
     from posttrain.models import load_model_and_tokenizer
     from posttrain.models.saving import save_model_dir
     from posttrain.tasks import get_task
@@ -146,6 +205,8 @@ def run_tools_demo(
     out = Path(out_dir)
     if resume and overwrite:
         raise RunDirError(f"{option('resume')} and {option('overwrite')} exclude each other")
+    if seeds < 1:
+        raise InvalidValueError(f"demo tools: seeds must be at least 1, got {seeds}")
     held = [p for p in out.iterdir() if p.name != LOCK_NAME] if out.is_dir() else []  # the CLI's lock
     if held:
         if overwrite:
@@ -159,7 +220,9 @@ def run_tools_demo(
     out.mkdir(parents=True, exist_ok=True)
     extra = [f"steps={rl_steps}"] if rl_steps is not None else []
     cfg = build_config(
-        RLConfig, str(files("posttrain") / "configs" / "tool-calling.yaml"), [*extra, *(overrides or [])]
+        RLConfig,
+        str(files("posttrain") / "configs" / "tool-calling.yaml"),
+        [f"rollout.temperature={DEMO_TEMPERATURE}", *extra, *(overrides or [])],
     )
     task = get_task(cfg.task.name, **cfg.task.params)
     heldout = task.split("heldout")[:n_eval]
@@ -171,125 +234,158 @@ def run_tools_demo(
 
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    results: dict[str, Any] = {}
 
-    def arm(name: str, model_spec: str, with_tools: bool) -> None:
-        path = out / f"{name}.json"
+    def arm(folder: Path, name: str, model_spec: str, with_tools: bool, seed: int) -> dict[str, Any]:
+        path = folder / f"{name}.json"
         if path.is_file():
-            results[name] = json.loads(path.read_text())
             print(f"[tools] {name}: kept from {path}", flush=True)
-            return
-        model, tok = load_model_and_tokenizer(model_spec, dtype=cfg.model.dtype, device="cpu", seed=cfg.seed)
+            return json.loads(path.read_text())
+        model, tok = load_model_and_tokenizer(model_spec, dtype=cfg.model.dtype, device="cpu", seed=seed)
         print(f"[tools] {name}: {len(heldout)} held-out problems", flush=True)
         res = evaluate_arm(model, tok, cfg, heldout, tools=with_tools)
         res["model"] = model_spec
         atomic_write_json(path, res)
-        results[name] = res
         print(
             f"[tools] {name}: accuracy {res['accuracy']:.3f}, tool_call_rate {res['tool_call_rate']:.2f}, "
             f"tool_valid_rate {res['tool_valid_rate']:.2f} ({res['wall_s']:.0f} s)",
             flush=True,
         )
+        return res
 
-    arm("no_tool", cfg.model.name, False)
-    arm("tool_untrained", cfg.model.name, True)
+    shared = {
+        "no_tool": arm(out, "no_tool", cfg.model.name, False, cfg.seed),
+        "tool_untrained": arm(out, "tool_untrained", cfg.model.name, True, cfg.seed),
+    }
+    per_seed: dict[int, dict[str, Any]] = {}
+    gates: dict[int, dict[str, Any]] = {}
+    for seed in range(cfg.seed, cfg.seed + seeds):
+        sd = out / f"seed{seed}"
+        sd.mkdir(exist_ok=True)
+        # the warm start: scripted tool-use conversations of the train problems
+        sft_model = sd / "sft" / "model"
+        if not (sft_model / "config.json").is_file():
+            n_rows = sft_steps * 8
+            rows = [
+                tool_transcript(e, [t.schema for t in tools], tools[0].name)
+                for e in task.split("train")[:n_rows]
+            ]
+            model, tok = load_model_and_tokenizer(
+                cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=seed
+            )
+            print(
+                f"[tools] seed {seed}: SFT warm start, {len(rows)} scripted tool conversations, {sft_steps} steps",
+                flush=True,
+            )
+            sft_warm_start(
+                cfg,
+                model,
+                tok,
+                steps=sft_steps,
+                lr=sft_lr,
+                seed=seed,
+                out_dir=sd / "sft",
+                progress=progress,
+                rows=rows,
+                batch_size=8,
+                overwrite=True,
+            )
+            save_model_dir(model, tok, sft_model)
+        res = {"tool_sft": arm(sd, "tool_sft", str(sft_model), True, seed)}
 
-    # the warm start: scripted tool-use conversations of the train problems
-    sft_model = out / "sft" / "model"
-    if not (sft_model / "config.json").is_file():
-        n_rows = sft_steps * 8
-        rows = [
-            tool_transcript(e, [t.schema for t in tools], tools[0].name) for e in task.split("train")[:n_rows]
-        ]
-        model, tok = load_model_and_tokenizer(
-            cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=cfg.seed
-        )
+        rl_model = sd / "rl" / "model"
+        if not (sd / "tool_rl.json").is_file():
+            rcfg = cfg.model_copy(deep=True)
+            rcfg.seed, rcfg.model.name, rcfg.out_dir = seed, str(sft_model), str(sd / "rl")
+            rcfg.eval.at_start = rcfg.eval.at_end = False
+            rcfg.checkpoint.every, rcfg.checkpoint.keep, rcfg.checkpoint.final = 4, 1, True
+            has_ckpt = (sd / "rl" / "checkpoints" / "latest").is_file()
+            print(
+                f"[tools] seed {seed}: RL {rcfg.steps} steps from the warm start"
+                + (" (resumed)" if has_ckpt else ""),
+                flush=True,
+            )
+            trainer = RLTrainer(rcfg, resume=True) if has_ckpt else RLTrainer(rcfg)
+            with trainer:
+                trainer.train(progress=progress)
+                save_model_dir(trainer.model, trainer.tokenizer, rl_model)
+        res["tool_rl"] = arm(sd, "tool_rl", str(rl_model), True, seed)
+        per_seed[seed] = res
+
+        # the RL gate: groups whose answers differ in reward are the only ones with a gradient
+        steps = [json.loads(x) for x in (sd / "rl" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        steps = [r for r in steps if r.get("kind") == "step"]
+        gates[seed] = {
+            "steps": len(steps),
+            "mixed_groups_mean": sum(1.0 - r["zero_var_frac"] for r in steps) / max(len(steps), 1),
+            "steps_without_gradient": sum(r["zero_var_frac"] >= 1.0 for r in steps),
+            "temperature": cfg.rollout.temperature,
+        }
+        g = gates[seed]
         print(
-            f"[tools] SFT warm start: {len(rows)} scripted tool conversations, {sft_steps} steps", flush=True
-        )
-        sft_warm_start(
-            cfg,
-            model,
-            tok,
-            steps=sft_steps,
-            lr=sft_lr,
-            seed=cfg.seed,
-            out_dir=out / "sft",
-            progress=progress,
-            rows=rows,
-            batch_size=8,
-            overwrite=True,
-        )
-        save_model_dir(model, tok, sft_model)
-    arm("tool_sft", str(sft_model), True)
-
-    rl_model = out / "rl" / "model"
-    if not (out / "tool_rl.json").is_file():
-        rcfg = cfg.model_copy(deep=True)
-        rcfg.model.name, rcfg.out_dir = str(sft_model), str(out / "rl")
-        rcfg.eval.at_start = rcfg.eval.at_end = False
-        rcfg.checkpoint.every, rcfg.checkpoint.keep, rcfg.checkpoint.final = 4, 1, True
-        has_ckpt = (out / "rl" / "checkpoints" / "latest").is_file()
-        print(
-            f"[tools] RL {rcfg.steps} steps from the warm start" + (" (resumed)" if has_ckpt else ""),
+            f"[tools] seed {seed}: RL gate: {100 * g['mixed_groups_mean']:.0f} % of groups had mixed "
+            f"rewards on average ({g['steps_without_gradient']} of {g['steps']} steps without any), "
+            f"T = {g['temperature']}",
             flush=True,
         )
-        trainer = RLTrainer(rcfg, resume=True) if has_ckpt else RLTrainer(rcfg)
-        with trainer:
-            trainer.train(progress=progress)
-            save_model_dir(trainer.model, trainer.tokenizer, rl_model)
-    arm("tool_rl", str(rl_model), True)
 
-    # the RL gate: groups whose answers differ in reward are the only ones with a gradient
-    steps = [json.loads(x) for x in (out / "rl" / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = [r for r in steps if r.get("kind") == "step"]
-    gate = {
-        "steps": len(steps),
-        "mixed_groups_mean": sum(1.0 - r["zero_var_frac"] for r in steps) / max(len(steps), 1),
-        "steps_without_gradient": sum(r["zero_var_frac"] >= 1.0 for r in steps),
-        "temperature": cfg.rollout.temperature,
+    def both(s: int) -> dict[str, Any]:
+        return {**shared, **per_seed[s]}
+
+    pairs_by_seed = {
+        s: {f"{a}-{b}": _paired(both(s)[a]["correct"], both(s)[b]["correct"]) for a, b in PAIRS}
+        for s in per_seed
     }
-    print(
-        f"[tools] RL gate: {100 * gate['mixed_groups_mean']:.0f} % of groups had mixed rewards on average "
-        f"({gate['steps_without_gradient']} of {gate['steps']} steps without any), T = {gate['temperature']}",
-        flush=True,
-    )
-    pairs = {f"{a}-{b}": _paired(results[a]["correct"], results[b]["correct"]) for a, b in PAIRS}
+    pairs = _pooled(pairs_by_seed, per_seed, shared)
+    arms = {
+        k: {x: v for x, v in shared[k].items() if x not in ("correct", "ids", "transcripts")} for k in shared
+    }
+    arms.update({k: _arm_mean(per_seed, k) for k in ("tool_sft", "tool_rl")})
     summary = {
         "model": cfg.model.name,
         "task": {"name": cfg.task.name, **task.params()},
         "tools": [t.name for t in tools],
         "sft": {"steps": sft_steps, "lr": sft_lr, "rows": sft_steps * 8},
         "rl_steps": cfg.steps,
-        "rl_gate": gate,
-        "arms": {
-            k: {x: v for x, v in results[k].items() if x not in ("correct", "ids", "transcripts")}
-            for k in ARMS
+        "seeds": sorted(per_seed),
+        "rl_gate": {
+            "by_seed": {str(s): g for s, g in gates.items()},
+            "mixed_groups_mean": sum(g["mixed_groups_mean"] for g in gates.values()) / len(gates),
+            "steps_without_gradient": sum(g["steps_without_gradient"] for g in gates.values()),
+            "steps": sum(g["steps"] for g in gates.values()),
+            "temperature": cfg.rollout.temperature,
         },
+        "arms": arms,
         "paired": pairs,
+        "paired_by_seed": {str(s): p for s, p in pairs_by_seed.items()},
         "wall_s_this_call": time.perf_counter() - t0,
         "run_dir": str(out),
     }
     atomic_write_json(out / "summary.json", summary)
+    ns = len(per_seed)
     print_table(
         f"posttrain demo tools: {cfg.model.name}, word problems (2 steps, numbers up to 9999), greedy, "
-        f"n={len(heldout)}",
+        f"n={len(heldout)}" + (f", trained arms: mean over {ns} seeds" if ns > 1 else ""),
         ["arm", "accuracy", "SE", "tool_call_rate", "tool_valid_rate", "calls/episode"],
         [
             [
                 k,
-                results[k]["accuracy"],
-                results[k]["accuracy_se"],
-                results[k]["tool_call_rate"],
-                results[k]["tool_valid_rate"],
-                results[k]["tool_calls_mean"],
+                arms[k]["accuracy"],
+                arms[k]["accuracy_se"],
+                arms[k]["tool_call_rate"],
+                arms[k]["tool_valid_rate"],
+                arms[k]["tool_calls_mean"],
             ]
             for k in ARMS
         ],
     )
     print_table(
-        "paired differences over problems",
-        ["pair", "diff", "SE", "diff/SE", "n"],
-        [[k, v["diff"], v["se"], v["gain_over_se"], v["n"]] for k, v in pairs.items()],
+        "paired differences over problems"
+        + (
+            " (verdicts averaged over seeds; SE seeds: sd/sqrt(S) of the seeds' differences)"
+            if ns > 1
+            else ""
+        ),
+        ["pair", "diff", "SE", "diff/SE", "SE seeds", "n"],
+        [[k, v["diff"], v["se"], v["gain_over_se"], v["se_seeds"], v["n"]] for k, v in pairs.items()],
     )
     return summary

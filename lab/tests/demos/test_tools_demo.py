@@ -55,23 +55,45 @@ def test_the_scripted_conversation_is_what_the_runner_would_have_produced(model)
 
 def test_demo_tools_end_to_end_on_tiny_and_resumes_per_arm(tmp_path):
     out = tmp_path / "d"
-    kw = {"n_eval": 4, "sft_steps": 2, "rl_steps": 1, "overrides": TINY, "progress": False}
+    kw = {"n_eval": 4, "sft_steps": 2, "rl_steps": 1, "seeds": 2, "overrides": TINY, "progress": False}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         s = demo.run_tools_demo(out, **kw)
         assert set(s["arms"]) == set(demo.ARMS) and set(s["paired"]) == {f"{a}-{b}" for a, b in demo.PAIRS}
-        for arm in demo.ARMS:
-            a = json.loads((out / f"{arm}.json").read_text())
+        assert s["seeds"] == [0, 1] and s["rl_gate"]["temperature"] == demo.DEMO_TEMPERATURE
+        arm_files = [out / "no_tool.json", out / "tool_untrained.json"] + [
+            out / f"seed{k}" / f"{a}.json" for k in (0, 1) for a in ("tool_sft", "tool_rl")
+        ]
+        per = {p: json.loads(p.read_text()) for p in arm_files}
+        for a in per.values():
             assert a["n"] == 4 and len(a["correct"]) == 4 and 0.0 <= a["tool_call_rate"] <= 1.0
         assert s["arms"]["no_tool"]["tool_calls_mean"] == 0.0
-        assert s["rl_gate"]["steps"] == 1 and 0.0 <= s["rl_gate"]["mixed_groups_mean"] <= 1.0
-        assert (out / "sft" / "model" / "config.json").is_file() and (out / "rl" / "model").is_dir()
+        # the trained arms are the mean over the seeds; the pooled pair averages verdicts over seeds
+        rl = [per[out / f"seed{k}" / "tool_rl.json"] for k in (0, 1)]
+        sft = [per[out / f"seed{k}" / "tool_sft.json"] for k in (0, 1)]
+        assert s["arms"]["tool_rl"]["accuracy"] == pytest.approx((rl[0]["accuracy"] + rl[1]["accuracy"]) / 2)
+        d = [
+            (a0 + a1 - b0 - b1) / 2
+            for a0, a1, b0, b1 in zip(
+                rl[0]["correct"], rl[1]["correct"], sft[0]["correct"], sft[1]["correct"], strict=True
+            )
+        ]
+        pooled = s["paired"]["tool_rl-tool_sft"]
+        assert pooled["diff"] == pytest.approx(sum(d) / 4)
+        by_seed = [s["paired_by_seed"][k]["tool_rl-tool_sft"]["diff"] for k in ("0", "1")]
+        assert pooled["by_seed"] == {"0": by_seed[0], "1": by_seed[1]}
+        assert pooled["se_seeds"] == pytest.approx(abs(by_seed[0] - by_seed[1]) / 2)
+        assert s["rl_gate"]["steps"] == 2 and 0.0 <= s["rl_gate"]["mixed_groups_mean"] <= 1.0
+        for k in (0, 1):
+            assert (out / f"seed{k}" / "sft" / "model" / "config.json").is_file()
+            assert (out / f"seed{k}" / "rl" / "model").is_dir()
         # resume: every finished arm is kept (no evaluation runs again)
-        (out / "tool_rl.json").unlink()
-        stamps = {arm: (out / f"{arm}.json").stat().st_mtime_ns for arm in demo.ARMS[:3]}
+        (out / "seed1" / "tool_rl.json").unlink()
+        kept = [p for p in arm_files if p != out / "seed1" / "tool_rl.json"]
+        stamps = {p: p.stat().st_mtime_ns for p in kept}
         demo.run_tools_demo(out, resume=True, **kw)
-        assert {arm: (out / f"{arm}.json").stat().st_mtime_ns for arm in demo.ARMS[:3]} == stamps
-        assert (out / "tool_rl.json").is_file()
+        assert {p: p.stat().st_mtime_ns for p in kept} == stamps
+        assert (out / "seed1" / "tool_rl.json").is_file()
         with pytest.raises(ValueError, match="already holds a demo tools"):
             demo.run_tools_demo(out, **kw)
     # through the CLI (its run-folder lock file is not "a previous demo")
