@@ -416,3 +416,90 @@ def test_leaving_the_with_block_releases_the_run(tmp_path):
     finally:
         gc.enable()
     assert alive[:2] == [False, False]  # the last one may wait for the next exit or collection
+
+
+# ---------------------------------------------------------------------- early stopping (eval.stop_at)
+@pytest.mark.parametrize("kind", ["rl", "sft"])
+def test_eval_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path, kind):
+    # the random tiny model scores accuracy 0.0: stop_at 0.0 is reached (>=, not >) at the first
+    # scheduled evaluation (step 2 of 4); its evaluation is the final one, the checkpoint is at step 2
+    out = tmp_path / kind
+    steps = []
+    trainer = MAKE[kind](out, eval={"every": 2, "stop_at": 0.0}, checkpoint={"every": 0})
+    orig = trainer.step
+
+    def counted():
+        steps.append(1)
+        return orig()
+
+    trainer.step = counted
+    s = trainer.train()
+    assert s["stopped_at"] == 2 and s["steps"] == 2 and len(steps) == 2
+    end = s["eval_end" if kind == "rl" else "eval"]
+    assert end["accuracy"] == 0.0
+    evals = [r for r in _rows(out) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [2]  # no second evaluation at the end
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    # a resumed run that had stopped does not train on
+    steps.clear()
+    again = MAKE[kind](out, eval={"every": 2, "stop_at": 0.0}, checkpoint={"every": 0}, resume=True)
+    again.step = lambda: steps.append(1) or {}
+    s2 = again.train()
+    assert steps == [] and s2["stopped_at"] == 2 and s2["steps"] == 2
+
+
+@pytest.mark.parametrize("kind", ["rl", "sft"])
+def test_eval_stop_at_not_reached_runs_every_step(tmp_path, kind):
+    s = MAKE[kind](tmp_path / kind, eval={"every": 2, "stop_at": 1.0}).train()
+    assert "stopped_at" not in s and s["steps"] == 4
+
+
+def test_sft_warm_start_stops_at_a_target_on_calibration_questions_held_back_from_training(
+    tmp_path, monkeypatch
+):
+    from posttrain.tasks import get_task
+    from posttrain.train import sft as sft_mod
+
+    cfg = RLConfig.model_validate(
+        {"model": {"name": "tiny"}, "task": TASK, "threads": 1, "rollout": {"max_new_tokens": 8}}
+    )
+    seen = {}
+    real = sft_mod.SFTTrainer
+
+    class Spy(real):
+        def __init__(self, c, *a, **kw):
+            super().__init__(c, *a, **kw)
+            seen["train_prompts"] = len(self.examples)
+            seen["heldout"] = [e.id for e in self._heldout]
+
+        def evaluate(self, n=None):
+            ev = super().evaluate(n)
+            seen.setdefault("eval_n", []).append(ev["n"])
+            return ev
+
+    monkeypatch.setattr(sft_mod, "SFTTrainer", Spy)
+    from posttrain.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer("tiny", device="cpu", seed=0)
+    s = sft_mod.sft_warm_start(
+        cfg,
+        model,
+        tok,
+        steps=6,
+        lr=1e-3,
+        out_dir=tmp_path / "w",
+        progress=False,
+        stop_at=0.0,
+        check_every=3,
+        calibration=8,
+    )
+    train = get_task(TASK["name"], **TASK["params"]).split("train")
+    assert seen["heldout"] == [e.id for e in train[-8:]]  # the train split's last 8, never the held-out
+    assert seen["train_prompts"] == len(train) - 8 and seen["eval_n"] == [8]
+    assert s["stopped_at"] == 3 and s["steps"] == 3 and s["eval"]["split"] == "calibration"
+    with pytest.raises(ValueError, match="calibration must be between 1 and 39"):
+        sft_mod.sft_warm_start(cfg, model, tok, steps=1, out_dir=tmp_path / "x", stop_at=0.5, calibration=40)
+    with pytest.raises(ValueError, match="takes no pairs/rows"):
+        sft_mod.sft_warm_start(
+            cfg, model, tok, steps=1, out_dir=tmp_path / "y", stop_at=0.5, pairs=[("a", "b")]
+        )

@@ -19,7 +19,16 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="run directory"),
     objective: str = typer.Option("dgpo", "--objective", help="policy loss for the RL stage"),
     quick: bool = typer.Option(False, "--quick", help="a few steps only (smoke test)"),
-    sft_steps: Optional[int] = typer.Option(None, "--sft-steps"),  # noqa: UP045
+    sft_steps: Optional[int] = typer.Option(  # noqa: UP045
+        None, "--sft-steps", help="the warm start's step limit (default 400)"
+    ),
+    sft_until: float = typer.Option(
+        0.3,
+        "--sft-until",
+        min=0.0,
+        max=1.0,
+        help="stop the warm start at this greedy accuracy on 200 calibration questions (0: run all steps)",
+    ),
     rl_steps: Optional[int] = typer.Option(None, "--rl-steps"),  # noqa: UP045
     seed: int = typer.Option(0, "--seed"),
     overwrite: bool = typer.Option(
@@ -44,6 +53,7 @@ def demo(
                 objective=objective,
                 quick=quick,
                 sft_steps=sft_steps,
+                sft_until=sft_until or None,
                 rl_steps=rl_steps,
                 seed=seed,
                 progress=progress,

@@ -486,6 +486,12 @@ class EvalConfig(StrictModel):
     temperature: float = Field(1.0, gt=0)
     at_start: bool = True
     at_end: bool = True
+    stop_at: float | None = Field(None, ge=0.0, le=1.0)
+    """Early stopping: end the run at the first scheduled evaluation (``every``) whose greedy accuracy
+    reaches this value; that evaluation is the run's final one and the final checkpoint is written at
+    that step. A resumed run whose last logged evaluation reached it does not train on. None: all
+    ``steps``. (posttrain's option; ``sft_warm_start(stop_at=...)`` uses it to stop a warm start at a
+    target accuracy on a calibration set.)"""
     max_batch_size: int | None = Field(None, ge=1)
     """The evaluation batch cap: at most this many sequences per generate call (greedy pass@1 and the
     pass@k samples alike), in RL, SFT and ``posttrain eval``. None = the run's

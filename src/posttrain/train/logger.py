@@ -20,7 +20,8 @@ def eval_line(step: int, ev: dict[str, Any]) -> str | None:
     """One line for stderr per evaluation (``echo``): held-out accuracy (RL, task SFT) or loss."""
     parts = []
     if isinstance(ev.get("accuracy"), numbers.Real):
-        parts.append(f"held-out accuracy {ev['accuracy']:.3f} (greedy pass@1, n={ev.get('n', '?')})")
+        where = ev.get("split", "held-out")  # SFT's calibration set (sft_warm_start(stop_at=...))
+        parts.append(f"{where} accuracy {ev['accuracy']:.3f} (greedy pass@1, n={ev.get('n', '?')})")
     for k in sorted(k for k in ev if k.startswith("pass@")):
         parts.append(f"{k} {ev[k]:.3f}")
     if isinstance(ev.get("loss"), numbers.Real):

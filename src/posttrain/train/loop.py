@@ -184,6 +184,11 @@ class RunLoop:
                 logged = logger.logged_eval(0)
                 if logged is not None:
                     summary["eval_start"] = logged
+                # ... and does not train on when its part before stopped early (eval.stop_at)
+                reached = logger.logged_eval(start)
+                if reached is not None and self._reached(reached):
+                    summary["stopped_at"] = start
+                    summary[spec.end_eval_key] = {k: v for k, v in reached.items() if k != "samples"}
             with progress_bar(
                 spec.name,
                 total=cfg.steps,
@@ -191,7 +196,7 @@ class RunLoop:
                 completed=start,
                 log_every=spec.log_every if main else 0,
             ) as bar:
-                while t.step_idx < cfg.steps:
+                while t.step_idx < cfg.steps and "stopped_at" not in summary:
                     last = spec.step()
                     if logger:
                         logger.log_step(last)
@@ -200,10 +205,14 @@ class RunLoop:
                     bar.advance(**{label: last[key] for label, key in spec.live.items()})
                     s = t.step_idx
                     if cfg.eval.every and s % cfg.eval.every == 0 and s < cfg.steps:
-                        self._evaluate(spec, logger)
+                        ev = self._evaluate(spec, logger)
+                        if ev is not None and self._reached(ev):  # early stopping (eval.stop_at)
+                            summary["stopped_at"] = s
+                            summary[spec.end_eval_key] = {k: v for k, v in ev.items() if k != "samples"}
                     if spec.write and cfg.checkpoint.every and s % cfg.checkpoint.every == 0:
                         spec.save()
-            if cfg.eval.at_end and (t.step_idx > start or (spec.eval_fresh_zero_steps and start == 0)):
+            fresh_end = t.step_idx > start or (spec.eval_fresh_zero_steps and start == 0)
+            if cfg.eval.at_end and fresh_end and "stopped_at" not in summary:
                 self._evaluate(spec, logger, summary, spec.end_eval_key)
             if spec.write:
                 if cfg.checkpoint.final and self.checkpointed_step != t.step_idx:
@@ -219,16 +228,22 @@ class RunLoop:
 
     def _evaluate(
         self, spec: LoopSpec, logger: Any, summary: dict[str, Any] | None = None, key: str = ""
-    ) -> None:
+    ) -> dict[str, Any] | None:
         """One scheduled evaluation (none when the trainer has nothing to evaluate): logged at the
         current step, and kept in ``summary[key]`` without its sample completions when given."""
         if spec.evaluate is None:
-            return
+            return None
         ev = spec.evaluate()
         if logger:
             logger.log_eval(self.trainer.step_idx, ev)
         if summary is not None:
             summary[key] = {k: v for k, v in ev.items() if k != "samples"}
+        return ev
+
+    def _reached(self, ev: dict[str, Any]) -> bool:
+        """Whether an evaluation reached ``eval.stop_at`` (early stopping)."""
+        stop = getattr(self.trainer.cfg.eval, "stop_at", None)
+        return stop is not None and "accuracy" in ev and float(ev["accuracy"]) >= stop
 
 
 class RunLoopTrainer:

@@ -184,7 +184,9 @@ class SFTTrainer(RunLoopTrainer):
     """``SFTTrainer(cfg).train()``; with a model in hand ``SFTTrainer(cfg, model, tokenizer,
     pairs=[(prompt, completion), ...]).train()`` or ``rows=[{"messages": [...]}, {"text": ...}]``;
     ``SFTTrainer(cfg, resume=True)`` continues from ``<out_dir>/checkpoints/latest``; ``adapter=`` takes
-    any :class:`~posttrain.models.ModelAdapter` instead of model and tokenizer.
+    any :class:`~posttrain.models.ModelAdapter` instead of model and tokenizer; ``heldout=`` (task
+    examples) replaces the task's held-out split in the evaluation (a calibration set for
+    ``eval.stop_at``).
 
     ``extra_loss(trainer, idx, logp, loss_mask, batch_rows) -> scalar tensor`` (optional) adds a term
     to each micro-batch's loss: ``idx`` are the micro-batch's example indices, ``logp``/``loss_mask``
@@ -203,7 +205,9 @@ class SFTTrainer(RunLoopTrainer):
         resume: bool = False,
         adapter: Any = None,
         extra_loss: Any = None,
+        heldout: list[Any] | None = None,
     ) -> None:
+        self._heldout = list(heldout) if heldout is not None else None
         p = build_sft_parts(cfg, model, tokenizer, pairs=pairs, rows=rows, resume=resume, adapter=adapter)
         self.cfg, self.extra_loss, self.run_dir, self.device = cfg, extra_loss, Path(cfg.out_dir), p.device
         self.lm, self.model, self.tokenizer = p.lm, p.lm.model, p.lm.tokenizer
@@ -301,17 +305,19 @@ class SFTTrainer(RunLoopTrainer):
 
     # ---------------------------------------------------------------------------------- evaluation
     def evaluate(self, n: int | None = None) -> dict[str, Any]:
-        """Greedy accuracy (and mean reward, length) on the task's held-out split."""
+        """Greedy accuracy (and mean reward, length) on the task's held-out split (or ``heldout``)."""
         from posttrain.rewards import get_reward
         from posttrain.rollout import FunctionRewardSource
         from posttrain.train.evaluate import evaluate
 
         src = FunctionRewardSource(get_reward(self.task.default_reward), num_workers=0)
         try:
-            return evaluate(
+            ev = evaluate(
                 self.model,
                 self.tokenizer,
-                self.task.split("heldout")[: n or self.cfg.eval.n],
+                (self._heldout if self._heldout is not None else self.task.split("heldout"))[
+                    : n or self.cfg.eval.n
+                ],
                 src,
                 formatter=self.formatter,
                 max_new_tokens=self.cfg.max_new_tokens,
@@ -320,6 +326,9 @@ class SFTTrainer(RunLoopTrainer):
             )
         finally:
             src.close()
+        if self._heldout is not None:
+            ev["split"] = "calibration"  # the metrics log and the progress line say which set it was
+        return ev
 
     @torch.no_grad()
     def heldout_loss(self) -> dict[str, float]:
@@ -343,7 +352,7 @@ class SFTTrainer(RunLoopTrainer):
     @property
     def has_heldout(self) -> bool:
         """Whether there is anything to evaluate: the task (training from it) or ``eval_data``."""
-        return self.cfg.data is None or bool(self.eval_examples)
+        return self.cfg.data is None or bool(self.eval_examples) or bool(self._heldout)
 
     def _evaluate_all(self) -> dict[str, Any]:
         with dist.full_params(self.model):  # FSDP2: gathered weights, so rank 0 can run forwards alone
@@ -351,7 +360,7 @@ class SFTTrainer(RunLoopTrainer):
 
     def _evaluate_here(self) -> dict[str, Any]:
         ev: dict[str, Any] = {}
-        if self.cfg.data is None:
+        if self.cfg.data is None or self._heldout:
             ev.update(self.evaluate())
         if self.eval_examples:
             ev.update(self.heldout_loss())
@@ -459,13 +468,23 @@ def sft_warm_start(
     rows: list[Any] | None = None,
     batch_size: int = 32,
     overwrite: bool = False,
+    stop_at: float | None = None,
+    check_every: int = 25,
+    calibration: int = 200,
 ) -> dict[str, Any]:
     """An SFT warm start for an RL config, in place on ``model``: batch ``batch_size`` (32) on the
     reference completions of the RL config's task (scratchpad tasks in the ``long`` style), ``steps``
     steps at ``lr``. The tiny demo, the objectives ablation, the APARL experiment and the tools demo
     start RL from it. ``pairs`` (``(prompt, completion)``) or ``rows`` (``{"messages": [...]}`` and the
     other :class:`SFTTrainer` row formats) replace the task's reference completions as the SFT set;
-    ``overwrite`` replaces a previous run in ``out_dir``."""
+    ``overwrite`` replaces a previous run in ``out_dir``.
+
+    ``stop_at`` (posttrain's design, issue 41): a warm start to a target accuracy rather than a step
+    count, so that RL starts from the same competence whatever the CPU's kernels do to an early, steep
+    SFT curve. The last ``calibration`` train examples are held back from the SFT rows; every
+    ``check_every`` steps their greedy accuracy is measured, and SFT stops at the first check that
+    reaches ``stop_at`` (``steps`` stays the limit; the summary's ``stopped_at`` says where it
+    stopped, absent when it never reached it). The task's held-out split is never looked at."""
 
     sft_cfg = SFTConfig(
         model=cfg.model,
@@ -482,4 +501,20 @@ def sft_warm_start(
         save=save,
     )
     sft_cfg.eval.at_end = False
-    return SFTTrainer(sft_cfg, model, tok, pairs=pairs, rows=rows).train(overwrite=overwrite)
+    heldout = None
+    if stop_at is not None:
+        if pairs is not None or rows is not None:
+            raise InvalidValueError(
+                "sft_warm_start: stop_at holds back task examples; it takes no pairs/rows"
+            )
+        task = get_task(cfg.task.name, **cfg.task.params)
+        train = task.split("train")
+        if not 0 < calibration < len(train):
+            raise InvalidValueError(
+                f"sft_warm_start: calibration must be between 1 and {len(train) - 1} (the task's train split "
+                f"has {len(train)} examples), got {calibration}"
+            )
+        pairs = task_pairs(task, style=sft_cfg.style)[:-calibration]
+        heldout = train[-calibration:]
+        sft_cfg.eval.every, sft_cfg.eval.n, sft_cfg.eval.stop_at = check_every, calibration, stop_at
+    return SFTTrainer(sft_cfg, model, tok, pairs=pairs, rows=rows, heldout=heldout).train(overwrite=overwrite)
