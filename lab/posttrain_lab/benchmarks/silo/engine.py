@@ -325,14 +325,15 @@ def _usage_tokens(usage: Any, key: str) -> int | None:
 class SiloEngine:
     """Runs one case under one protocol with the given agent(s).
 
-    ``agents`` is one `Agent` for every seat or a sequence of N agents (seat i uses ``agents[i]``).
+    ``agents`` is one `Agent` for every seat or a sequence of N agents (seat i uses ``agents[i]``);
+    None for a case driven step by step from outside (`start`, `CaseRun`).
     """
 
     def __init__(
         self,
         case: dict[str, Any],
         protocol: str,
-        agents: Agent | Sequence[Agent],
+        agents: Agent | Sequence[Agent] | None,
         config: EngineConfig | None = None,
         agent_name: str | None = None,
     ) -> None:
@@ -351,173 +352,52 @@ class SiloEngine:
                 f"{self.n} values (one per agent)"
             )
         self.expected = expected
-        if isinstance(agents, Agent):
+        if agents is None:  # driven step by step (`start`), replies from outside (an RL policy)
+            seats = []
+        elif isinstance(agents, Agent):
             seats = [agents] * self.n
         else:
             seats = list(agents)
             if len(seats) != self.n:
                 raise InvalidValueError(f"got {len(seats)} agents for a case with {self.n} agents")
-        self.agent_name = agent_name or getattr(seats[0], "name", "agent")
+        self.agent_name = agent_name or (getattr(seats[0], "name", "agent") if seats else "policy")
         case_id = str(case.get("case_id", self.task_id))
         self.agents = seats
         self.seats = [Seat(case_id, self.task_id, i, self.n) for i in range(self.n)]
         self.count = resolve_token_counter(self.cfg.token_counter)
 
+    def start(self) -> CaseRun:
+        """The case's step-wise state (:class:`CaseRun`): what ``run`` drives with the agents' replies,
+        and what an RL environment drives with the policy's (``posttrain_lab.benchmarks.silo.env``)."""
+        return CaseRun(self)
+
     async def run(self, transcript_path: str | Path | None = None) -> CaseResult:
         """Run the case to completion; optionally stream the transcript to `transcript_path` (JSONL)."""
-        from posttrain_lab.benchmarks.silo import metrics
-        from posttrain_lab.benchmarks.silo import task_level as _task_level
-        from posttrain_lab.benchmarks.silo.failures import analyze_failures
-        from posttrain_lab.benchmarks.silo.scoring import CaseScoreInput, get_scoring
-
+        if not self.agents:
+            raise InvalidValueError("SiloEngine.run needs agents; without them drive start() step by step")
         t_start = time.perf_counter()
-        n, cfg = self.n, self.cfg
-        proto = make_protocol(self.protocol_name, n)
-        contexts: list[list[dict[str, str]]] = []
-        ctx_tokens: list[int] = []
-        for i, ac in enumerate(self.case["agent_configs"]):
-            sys_msg = system_prompt(self.protocol_name, i, n, cfg.prompt_set)
-            up = ac.get("user_prompt") if isinstance(ac, dict) else None
-            if not isinstance(up, str):
-                raise InvalidValueError(
-                    f"case {self.case.get('case_id')!r}: agent_configs[{i}].user_prompt must be a string"
-                )
-            usr = user_prompt(up, cfg.prompt_set)
-            if "scratchpad" in cfg.scaffolds:
-                usr += "\n\n" + SCRATCHPAD_NOTE
-            if "planning" in cfg.scaffolds:
-                usr += "\n\n" + PLANNING_NOTE
-            contexts.append([{"role": "system", "content": sys_msg}, {"role": "user", "content": usr}])
-            ctx_tokens.append(self.count(sys_msg) + self.count(usr))
-
-        submitted = [False] * n
-        answers: list[Any] = [None] * n
-        submit_round: list[int | None] = [None] * n
-        in_total = out_total = 0
-        agent_s = 0.0
-        agent_rounds = 0
-        transcript: list[dict[str, Any]] = []
+        state = self.start()
         tfile = open(transcript_path, "w", encoding="utf-8") if transcript_path else None  # noqa: SIM115
-        rounds = 0
         try:
-            for r in range(1, cfg.max_rounds + 1):
-                rounds = r
-                proto.begin_round(r)
-                active = [i for i in range(n) if not submitted[i]]
-                if "reminder" in cfg.scaffolds:  # appended to the last (user) message: roles keep alternating
-                    note = "\n\n" + reminder_note(self.protocol_name)
-                    note_tokens = self.count(note)
-                    for i in active:
-                        last = contexts[i][-1]
-                        contexts[i][-1] = {**last, "content": last["content"] + note}
-                        ctx_tokens[i] += note_tokens
+            while not state.finished:
+                active = state.begin_round()
                 t0 = time.perf_counter()
                 replies = await asyncio.gather(
-                    *(reply_as(self.agents[i], self.seats[i], list(contexts[i])) for i in active)
+                    *(reply_as(self.agents[i], self.seats[i], state.messages(i)) for i in active)
                 )
-                agent_s += time.perf_counter() - t0
-                agent_rounds += len(active)
+                state.agent_s += time.perf_counter() - t0
                 for i, rep in zip(active, replies, strict=True):
                     text = rep.text if isinstance(rep, AgentReply) and isinstance(rep.text, str) else ""
-                    usage = rep.usage if isinstance(rep, AgentReply) else None
-                    out_count = self.count(text)
-                    in_tok = _usage_tokens(usage, "prompt_tokens")
-                    out_tok = _usage_tokens(usage, "completion_tokens")
-                    in_tok = ctx_tokens[i] if in_tok is None else in_tok
-                    out_tok = out_count if out_tok is None else out_tok
-                    in_total += in_tok
-                    out_total += out_tok
-                    contexts[i].append({"role": "assistant", "content": text})
-                    ctx_tokens[i] += out_count
-                    calls = parse_tool_calls(text)
-                    results, answer = self._execute_turn(proto, i, r, calls)
-                    if answer is not None:
-                        submitted[i], answers[i], submit_round[i] = True, answer[0], r
-                    msg = format_tool_results(results)
-                    contexts[i].append({"role": "user", "content": msg})
-                    ctx_tokens[i] += self.count(msg)
-                    rec = {
-                        "round": r,
-                        "agent_id": i,
-                        "reply": text,
-                        "calls": [c.to_json() for c in calls],
-                        "results": [{"tool": nme, "result": res} for nme, res in results],
-                        "input_tokens": in_tok,
-                        "output_tokens": out_tok,
-                        "submitted": submitted[i],
-                    }
-                    transcript.append(rec)
+                    rec = state.apply(i, text, rep.usage if isinstance(rep, AgentReply) else None)
                     if tfile is not None:
                         tfile.write(json.dumps(rec, default=str) + "\n")
-                proto.end_round(r)
+                state.end_round()
                 if tfile is not None:
                     tfile.flush()
-                if all(submitted):
-                    break
         finally:
             if tfile is not None:
                 tfile.close()
-
-        level = _task_level(self.task_id)
-        scoring = get_scoring(cfg.scoring)
-        counts = {"code": proto.message_count(), "paper": proto.paper_message_count()}
-        if isinstance(proto, Broadcast):
-            counts["bp_weighted"] = proto.recipient_weighted_count()
-        score_in = CaseScoreInput(
-            task_id=self.task_id,
-            level=level,
-            num_agents=n,
-            expected=self.expected,
-            answers=answers,
-            submitted=submitted,
-            input_tokens=in_total,
-            output_tokens=out_total,
-            rounds_executed=rounds,
-            max_rounds=cfg.max_rounds,
-            messages_code=counts["code"],
-            messages_paper=counts["paper"],
-            messages_bp_weighted=counts.get("bp_weighted"),
-        )
-        correct = scoring.correct_list(score_in)
-        met = scoring.score(score_in)
-        success = met["S_success_rate"] == 1.0
-        fm = analyze_failures(
-            transcript,
-            protocol=self.protocol_name,
-            task_id=self.task_id,
-            num_agents=n,
-            answers=answers,
-            submit_rounds=submit_round,
-            correct=correct,
-        )
-        return CaseResult(
-            case_id=str(self.case.get("case_id", f"{self.task_id}_n{n}")),
-            task_id=self.task_id,
-            level=level,
-            protocol=self.protocol_name,
-            num_agents=n,
-            agent=self.agent_name,
-            max_rounds=cfg.max_rounds,
-            rounds_executed=rounds,
-            expected=self.expected,
-            answers=answers,
-            submit_rounds=submit_round,
-            correct=correct,
-            metrics=met,
-            success=success,
-            scoring=scoring.name,
-            message_counts=counts,
-            input_tokens=in_total,
-            output_tokens=out_total,
-            sent=list(proto.sent),
-            received=list(proto.received),
-            failure_modes=fm,
-            leaders=metrics.emergent_leaders(list(proto.received)),
-            wall_s=time.perf_counter() - t_start,
-            agent_s=agent_s,
-            agent_rounds=agent_rounds,
-            transcript=transcript,
-        )
+        return state.result(wall_s=time.perf_counter() - t_start)
 
     def _execute_turn(
         self, proto: Protocol, i: int, r: int, calls: Sequence[ToolCall]
@@ -549,6 +429,176 @@ class SiloEngine:
                 return results, (call.params["answer"],)
             results.append((call.name, proto.execute(i, r, call)))
         return results, None
+
+
+class CaseRun:
+    """One case being played, round by round (the body of the authors' `run_round` loop): ``while not
+    finished: active = begin_round(); apply(i, reply) for i in active (in agent order); end_round()``,
+    then ``result()``. `SiloEngine.run` drives it with agents; an RL environment drives it with a
+    policy's sampled replies, so both produce the same contexts, transcript and scores."""
+
+    def __init__(self, engine: SiloEngine) -> None:
+        self.engine = engine
+        n, cfg = engine.n, engine.cfg
+        self.proto = make_protocol(engine.protocol_name, n)
+        self.contexts: list[list[dict[str, str]]] = []
+        self.ctx_tokens: list[int] = []
+        for i, ac in enumerate(engine.case["agent_configs"]):
+            sys_msg = system_prompt(engine.protocol_name, i, n, cfg.prompt_set)
+            up = ac.get("user_prompt") if isinstance(ac, dict) else None
+            if not isinstance(up, str):
+                raise InvalidValueError(
+                    f"case {engine.case.get('case_id')!r}: agent_configs[{i}].user_prompt must be a string"
+                )
+            usr = user_prompt(up, cfg.prompt_set)
+            if "scratchpad" in cfg.scaffolds:
+                usr += "\n\n" + SCRATCHPAD_NOTE
+            if "planning" in cfg.scaffolds:
+                usr += "\n\n" + PLANNING_NOTE
+            self.contexts.append([{"role": "system", "content": sys_msg}, {"role": "user", "content": usr}])
+            self.ctx_tokens.append(engine.count(sys_msg) + engine.count(usr))
+        self.submitted = [False] * n
+        self.answers: list[Any] = [None] * n
+        self.submit_round: list[int | None] = [None] * n
+        self.in_total = self.out_total = 0
+        self.agent_s = 0.0
+        self.agent_rounds = 0
+        self.transcript: list[dict[str, Any]] = []
+        self.round = 0
+        self.finished = False
+        self._active: list[int] = []
+
+    def messages(self, i: int) -> list[dict[str, str]]:
+        """Agent i's chat context (a copy): what it is called with this round."""
+        return list(self.contexts[i])
+
+    def begin_round(self) -> list[int]:
+        """Start the next round; the seats that act in it (those that have not submitted), in order."""
+        if self.finished:
+            raise InvalidValueError(f"case {self.engine.case.get('case_id')!r} is finished")
+        self.round += 1
+        self.proto.begin_round(self.round)
+        active = [i for i in range(self.engine.n) if not self.submitted[i]]
+        if "reminder" in self.engine.cfg.scaffolds:  # appended to the last (user) message: roles alternate
+            note = "\n\n" + reminder_note(self.engine.protocol_name)
+            note_tokens = self.engine.count(note)
+            for i in active:
+                last = self.contexts[i][-1]
+                self.contexts[i][-1] = {**last, "content": last["content"] + note}
+                self.ctx_tokens[i] += note_tokens
+        self.agent_rounds += len(active)
+        self._active = active
+        return active
+
+    def apply(self, i: int, text: str, usage: Any = None) -> dict[str, Any]:
+        """Agent i's reply of this round: its tool calls run, the results become its next user message.
+        Replies of a round are applied in agent order. Returns the transcript record."""
+        if i not in self._active:
+            raise InvalidValueError(f"agent {i} does not act in round {self.round} (active: {self._active})")
+        eng = self.engine
+        out_count = eng.count(text)
+        in_tok = _usage_tokens(usage, "prompt_tokens")
+        out_tok = _usage_tokens(usage, "completion_tokens")
+        in_tok = self.ctx_tokens[i] if in_tok is None else in_tok
+        out_tok = out_count if out_tok is None else out_tok
+        self.in_total += in_tok
+        self.out_total += out_tok
+        self.contexts[i].append({"role": "assistant", "content": text})
+        self.ctx_tokens[i] += out_count
+        calls = parse_tool_calls(text)
+        results, answer = eng._execute_turn(self.proto, i, self.round, calls)
+        if answer is not None:
+            self.submitted[i], self.answers[i], self.submit_round[i] = True, answer[0], self.round
+        msg = format_tool_results(results)
+        self.contexts[i].append({"role": "user", "content": msg})
+        self.ctx_tokens[i] += eng.count(msg)
+        rec = {
+            "round": self.round,
+            "agent_id": i,
+            "reply": text,
+            "calls": [c.to_json() for c in calls],
+            "results": [{"tool": nme, "result": res} for nme, res in results],
+            "input_tokens": in_tok,
+            "output_tokens": out_tok,
+            "submitted": self.submitted[i],
+        }
+        self.transcript.append(rec)
+        return rec
+
+    def end_round(self) -> None:
+        """Close the round (the protocol's end of round); the case is finished when every agent has
+        submitted or ``max_rounds`` is reached."""
+        self.proto.end_round(self.round)
+        self._active = []
+        self.finished = all(self.submitted) or self.round >= self.engine.cfg.max_rounds
+
+    def result(self, wall_s: float = 0.0) -> CaseResult:
+        """The case's scores (the engine's scoring mode), failure modes and transcript."""
+        from posttrain_lab.benchmarks.silo import metrics
+        from posttrain_lab.benchmarks.silo import task_level as _task_level
+        from posttrain_lab.benchmarks.silo.failures import analyze_failures
+        from posttrain_lab.benchmarks.silo.scoring import CaseScoreInput, get_scoring
+
+        eng, proto, n = self.engine, self.proto, self.engine.n
+        level = _task_level(eng.task_id)
+        scoring = get_scoring(eng.cfg.scoring)
+        counts = {"code": proto.message_count(), "paper": proto.paper_message_count()}
+        if isinstance(proto, Broadcast):
+            counts["bp_weighted"] = proto.recipient_weighted_count()
+        score_in = CaseScoreInput(
+            task_id=eng.task_id,
+            level=level,
+            num_agents=n,
+            expected=eng.expected,
+            answers=self.answers,
+            submitted=self.submitted,
+            input_tokens=self.in_total,
+            output_tokens=self.out_total,
+            rounds_executed=self.round,
+            max_rounds=eng.cfg.max_rounds,
+            messages_code=counts["code"],
+            messages_paper=counts["paper"],
+            messages_bp_weighted=counts.get("bp_weighted"),
+        )
+        correct = scoring.correct_list(score_in)
+        met = scoring.score(score_in)
+        fm = analyze_failures(
+            self.transcript,
+            protocol=eng.protocol_name,
+            task_id=eng.task_id,
+            num_agents=n,
+            answers=self.answers,
+            submit_rounds=self.submit_round,
+            correct=correct,
+        )
+        return CaseResult(
+            case_id=str(eng.case.get("case_id", f"{eng.task_id}_n{n}")),
+            task_id=eng.task_id,
+            level=level,
+            protocol=eng.protocol_name,
+            num_agents=n,
+            agent=eng.agent_name,
+            max_rounds=eng.cfg.max_rounds,
+            rounds_executed=self.round,
+            expected=eng.expected,
+            answers=self.answers,
+            submit_rounds=self.submit_round,
+            correct=correct,
+            metrics=met,
+            success=met["S_success_rate"] == 1.0,
+            scoring=scoring.name,
+            message_counts=counts,
+            input_tokens=self.in_total,
+            output_tokens=self.out_total,
+            sent=list(proto.sent),
+            received=list(proto.received),
+            failure_modes=fm,
+            leaders=metrics.emergent_leaders(list(proto.received)),
+            wall_s=wall_s,
+            agent_s=self.agent_s,
+            agent_rounds=self.agent_rounds,
+            transcript=self.transcript,
+        )
 
 
 def run_case(
