@@ -4,6 +4,28 @@ customer simulators; the library ships ``answer`` (one scored message, e.g. afte
 docs/multi-turn.md and docs/tools.md."""
 
 from posttrain.envs import answer as _answer  # noqa: F401  (registers "answer")
-from posttrain.envs.base import ENVS, Env, StepResult, check_step, env_factory, list_envs, register_env
+from posttrain.envs.base import (
+    ENVS,
+    Env,
+    MultiAgentEnv,
+    SeatsResult,
+    StepResult,
+    check_seats,
+    check_step,
+    env_factory,
+    list_envs,
+    register_env,
+)
 
-__all__ = ["ENVS", "Env", "StepResult", "check_step", "env_factory", "list_envs", "register_env"]
+__all__ = [
+    "ENVS",
+    "Env",
+    "MultiAgentEnv",
+    "SeatsResult",
+    "StepResult",
+    "check_seats",
+    "check_step",
+    "env_factory",
+    "list_envs",
+    "register_env",
+]

@@ -24,6 +24,13 @@ Contract:
 * Deterministic per seed: the same ``example``, ``seed`` and agent turns give the same observations
   and rewards.
 
+Several agents (:class:`MultiAgentEnv`): one policy plays every seat of a session (a multi-agent
+benchmark case). The runner keeps one conversation (one training row) per seat and plays the seats in
+lock step: ``opening = env.reset_seats(example, seed)`` gives each seat its opening messages; each
+round, every seat still acting samples a turn (all seats of all sessions in one batched generation)
+and ``env.step_seats({seat: text})`` returns each seat's next observation and turn rewards, whether
+that seat acts again, and, when the whole session is over, the session reward every seat's row gets.
+
 Environments are registered by name in :data:`ENVS` as factories ``(**params) -> Env`` (a class
 whose ``__init__(**params)`` fits is a factory); the runner names one in its config
 (``rollout.runner.params.env`` / ``env_params``), or by import path ``package.module:Name``.
@@ -76,6 +83,85 @@ class Env(ABC):
     def summary(self) -> dict[str, Any]:
         """Per-session facts for evaluation metrics and transcripts (e.g. ``converted``)."""
         return {}
+
+
+@dataclass(frozen=True)
+class SeatsResult:
+    """What :meth:`MultiAgentEnv.step_seats` returns for one round: ``seats`` maps every seat that
+    acted to its :class:`StepResult` (its next observation and turn rewards; ``done``: this seat acts
+    no more, its ``session_reward`` left None); ``done`` / ``session_reward``: the whole session is
+    over, with the reward every seat's row gets."""
+
+    seats: dict[int, StepResult]
+    done: bool = False
+    session_reward: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class MultiAgentEnv(Env):
+    """A session with several seats, all played by the policy (module docstring). ``max_turns`` is the
+    round limit: the session ends (``SeatsResult.done``) at the latest in that round. ``metrics()``
+    gives per-session numbers (a benchmark's own scores) that the runner averages over sessions."""
+
+    @abstractmethod
+    def reset_seats(self, example: Any, seed: int) -> list[list[dict[str, Any]]]:
+        """Start a session; per seat, its opening chat messages (a system message and/or user
+        messages, ending with a user message)."""
+
+    @abstractmethod
+    def step_seats(self, texts: Mapping[int, str]) -> SeatsResult:
+        """One round: ``texts`` maps each seat that acts to the turn it sampled."""
+
+    def metrics(self) -> dict[str, float]:
+        """Per-session numbers (e.g. success, messages per agent), averaged per session by the runner."""
+        return {}
+
+    def reset(self, example: Any, seed: int) -> str:
+        raise InvalidTypeError(f"environment {type(self).__name__} has several seats: use reset_seats")
+
+    def step(self, agent_text: str) -> StepResult:
+        raise InvalidTypeError(f"environment {type(self).__name__} has several seats: use step_seats")
+
+
+def check_seats(env: MultiAgentEnv, res: Any, texts: Mapping[int, str], turn: int) -> SeatsResult:
+    """Validate one ``env.step_seats`` result (every acting seat answered, criteria, session reward,
+    round limit); raise naming the environment and round."""
+    name = type(env).__name__
+    if not isinstance(res, SeatsResult):
+        raise InvalidTypeError(
+            f"environment {name}: step_seats() must return a SeatsResult, got {type(res).__name__}"
+        )
+    if set(res.seats) != set(texts):
+        raise InvalidValueError(
+            f"environment {name}, round {turn}: step_seats() answered seats {sorted(res.seats)}, "
+            f"expected exactly the seats that acted {sorted(texts)}"
+        )
+    for seat, r in res.seats.items():
+        if not isinstance(r, StepResult):
+            raise InvalidTypeError(f"environment {name}, round {turn}, seat {seat}: not a StepResult")
+        if set(r.turn_rewards) != set(env.criteria):
+            raise InvalidValueError(
+                f"environment {name}, round {turn}, seat {seat}: turn_rewards has keys "
+                f"{sorted(r.turn_rewards)}, expected exactly its criteria {list(env.criteria)}"
+            )
+        for k, v in r.turn_rewards.items():
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                raise InvalidValueError(
+                    f"environment {name}, round {turn}, seat {seat}: turn_rewards[{k!r}] = {v!r} is not "
+                    "a finite number"
+                )
+    if res.done:
+        if res.session_reward is None or not math.isfinite(float(res.session_reward)):
+            raise InvalidValueError(
+                f"environment {name}, round {turn}: done=True needs a finite session_reward, got "
+                f"{res.session_reward!r}"
+            )
+    elif turn >= env.max_turns:
+        raise InvalidValueError(
+            f"environment {name}: round {turn} reached max_turns={env.max_turns} but step_seats() did "
+            "not return done=True; an environment must end its sessions within its round limit"
+        )
+    return res
 
 
 def check_step(env: Env, res: Any, turn: int) -> StepResult:

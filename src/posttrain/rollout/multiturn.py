@@ -54,6 +54,18 @@ error message the tool returns, such as the calculator's "division by zero", is 
 per conversation; the RL loop logs ``tool_call_rate`` (share of conversations with a call),
 ``tool_valid_rate`` (valid / all calls; 0 when no call was made) and ``tool_calls_mean``.
 
+Several agents (a :class:`~posttrain.envs.MultiAgentEnv`, e.g. the lab's ``silo``): one policy plays
+every seat. Each seat's conversation is its own row (its opening messages from ``reset_seats``, its
+turns, the environment's replies to it as environment tokens); the seats of a session share its group
+id (a GRPO group holds every seat of the ``group_size`` sessions of a scenario) and its session reward.
+All seats of all sessions that still act are generated in one batched call per round; a seat the
+environment reports done stops generating while the others go on. A session whose seat would exceed
+``max_context`` is cut as a whole (every seat's row: finish reason ``"length"``, reward ``abort()``).
+``Episodes.row_stats`` carries ``episode_weight`` (1 / seats) and the environment's ``metrics()`` per
+row, so :meth:`~MultiTurnRunner.step_metrics` averages them per session (the lab's ``silo_success``).
+Tools of the runner (``tools``) are for single-seat environments; a multi-agent environment brings
+its own.
+
 Token-exact: the training row IS the token sequence the engine extended, turn after turn; the tokens
 between two agent turns are rendered from the template by appending the new messages to a fixed
 stand-in conversation and taking what follows the stand-in agent turn and its EOS, so a template that
@@ -70,7 +82,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from posttrain.envs import ENVS, Env, check_step, env_factory
+from posttrain.envs import ENVS, Env, MultiAgentEnv, check_seats, check_step, env_factory
 from posttrain.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, RolloutEngine, SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter
 from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
@@ -105,6 +117,9 @@ class Session:
     turn_cut: bool = False  # a round of the current turn was cut at the token cap
     tool_calls: int = 0
     tool_valid: int = 0
+    seat: int = 0  # a multi-agent environment's seat (0 for a single-seat environment)
+    seats: int = 1  # how many seats its session has (rows of one session share its env)
+    multi: bool = False  # its environment is a MultiAgentEnv (even with one seat)
 
     @property
     def context(self) -> list[int]:
@@ -118,6 +133,7 @@ class Session:
             "truncated": self.truncated,
             "turns": len(self.turn_rewards),
             "summary": self.env.summary(),
+            **({"seat": self.seat, "seats": self.seats} if self.multi else {}),
             "messages": self.messages,
         }
 
@@ -197,6 +213,12 @@ class MultiTurnRunner(EpisodeRunner):
         self.tool_workers = tool_workers
         self.make_env = env_factory(env, env_params)
         probe = self.make_env()
+        self.multi = isinstance(probe, MultiAgentEnv)
+        if self.multi and self.tools:
+            raise InvalidValueError(
+                f"runner 'multi-turn': environment {env!r} has several seats and brings its own tools; "
+                "rollout.runner.params.tools is for single-seat environments"
+            )
         self.criteria: tuple[str, ...] = tuple(probe.criteria)
         self.max_turns = int(probe.max_turns)
         if cut_violation == "auto":
@@ -234,12 +256,26 @@ class MultiTurnRunner(EpisodeRunner):
             system = "\n\n".join(x for x in (system, fallback_instructions(self.tool_schemas)) if x)
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": first_obs})
+        return self._opening(messages), messages
+
+    def _opening(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt tokens of a conversation's opening messages (system and user messages, the last a
+        user message): the chat template with the generation prompt, or the plain rendering (system
+        texts, then ``user_turn`` per user message)."""
+        if not messages or messages[-1].get("role") != "user":
+            raise InvalidValueError("runner 'multi-turn': a conversation must open with a user message last")
         if not self.formatter.chat:
-            return self._encode(system + self.user_turn.replace("{observation}", first_obs)), messages
+            text = "".join(
+                self.user_turn.replace("{observation}", str(m["content"]))
+                if m["role"] == "user"
+                else str(m["content"])
+                for m in messages
+            )
+            return self._encode(text)
         ids = self._template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
-        return [int(i) for i in ids], messages
+        return [int(i) for i in ids]
 
     _ANCHOR = "posttrain-agent-turn-anchor"
 
@@ -306,6 +342,23 @@ class MultiTurnRunner(EpisodeRunner):
             for j in range(n):
                 env = self.make_env()
                 seed = self._env_seed(ex, j)
+                if isinstance(env, MultiAgentEnv):
+                    opening = env.reset_seats(ex, seed)
+                    for seat, msgs in enumerate(opening):
+                        sessions.append(
+                            Session(
+                                g,
+                                ex,
+                                env,
+                                seed,
+                                self._opening(msgs),
+                                messages=[dict(m) for m in msgs],
+                                seat=seat,
+                                seats=len(opening),
+                                multi=True,
+                            )
+                        )
+                    continue
                 first = env.reset(ex, seed)
                 prompt, messages = self._prompt(ex, first)
                 sessions.append(Session(g, ex, env, seed, prompt, messages=messages))
@@ -315,7 +368,10 @@ class MultiTurnRunner(EpisodeRunner):
         for _round in range(self.max_turns + self.max_tool_calls):
             for s in sessions:
                 if not s.done and len(s.context) + params.max_new_tokens > self.max_context:
-                    s.done, s.truncated, s.session_reward = True, True, float(s.env.abort())
+                    if s.multi:  # a multi-agent session is cut as a whole
+                        self._cut_session(sessions, s.env)
+                    else:
+                        s.done, s.truncated, s.session_reward = True, True, float(s.env.abort())
             active = [s for s in sessions if not s.done]
             if not active:
                 break
@@ -335,11 +391,16 @@ class MultiTurnRunner(EpisodeRunner):
                 budget = self.max_tool_calls - s.tool_calls
                 calls.append(self.parse_calls(texts[j]) if self.parse_calls and budget > 0 else [])
             results = self._run_tools(active, calls)
+            seated: dict[int, list[tuple[Session, str, bool]]] = {}
             for j, s in enumerate(active):
-                if calls[j]:
+                if s.multi:
+                    seated.setdefault(id(s.env), []).append((s, texts[j], cuts[j]))
+                elif calls[j]:
                     self._tool_round(s, texts[j], calls[j], results[j], cuts[j])
                 else:
                     self._env_round(s, texts[j], cuts[j])
+            for turns in seated.values():
+                self._seats_round(sessions, turns)
         for s in sessions:  # check_step guarantees done by max_turns; belt and braces
             if not s.done:
                 raise PosttrainRuntimeError("runner 'multi-turn': a session neither ended nor was cut")
@@ -417,6 +478,41 @@ class MultiTurnRunner(EpisodeRunner):
         s.messages.append({"role": "user", "content": res.observation})
         self._append_env(s, self._reply(res.observation))
 
+    def _seats_round(self, sessions: list[Session], turns: list[tuple[Session, str, bool]]) -> None:
+        """One round of a multi-agent session: every acting seat's turn goes to ``step_seats`` together."""
+        env = turns[0][0].env
+        rnd = turns[0][0].turn
+        texts = {s.seat: text for s, text, _ in turns}
+        res = check_seats(env, env.step_seats(texts), texts, rnd)
+        for s, text, cut in turns:
+            r = res.seats[s.seat]
+            turn_r = dict(r.turn_rewards)
+            if s.turn_cut and self.cut_violation is not None:  # the EOS closing it is not the policy's
+                turn_r[self.cut_violation] = min(float(turn_r[self.cut_violation]), -1.0)
+            s.turn_rewards.append([float(turn_r[c]) for c in self.criteria])
+            s.messages.append({"role": "assistant", "content": text, "turn_rewards": turn_r})
+            self._close_turn(s, cut)
+            s.turn, s.turn_cut = s.turn + 1, False
+            if r.done or res.done:
+                s.done = True
+                if r.observation:
+                    s.messages.append({"role": "user", "content": r.observation, "final": True})
+                continue
+            s.messages.append({"role": "user", "content": r.observation})
+            self._append_env(s, self._reply(r.observation))
+        if res.done:
+            for s in sessions:
+                if s.env is env:
+                    s.done, s.session_reward = True, float(res.session_reward)
+
+    @staticmethod
+    def _cut_session(sessions: list[Session], env: Env) -> None:
+        """A multi-agent session one of whose seats reached the context cap: every seat's row ends."""
+        reward = float(env.abort())
+        for s in sessions:
+            if s.env is env:
+                s.done, s.truncated, s.session_reward = True, True, reward
+
     @staticmethod
     def _append_env(s: Session, ids: list[int]) -> None:
         s.completion += ids
@@ -454,6 +550,11 @@ class MultiTurnRunner(EpisodeRunner):
                 "tool_calls": torch.tensor([float(s.tool_calls) for s in sessions]),
                 "tool_valid_calls": torch.tensor([float(s.tool_valid) for s in sessions]),
             }
+        if self.multi:  # per-session numbers on every seat's row, weighted 1 / seats (step_metrics)
+            stats["episode_weight"] = torch.tensor([1.0 / s.seats for s in sessions])
+            per = [s.env.metrics() for s in sessions]
+            for key in sorted(set().union(*per)):
+                stats[f"env:{key}"] = torch.tensor([float(m.get(key, 0.0)) for m in per])
         return Episodes(
             batch=batch,
             texts=list(texts),
@@ -465,16 +566,22 @@ class MultiTurnRunner(EpisodeRunner):
 
     def step_metrics(self, episodes: Episodes) -> dict[str, float]:
         """With tools: ``tool_call_rate`` (share of conversations with at least one call),
-        ``tool_valid_rate`` (valid calls / calls, 0 without calls) and ``tool_calls_mean``."""
+        ``tool_valid_rate`` (valid calls / calls, 0 without calls) and ``tool_calls_mean``. With a
+        multi-agent environment: each key of its ``metrics()`` averaged per session."""
         st = episodes.row_stats
-        if "tool_calls" not in st:
-            return {}
-        calls, valid = st["tool_calls"], st["tool_valid_calls"]
-        return {
-            "tool_call_rate": float((calls > 0).float().mean()) if len(calls) else 0.0,
-            "tool_valid_rate": float(valid.sum() / calls.sum().clamp(min=1.0)),
-            "tool_calls_mean": float(calls.mean()) if len(calls) else 0.0,
-        }
+        out: dict[str, float] = {}
+        if "tool_calls" in st:
+            calls, valid = st["tool_calls"], st["tool_valid_calls"]
+            out.update(
+                tool_call_rate=float((calls > 0).float().mean()) if len(calls) else 0.0,
+                tool_valid_rate=float(valid.sum() / calls.sum().clamp(min=1.0)),
+                tool_calls_mean=float(calls.mean()) if len(calls) else 0.0,
+            )
+        if "episode_weight" in st and len(st["episode_weight"]):
+            w = st["episode_weight"]
+            for key in (k for k in st if k.startswith("env:")):
+                out[key[4:]] = float((st[key] * w).sum() / w.sum())
+        return out
 
     # ------------------------------------------------------------------------------ evaluation
     def eval_metrics(self, episodes: Episodes) -> dict[str, Any]:
@@ -490,8 +597,11 @@ class MultiTurnRunner(EpisodeRunner):
         ss = self.last_sessions
         n = max(len(ss), 1)
         turns = [len(s.turn_rewards) for s in ss]
+        sessions = max(sum(1.0 / s.seats for s in ss), 1e-12)  # a multi-agent session's seats count once
         out: dict[str, Any] = {
-            "session_reward_mean": sum(float(s.session_reward) for s in ss) / n,
+            "session_reward_mean": sum(float(s.session_reward) / s.seats for s in ss) / sessions
+            if ss
+            else 0.0,
             "avg_turns": sum(turns) / n,
             "truncated_rate": sum(s.truncated for s in ss) / n,
             "turn_cut_rate": sum(s.turns_cut for s in ss) / max(sum(turns), 1),
