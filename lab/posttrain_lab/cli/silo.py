@@ -269,6 +269,49 @@ def run_cmd(
         raise typer.Exit(1)
 
 
+@silo_app.command("rl-experiment")
+def rl_experiment_cmd(
+    overrides: list[str] | None = typer.Argument(
+        None, help="key=value overrides of the RL config (posttrain_lab/recipes/silo_rl/silo-rl.yaml)"
+    ),
+    out: Path = typer.Option(Path("runs/silo-rl-experiment"), "--out", help="run directory"),
+    arms: str = typer.Option("sft,grpo,duca", "--arms", help="comma-separated: sft grpo duca"),
+    seeds: str = typer.Option("0,1,2", "--seeds", help="comma-separated RL seeds"),
+    steps: int | None = typer.Option(None, "--steps", min=0, help="RL steps per arm and seed (config: 40)"),
+    sft_steps: int = typer.Option(
+        60, "--sft-steps", min=1, help="warm-start SFT steps (8 seat conversations each)"
+    ),
+    sft_lr: float = typer.Option(5e-5, "--sft-lr", min=0.0),
+    precheck_n: int = typer.Option(16, "--precheck-n", min=1, help="training cases of the pre-check"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace a previous experiment in --out"),
+    resume: bool = typer.Option(False, "--resume", help="continue: finished arms and seeds are kept"),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress"),
+) -> None:
+    """Post-train agents to coordinate: SFT warm start on the scripted agents, then GRPO / DuCA on S;
+    pre-check, gates, S/P/C/D by split, level and N (docs/silo-rl.md)."""
+    from posttrain.cli.app import fail, run_folder_lock
+    from posttrain.utils.config import ConfigError
+    from posttrain_lab.recipes.silo_rl.experiment import run_silo_experiment
+
+    try:
+        with run_folder_lock(out):
+            run_silo_experiment(
+                out,
+                arms=tuple(a.strip() for a in arms.split(",") if a.strip()),
+                seeds=tuple(_ints([seeds], "--seeds")),
+                steps=steps,
+                sft_steps=sft_steps,
+                sft_lr=sft_lr,
+                precheck_n=precheck_n,
+                overrides=overrides or [],
+                resume=resume,
+                overwrite=overwrite,
+                progress=progress,
+            )
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+
+
 @silo_app.command("report")
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="a run directory with results.jsonl"),

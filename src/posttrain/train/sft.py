@@ -471,13 +471,15 @@ def sft_warm_start(
     stop_at: float | None = None,
     check_every: int = 25,
     calibration: int = 200,
+    overlong: Literal["error", "truncate", "skip"] = "error",
 ) -> dict[str, Any]:
     """An SFT warm start for an RL config, in place on ``model``: batch ``batch_size`` (32) on the
     reference completions of the RL config's task (scratchpad tasks in the ``long`` style), ``steps``
     steps at ``lr``. The tiny demo, the objectives ablation, the APARL experiment and the tools demo
     start RL from it. ``pairs`` (``(prompt, completion)``) or ``rows`` (``{"messages": [...]}`` and the
     other :class:`SFTTrainer` row formats) replace the task's reference completions as the SFT set;
-    ``overwrite`` replaces a previous run in ``out_dir``.
+    ``overwrite`` replaces a previous run in ``out_dir``; ``overlong`` is ``SFTConfig.overlong`` (rows
+    longer than the model's context).
 
     ``stop_at`` (posttrain's design, issue 41): a warm start to a target accuracy rather than a step
     count, so that RL starts from the same competence whatever the CPU's kernels do to an early, steep
@@ -499,6 +501,7 @@ def sft_warm_start(
         max_new_tokens=cfg.rollout.max_new_tokens,
         progress=progress,
         save=save,
+        overlong=overlong,
     )
     sft_cfg.eval.at_end = False
     heldout = None
