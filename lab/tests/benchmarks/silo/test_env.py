@@ -270,3 +270,14 @@ def test_the_bar_silo_rl_yaml_on_tiny_logs_silo_success_every_step(tmp_path):
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert 0.0 <= r["silo_success"] <= 1.0 and r["silo_rounds"] <= 2
+    # the trained policy through the unchanged benchmark: posttrain silo run --agent hf --model RUN
+    res = CliRunner().invoke(
+        app,
+        ["silo", "run", "--agent", "hf", "--model", str(tmp_path / "run"), "--tasks", "I-01", "--agents", "2",
+         "--protocols", "p2p", "--seed", "3", "--max-rounds", "1", "--max-new-tokens", "4",
+         "--out", str(tmp_path / "bench")],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(x) for x in (tmp_path / "bench" / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["agent"] == f"hf:{tmp_path / 'run'}" and rows[0]["rounds"] == 1
