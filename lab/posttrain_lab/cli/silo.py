@@ -272,7 +272,7 @@ def run_cmd(
 @silo_app.command("rl-experiment")
 def rl_experiment_cmd(
     overrides: list[str] | None = typer.Argument(
-        None, help="key=value overrides of the RL config (posttrain_lab/recipes/silo_rl/silo-rl.yaml)"
+        None, help="key=value overrides of the RL config (posttrain_lab/benchmarks/silo/rl/silo-rl.yaml)"
     ),
     out: Path = typer.Option(Path("runs/silo-rl-experiment"), "--out", help="run directory"),
     arms: str = typer.Option("sft,grpo,duca", "--arms", help="comma-separated: sft grpo duca"),
@@ -291,7 +291,7 @@ def rl_experiment_cmd(
     pre-check, gates, S/P/C/D by split, level and N (docs/silo-rl.md)."""
     from posttrain.cli.app import fail, run_folder_lock
     from posttrain.utils.config import ConfigError
-    from posttrain_lab.recipes.silo_rl.experiment import run_silo_experiment
+    from posttrain_lab.benchmarks.silo.rl.experiment import run_silo_experiment
 
     try:
         with run_folder_lock(out):

@@ -37,22 +37,7 @@ from typing import Any
 
 from posttrain.utils.errors import InvalidValueError, option
 from posttrain.utils.io import atomic_write_json
-from posttrain.utils.stats import se_binomial
-
-
-def paired_gain(before: list[float], after: list[float]) -> dict[str, float]:
-    """Gain of ``after`` over ``before`` (same prompts; 0/1 verdicts, or an after-verdict averaged over
-    seeds) with its paired standard error ``sd(d)/sqrt(n)`` over the per-prompt differences."""
-    if len(before) != len(after) or not before:
-        raise InvalidValueError(
-            f"paired_gain: need two equally long non-empty lists, got {len(before)} and {len(after)}"
-        )
-    n = len(before)
-    d = [float(a) - float(b) for a, b in zip(after, before, strict=True)]
-    mean = sum(d) / n
-    var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
-    se = math.sqrt(var / n)
-    return {"gain": mean, "se": se, "gain_over_se": mean / se if se > 0 else float("inf") if mean else 0.0}
+from posttrain.utils.stats import paired_gain, se_binomial
 
 
 def _peak_rss_gib() -> float:

@@ -35,8 +35,7 @@ from typing import Any
 
 from posttrain.utils.errors import InvalidValueError, option
 from posttrain.utils.io import atomic_write_json
-from posttrain.utils.stats import se_binomial
-from posttrain_lab.demos.smol import paired_gain
+from posttrain.utils.stats import paired_gain, se_binomial
 
 ARMS = ("no_tool", "tool_untrained", "tool_sft", "tool_rl")
 PAIRS = (

@@ -21,7 +21,7 @@ from posttrain_lab.benchmarks.silo import generate_case
 from posttrain_lab.benchmarks.silo.agents import ScriptedAgent
 from posttrain_lab.benchmarks.silo.env import SiloEnv, SiloTask, scripted_conversations
 
-CFG = str(files("posttrain_lab.recipes.silo_rl") / "silo-rl.yaml")
+CFG = str(files("posttrain_lab.benchmarks.silo.rl") / "silo-rl.yaml")
 
 
 class SeatPolicy(RolloutEngine):

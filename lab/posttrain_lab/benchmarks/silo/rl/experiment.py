@@ -47,7 +47,7 @@ SPLITS = ("heldout", "ood")
 
 
 def config_path() -> str:
-    return str(files("posttrain_lab.recipes.silo_rl") / "silo-rl.yaml")
+    return str(files("posttrain_lab.benchmarks.silo.rl") / "silo-rl.yaml")
 
 
 def warm_start_rows(examples: list[Any], env_params: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
@@ -159,7 +159,7 @@ def _gate(run_dir: Path) -> dict[str, float]:
 
 
 def _paired(after: list[dict[str, Any]], before: list[dict[str, Any]]) -> dict[str, float]:
-    from posttrain_lab.demos.smol import paired_gain
+    from posttrain.utils.stats import paired_gain
 
     b = {r["example_id"]: float(r["S"]) for r in before}
     a = {r["example_id"]: float(r["S"]) for r in after}

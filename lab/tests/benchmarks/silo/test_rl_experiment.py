@@ -11,7 +11,7 @@ import pytest
 
 from posttrain.tasks import get_task
 from posttrain.train.rl import DegenerateSettingWarning
-from posttrain_lab.recipes.silo_rl import experiment as ex
+from posttrain_lab.benchmarks.silo.rl import experiment as ex
 
 TINY = [
     "model.name=tiny",
