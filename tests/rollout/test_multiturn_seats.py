@@ -57,6 +57,9 @@ class Relay(MultiAgentEnv):
     def metrics(self):
         return {"all_done": float(all(self.done))}
 
+    def summary(self):
+        return {"finished": all(self.done)}
+
 
 register_env("test-relay")(Relay)
 
@@ -111,7 +114,9 @@ def test_per_session_metrics_are_averaged_per_session_not_per_row(tok):
     assert eps.rewards.tolist() == pytest.approx([1.0, 2 / 3, 2 / 3, 2 / 3])
     assert eps.row_stats["episode_weight"].tolist() == pytest.approx([1.0, 1 / 3, 1 / 3, 1 / 3])
     assert r.step_metrics(eps) == {"all_done": 0.5}  # per row it would be 0.25
-    assert r.eval_metrics(eps)["session_reward_mean"] == pytest.approx((1.0 + 2 / 3) / 2)
+    ev = r.eval_metrics(eps)
+    assert ev["session_reward_mean"] == pytest.approx((1.0 + 2 / 3) / 2)
+    assert ev["finished_rate"] == pytest.approx(0.5)  # a boolean fact of summary(), per session
     # the weights follow their rows through selection (a group filter keeps session B only)
     kept = eps.select([1, 2, 3])
     assert r.step_metrics(kept) == {"all_done": 0.0}

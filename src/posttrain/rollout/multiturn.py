@@ -612,8 +612,10 @@ class MultiTurnRunner(EpisodeRunner):
             out[f"{c}_session_rate"] = sum(b > 0 for b in bad) / n
         summaries = [s.env.summary() for s in ss]
         for key in summaries[0] if summaries else ():
-            if all(isinstance(sm.get(key), bool) for sm in summaries):
-                out[f"{key}_rate"] = sum(sm[key] for sm in summaries) / n
+            if all(isinstance(sm.get(key), bool) for sm in summaries):  # per session, as above
+                out[f"{key}_rate"] = (
+                    sum(sm[key] / s.seats for sm, s in zip(summaries, ss, strict=True)) / sessions
+                )
         out.update(self.step_metrics(episodes))
         out["transcripts"] = [s.transcript() for s in ss[: self.n_transcripts]]
         return out
