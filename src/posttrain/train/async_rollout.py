@@ -300,10 +300,13 @@ class AsyncRolloutCollector(RolloutCollector):
         for actor in self._workers:
             with contextlib.suppress(Exception):
                 self._ray.kill(actor, no_restart=True)
+        for call in self._inflight.values():  # unfinished groups are generated again if the run goes on
+            self._requeue(call)
         self._workers, self._inflight = [], {}
+        self._weights = self._model_ref = None
         if self._owns_ray:
             self._ray.shutdown()
-        self._ray = None
+        self._ray, self._owns_ray = None, False
 
     # ------------------------------------------------------------------------------ dispatch
     def _publish(self, version: int) -> Any:

@@ -774,6 +774,7 @@ class RLTrainer(RunLoopTrainer):
             samples=lambda logger: logger.log_samples(
                 self.step_idx, getattr(self, "last_scored", None), every=log.samples_every
             ),
+            release=self.collector.close,  # asynchronous: workers stop before the lock is released
         )
         return self.loop.run(spec, overwrite=overwrite, allow_config_change=allow_config_change)
 
