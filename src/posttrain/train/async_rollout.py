@@ -33,8 +33,8 @@ synchronously. What differs is where the episodes come from:
   every dispatched-but-unconsumed group (prompt index, completions, dispatch step): ``--resume``
   generates exactly those again first, so no prompt is lost and none is used twice. Workers start at
   the first ``collect`` (inside the run, so while the run folder's lock is held), are owned by the
-  trainer's process (Ray kills them when it exits, ``kill -9`` included) and are killed by
-  :meth:`AsyncRolloutCollector.close`.
+  trainer's process (non-detached actors: Ray ends them with it) and are killed by
+  :meth:`AsyncRolloutCollector.close`, which the run loop calls before it releases the lock.
 
 Ray is imported only here, and this module only when ``rollout.max_staleness`` > 0.
 """
