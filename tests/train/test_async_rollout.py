@@ -24,6 +24,8 @@ from posttrain.train.config import load_rl_config
 from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 
 ray = pytest.importorskip("ray", reason="asynchronous rollout needs the ray extra (make test installs it)")
+# each trainer starts Ray actors that import torch and the model (a few seconds each): slow, run in CI
+pytestmark = pytest.mark.slow
 
 from posttrain.train.async_rollout import GenerationWorkerError, WorkerRestartWarning  # noqa: E402
 
@@ -137,6 +139,30 @@ def test_cli_three_steps_with_max_staleness_one_keep_the_bound(tmp_path, local_r
 
 
 # ------------------------------------------------------------------------------ the bound
+def test_a_step_takes_only_groups_within_the_bound_oldest_first(tmp_path):
+    """The rule itself, without timing: at step 3 with η = 1, groups of versions 0 and 1 (lag 3 and 2)
+    are dropped and queued to be generated again under their ids; the step takes the oldest of the
+    rest; the newest waits. (No Ray: workers start at the first step.)"""
+    from posttrain.rollout import Episodes, RolloutBatch
+    from posttrain.train.async_rollout import _Group
+
+    tr = RLTrainer(_cfg(tmp_path))
+    c = tr.collector
+    batch = RolloutBatch.from_token_lists(
+        [[1]], [[2]], pad_token_id=0, group_ids=[0], finish_reasons=["stop"]
+    )
+    eps = Episodes(batch, ["x"], [None])
+    versions = [3, 0, 2, 1, 2]
+    c._buffer = [_Group(i, tr.train_examples[i], 1, v, v, eps, None, [0]) for i, v in enumerate(versions)]
+    c._stats = {"stale_regenerated": 0.0}
+    got = c._take(3, need=2)
+    assert [(g.gid, g.version) for g in got] == [(2, 2), (4, 2)]
+    assert sorted(p.gid for p in c._redo) == [1, 3] and c._stats["stale_regenerated"] == 2
+    assert [g.gid for g in c._buffer] == [0]
+    assert c._ray is None  # nothing started
+    tr.close()
+
+
 def test_bound_holds_with_a_slow_generator(tmp_path, local_ray):
     """Generation (0.4 s a call) is slower than a tiny step: the trainer waits, groups are one version
     old, none is dropped."""
