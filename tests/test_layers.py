@@ -91,6 +91,16 @@ def test_import_posttrain_is_light():
     ]
 
 
+@pytest.mark.parametrize("stmt", ["import posttrain.train.rl", "import posttrain.cli", "import posttrain"])
+def test_ray_loads_only_for_asynchronous_rollout(stmt):
+    """Ray is an extra: the library imports it only when rollout.max_staleness > 0 builds generation
+    workers (posttrain.train.async_rollout, itself imported only then); a synchronous run never does
+    (tests/train/test_async_rollout.py runs one in a fresh process)."""
+    mods = _loaded(stmt)
+    assert not [m for m in mods if m == "ray" or m.startswith("ray.")]
+    assert "posttrain.train.async_rollout" not in mods
+
+
 def test_import_linter_contracts_hold():
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     if exe is None:

@@ -47,6 +47,20 @@ def rl_step(
     profile: bool = typer.Option(
         False, "--profile", help="One more posttrain step under torch.profiler: the top operators."
     ),
+    async_: bool = typer.Option(
+        False,
+        "--async",
+        help="Instead: synchronous (2 threads) vs asynchronous RL (rollout.max_staleness, trainer 1 + "
+        "generator 1 thread) on the same rollouts and seeds (docs/async.md).",
+    ),
+    steps: int = typer.Option(8, "--steps", min=2, help="--async: steps per arm (the first is warm-up)."),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="--async: seeds (paired over seeds)."),
+    max_staleness: int = typer.Option(1, "--max-staleness", min=1, help="--async: the async arm's bound."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="--async: folder of the arms' JSON and runs (resumable; default runs/bench-async).",
+    ),
 ) -> None:
     """Median time of one RL step: posttrain vs TRL GRPOTrainer vs the floor (HF generate with posttrain's
     sampler + fwd/bwd/AdamW) vs plain HF (the same with HF's multinomial sampler).
@@ -58,6 +72,24 @@ def rl_step(
     from dataclasses import replace
 
     from rich.console import Console
+
+    if async_:
+        _async_bench(
+            preset,
+            model,
+            prompts,
+            group_size,
+            new_tokens,
+            precision,
+            engine,
+            steps,
+            seeds,
+            max_staleness,
+            out,
+            json_path,
+            quiet,
+        )
+        return
 
     from posttrain.utils.io import atomic_write_json
     from posttrain_lab.benchmarks.perf.rl_step import get_preset, print_report, run_rl_step_bench
@@ -93,6 +125,54 @@ def rl_step(
         log=None if quiet else (lambda msg: err.print(msg, highlight=False)),
     )
     result["overrides"] = overrides
+    print_report(result)
+    if json_path is not None:
+        atomic_write_json(json_path, result)
+        typer.echo(f"wrote {json_path}")
+
+
+def _async_bench(
+    preset: str,
+    model: str | None,
+    prompts: int | None,
+    group_size: int | None,
+    new_tokens: int | None,
+    precision: str | None,
+    engine: str | None,
+    steps: int,
+    seeds: int,
+    max_staleness: int,
+    out: Path | None,
+    json_path: Path | None,
+    quiet: bool,
+) -> None:
+    """`bench rl-step --async`: the fixed-budget comparison of posttrain_lab.benchmarks.perf.async_rl."""
+    from rich.console import Console
+
+    from posttrain.utils.io import atomic_write_json
+    from posttrain_lab.benchmarks.perf.async_rl import AsyncBenchSpec, print_report, run_comparison
+    from posttrain_lab.benchmarks.perf.rl_step import get_preset
+
+    try:
+        p = get_preset(preset)
+        spec = AsyncBenchSpec(
+            model=model or p.model,
+            num_prompts=prompts or p.num_prompts,
+            group_size=group_size or p.group_size,
+            new_tokens=new_tokens or p.new_tokens,
+            precision=precision or p.precision,
+            engine=engine or "fast",
+            steps=steps,
+            seeds=seeds,
+            max_staleness=max_staleness,
+        )
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--preset") from None
+    err = Console(stderr=True)
+    folder = out or Path("runs/bench-async")
+    result = run_comparison(
+        spec, folder, log=None if quiet else (lambda msg: err.print(msg, highlight=False))
+    )
     print_report(result)
     if json_path is not None:
         atomic_write_json(json_path, result)

@@ -39,6 +39,14 @@ How the slots compose in one step (the contract the trainer keeps, tested in ``t
 5. after the update, every hook that defines ``observe`` sees the step; every hook that defines
    ``observe_eval(result, step)`` sees each held-out evaluation (curricula); controllers ``update``.
 
+Under asynchronous rollout (``rollout.max_staleness`` = η > 0, :mod:`posttrain.train.async_rollout`,
+docs/async.md) the same slots act at these moments: the sampler ``plan``\s when groups are dispatched
+to the generation workers (so prompts are chosen with the policy and step of that moment; a step
+trains on groups planned up to η steps earlier); controllers' knobs (temperature) apply to the groups
+dispatched in their step; the group filter decides on each batch of consumed groups; ``observe``
+sees the consumed groups. A replay buffer is refused (config error) until it can mix stored
+trajectories into groups generated ahead.
+
 Every interface is a :class:`Hook`, which gives three optional methods:
 
 * ``step_metrics(episodes)``: numbers the hook measures on the step's episodes (texts, batch), merged

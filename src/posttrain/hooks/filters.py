@@ -8,6 +8,12 @@
   ``max_num_gen_batches`` = 10). On hitting the cap the step trains on what it kept and a
   :class:`DynamicSamplingWarning` says so (a ``[proposed]`` choice: verl raises when unlimited is off).
 
+Under asynchronous rollout (``rollout.max_staleness`` > 0, :mod:`posttrain.train.async_rollout`) the
+filter decides on the groups a step consumes, at most the missing number at a time: a "round" is one
+such batch of generated groups (``rounds``, ``max_rounds``), ``rollouts_generated`` counts their
+completions, a dropped group is not generated again (the workers generate new prompts), and no group
+is dropped as ``surplus`` (groups beyond the step's need stay queued for the next step).
+
 It lives in the core because more than one method uses it: DAPO's dynamic sampling is this filter
 (``hooks.filter: {name: dynamic-sampling}``, beside the ``dapo`` loss) and so is APARL's inner loop
 (beside its curriculum sampler); any sampler combines with it through ``hooks.filter``, the one place

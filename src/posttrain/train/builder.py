@@ -14,7 +14,8 @@ only what is above it):
    with gradient (DDP / FSDP2), the optimizer (after FSDP2 shards the parameters);
 7. the hooks (sampler, controllers, replay buffer, group filter: bound to the run's
    :class:`~posttrain.hooks.RunInfo`; shapers), the :class:`~posttrain.train.collector.RolloutCollector`
-   that runs them with the runner and reward source, the importance-weight providers;
+   that runs them with the runner and reward source (with ``rollout.max_staleness`` > 0 the
+   asynchronous one, :mod:`posttrain.train.async_rollout`), the importance-weight providers;
 8. config checks that need the parts (batch splits, multi-process limits).
 
 :func:`build_sft_parts` does the same for supervised fine-tuning (:class:`SFTParts`). Each part may be
@@ -47,6 +48,7 @@ from posttrain.hooks import (
     Controller,
     GroupFilter,
     GroupRewardShaper,
+    NoReplay,
     PromptSampler,
     ReplayBuffer,
     RunInfo,
@@ -206,7 +208,7 @@ def build_rl_parts(
     failures = RewardFailureMonitor(cfg.reward.max_failed_frac)  # shown once, counted
     formatter = build_formatter(cfg.task, lm.tokenizer)
     train_examples = bound_train_prompts(cfg, train_examples, formatter, lm)
-    engine, runner = build_rollout(cfg, lm, formatter, runner)
+    engine, runner = build_rollout(cfg, lm, formatter, runner)  # asynchronous: the trainer's side
     loss_fn, adv_fn = get_policy_loss(cfg.objective.name), get_advantage(cfg.advantage.name)
     needs_ref = cfg.kl.coef > 0 or "ref_logp" in loss_fn.inputs
     ref_lm = reference_policy(cfg, lm, ckpt, device) if needs_ref else None
@@ -220,8 +222,9 @@ def build_rl_parts(
     hooks = build_hooks(cfg, train_examples, run, sampler, controllers, replay, group_filter)
     warn = StepWarnings()
     collector = build_collector(cfg, hooks, runner, source, formatter, engine, warn)
-    #: per-token importance-weight providers, multiplied (replayed rows; engine mismatch on fresh rows)
-    is_weights = [ReplayWeights(lambda: collector.replay), EngineMismatchWeights(lambda: engine)]
+    if cfg.rollout.max_staleness > 0:  # generation workers beside the trainer (train/async_rollout.py)
+        collector = build_async_collector(cfg, collector, lm.model, train_examples)
+    is_weights = importance_weights(cfg, collector, engine)
     shaper_list, shaper_names = build_shapers(cfg, shapers)
     warn_batch_split(cfg, warn)
     dist.check_rl_hooks(
@@ -336,7 +339,11 @@ def build_rollout(
         max_batch_size=cfg.rollout.max_batch_size,
         precision=cfg.model.precision,
     )
-    engine = build_engine(cfg.rollout.engine.name, cfg.rollout.engine.params, ctx)
+    name, params = cfg.rollout.engine.name, cfg.rollout.engine.params
+    if cfg.rollout.max_staleness > 0 and name == "vllm":
+        # asynchronous rollout: vLLM runs in the generation workers; the trainer's engine only pads
+        name, params = "hf", {}
+    engine = build_engine(name, params, ctx)
     if runner is None:
         run_ctx = RunnerContext(engine, formatter, lm.tokenizer, seed=dist.rank_seed(cfg.seed))
         runner = build_runner(cfg.rollout.runner.name, cfg.rollout.runner.params, run_ctx)
@@ -396,6 +403,63 @@ def build_collector(
         success_threshold=cfg.reward.success_threshold,
         warn=warn,
     )
+
+
+def build_async_collector(
+    cfg: RLConfig, collector: RolloutCollector, model: Any, train_examples: list[Any]
+) -> RolloutCollector:
+    """``rollout.max_staleness`` > 0: the same parts as ``collector``, with Ray generation workers
+    (:class:`~posttrain.train.async_rollout.AsyncRolloutCollector`; Ray is imported only here)."""
+    from posttrain.train.async_rollout import AsyncRolloutCollector, require_ray
+
+    require_ray()
+    if dist.world_size() > 1:
+        raise InvalidValueError(
+            f"rollout.max_staleness={cfg.rollout.max_staleness}: asynchronous rollout runs in one trainer "
+            "process; under torchrun use rollout.max_staleness=0"
+        )
+    if not isinstance(collector.replay, NoReplay):
+        raise InvalidValueError(
+            f"rollout.max_staleness={cfg.rollout.max_staleness} with a replay buffer "
+            f"({type(collector.replay).__name__}): not supported by asynchronous rollout yet; use "
+            "rollout.max_staleness=0"
+        )
+    c = collector
+    return AsyncRolloutCollector(
+        model=model,
+        cfg=cfg,
+        train_examples=train_examples,
+        sampler=c.sampler,
+        replay=c.replay,
+        group_filter=c.group_filter,
+        runner=c.runner,
+        reward_source=c.reward_source,
+        formatter=c.formatter,
+        tokenizer=c.tokenizer,
+        engine=c.engine,
+        prompts_per_step=c.prompts_per_step,
+        group_size=c.group_size,
+        success_threshold=c.success_threshold,
+        warn=c.warn,
+    )
+
+
+def importance_weights(
+    cfg: RLConfig, collector: RolloutCollector, engine: RolloutEngine
+) -> list[ImportanceWeights]:
+    """The per-token importance-weight providers, multiplied: replayed rows (the buffer's weights),
+    and on fresh rows the engine's sampler/trainer-mismatch correction, or under asynchronous rollout
+    the behaviour-policy correction of ``rollout.staleness_is`` (which covers the mismatch too: its
+    μ is the engine's own log-probs)."""
+    out: list[ImportanceWeights] = [ReplayWeights(lambda: collector.replay)]
+    if cfg.rollout.max_staleness == 0:
+        return [*out, EngineMismatchWeights(lambda: engine)]
+    si = cfg.rollout.staleness_is
+    if si.mode is not None:
+        from posttrain.train.async_rollout import BehaviourWeights
+
+        out.append(BehaviourWeights(si.mode, si.cap, si.floor))
+    return out
 
 
 def build_formatter(task_cfg: TaskConfig, tokenizer: Any) -> PromptFormatter:

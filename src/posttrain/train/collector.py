@@ -199,6 +199,22 @@ class RolloutCollector:
         ones = torch.ones(len(rows), dtype=torch.bool)
         return Episodes(batch, list(texts), examples, advantage_inputs=adv_inputs, replayed=ones)
 
+    def metrics(self) -> dict[str, float]:
+        """The collector's own numbers about the latest step (none here; asynchronous rollout:
+        staleness, queue depth, utilisation, :mod:`posttrain.train.async_rollout`)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must hold beyond the hooks' states (nothing here: a synchronous step
+        leaves nothing generated and unconsumed)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def close(self) -> None:
+        """Release what the collector started (nothing here; generation workers when asynchronous)."""
+
     def outcomes(self, episodes: Episodes, raw: torch.Tensor) -> list[GroupOutcome]:
         """One :class:`GroupOutcome` per group of ``episodes`` (raw rewards, correctness, lengths)."""
         correct = raw >= self.success_threshold

@@ -69,7 +69,9 @@ class LoopSpec:
     wandb, wandb_project); ``samples(logger)`` logs the step's samples; ``finish()`` runs after the
     final checkpoint when ``write`` and returns entries for the summary (SFT: ``model_dir``).
     ``end_eval_key`` names the final evaluation in the summary; ``eval_fresh_zero_steps`` also
-    evaluates at the end of a fresh run of zero steps.
+    evaluates at the end of a fresh run of zero steps. ``release()`` runs when the run ends in any
+    way, before the run folder's lock is released (RL: the asynchronous generation workers stop, so
+    the lock covers them).
     """
 
     name: str
@@ -85,6 +87,7 @@ class LoopSpec:
     finish: Callable[[], dict[str, Any]] | None = None
     end_eval_key: str = "eval_end"
     eval_fresh_zero_steps: bool = False
+    release: Callable[[], None] | None = None
 
 
 class RunLoop:
@@ -220,9 +223,13 @@ class RunLoop:
                 if spec.finish is not None:
                     summary.update(spec.finish())
         finally:
-            if logger:
-                logger.close()
-            end_run(t.run_dir)  # the run folder's lock (taken by start_run)
+            try:
+                if spec.release is not None:
+                    spec.release()
+            finally:
+                if logger:
+                    logger.close()
+                end_run(t.run_dir)  # the run folder's lock (taken by start_run)
         summary.update(steps=t.step_idx, wall_s=time.perf_counter() - t0, last=last)
         return summary
 

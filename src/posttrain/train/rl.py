@@ -557,6 +557,7 @@ class RLTrainer(RunLoopTrainer):
         metrics.update({f"replay/{k}": v for k, v in c.replay.metrics().items()})
         metrics.update(scores.shaping)
         metrics.update(c.runner.step_metrics(ro.episodes))  # the runner's own (tool calls, ...)
+        metrics.update(c.metrics())  # the collector's own (asynchronous: staleness, queue, utilisation)
         # the hooks' own numbers (Hook.step_metrics): a method's metric comes from its hook, not the loop
         metrics.update(hook_metrics(self.hooks(), ro.episodes, kind="step", reserved=metrics))
         # distributed: the global batch's metrics and outcomes, so every rank's hooks see the same
@@ -654,6 +655,9 @@ class RLTrainer(RunLoopTrainer):
             "filter": filt.state_dict() if filt is not None else {},
             "knobs": {"temperature": self.knobs.temperature},
         }
+        collector = self.collector.state_dict()  # asynchronous: the groups dispatched, not consumed
+        if collector:
+            state["collector"] = collector
         extra = {f"engine.{k}": v for k, v in self.engine.state_dict().items()}
         dist.add_rank_states(state, extra)  # distributed: every rank's sampling RNG (nothing in one process)
         return self.loop.save_checkpoint(state, extra)
@@ -668,6 +672,8 @@ class RLTrainer(RunLoopTrainer):
         if filt is not None and state.get("filter"):  # checkpoints written before 0.2 have none
             filt.load_state_dict(state["filter"])
         self.knobs = Knobs(temperature=state["knobs"]["temperature"])
+        if "collector" in state:
+            self.collector.load_state_dict(state["collector"])
         ext = dist.restore_rank_state(state)  # this rank's RNG and extra tensors (rank 0: the saved ones)
         self.engine.load_state_dict(
             {k[len("engine.") :]: v for k, v in ext.items() if k.startswith("engine.")}
@@ -768,10 +774,12 @@ class RLTrainer(RunLoopTrainer):
             samples=lambda logger: logger.log_samples(
                 self.step_idx, getattr(self, "last_scored", None), every=log.samples_every
             ),
+            release=self.collector.close,  # asynchronous: workers stop before the lock is released
         )
         return self.loop.run(spec, overwrite=overwrite, allow_config_change=allow_config_change)
 
     def close(self) -> None:
+        self.collector.close()  # asynchronous: the generation workers
         self.engine.close()
         if self._owns_reward_source:
             self.collector.reward_source.close()
