@@ -503,3 +503,19 @@ def test_sft_warm_start_stops_at_a_target_on_calibration_questions_held_back_fro
         sft_mod.sft_warm_start(
             cfg, model, tok, steps=1, out_dir=tmp_path / "y", stop_at=0.5, pairs=[("a", "b")]
         )
+
+
+def test_train_to_end_restarts_a_run_killed_before_its_first_checkpoint_and_resumes_one_after(tmp_path):
+    from posttrain.train.rl import train_to_end
+
+    out = tmp_path / "arm"
+    cfg = _rl(out, steps=2, checkpoint={"every": 0}).cfg
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").write_text('{"kind": "step", "step": 1}\n')  # killed at step 1, no checkpoint
+    (out / "config.yaml").write_text("steps: 2\n")
+    s, seen = train_to_end(cfg, after=lambda tr: tr.step_idx)
+    assert s["start_step"] == 0 and s["steps"] == 2 and seen == 2
+    assert (out / "model" / "config.json").is_file()
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    s2, _ = train_to_end(cfg)  # the finished arm resumes from its final checkpoint: nothing to train
+    assert s2["start_step"] == 2 and s2["steps"] == 2

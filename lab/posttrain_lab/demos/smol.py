@@ -214,11 +214,10 @@ def run_smol_demo(
     from importlib.resources import files
 
     from posttrain.models import load_model_and_tokenizer
-    from posttrain.models.saving import save_model_dir
     from posttrain.tasks import get_task
     from posttrain.train.config import RLConfig
     from posttrain.train.plot import plot_run
-    from posttrain.train.rl import RLTrainer
+    from posttrain.train.rl import train_to_end
     from posttrain.train.run_dir import RunDirError, prepare_run_dir
     from posttrain.utils.config import build_config
     from posttrain.utils.tables import print_table
@@ -308,29 +307,14 @@ def run_smol_demo(
         else:
             scfg = cfg.model_copy(deep=True)
             scfg.out_dir, scfg.seed = str(sdir / "rl"), s
-            scfg.eval.at_start = scfg.eval.at_end = False
-            scfg.checkpoint.final = True
-            scfg.checkpoint.every = scfg.checkpoint.every or 4
-            scfg.checkpoint.keep = 1
-            has_ckpt = (sdir / "rl" / "checkpoints" / "latest").is_file()
-            print(
-                f"[smol] seed {s} ({i + 1}/{seeds}): RL {scfg.steps} steps"
-                + (" (resumed)" if has_ckpt else ""),
-                flush=True,
-            )
-            if has_ckpt:
-                trainer = RLTrainer(scfg, resume=True)
-            else:
-                prepare_run_dir(sdir / "rl", overwrite=True)  # a seed stopped before its first checkpoint
-                model, tok = load_model_and_tokenizer(
-                    cfg.model.name, dtype=cfg.model.dtype, device="cpu", seed=s
-                )
-                trainer = RLTrainer(scfg, model, tok)
-            with trainer:
-                rl_summary = trainer.train(progress=progress)
-                save_model_dir(trainer.model, trainer.tokenizer, sdir / "rl" / "model")
+
+            def evaluate_after(trainer: Any, s: int = s) -> Any:
                 print(f"[smol] seed {s}: evaluation after RL", flush=True)
-                after = _evaluate_sets(trainer.model, trainer.tokenizer, sets, **ev_kw)
+                return _evaluate_sets(trainer.model, trainer.tokenizer, sets, **ev_kw)
+
+            rl_summary, after = train_to_end(
+                scfg, progress=progress, label=f"[smol] seed {s} ({i + 1}/{seeds})", after=evaluate_after
+            )
             done = {
                 "seed": s,
                 "rl_steps": rl_summary["steps"],

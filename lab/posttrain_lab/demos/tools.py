@@ -195,7 +195,7 @@ def run_tools_demo(
     from posttrain.tasks import get_task
     from posttrain.tools import get_tool
     from posttrain.train.config import RLConfig
-    from posttrain.train.rl import RLTrainer
+    from posttrain.train.rl import train_to_end
     from posttrain.train.run_dir import LOCK_NAME, RunDirError
     from posttrain.train.sft import sft_warm_start
     from posttrain.utils.config import build_config
@@ -295,18 +295,8 @@ def run_tools_demo(
         if not (sd / "tool_rl.json").is_file():
             rcfg = cfg.model_copy(deep=True)
             rcfg.seed, rcfg.model.name, rcfg.out_dir = seed, str(sft_model), str(sd / "rl")
-            rcfg.eval.at_start = rcfg.eval.at_end = False
-            rcfg.checkpoint.every, rcfg.checkpoint.keep, rcfg.checkpoint.final = 4, 1, True
-            has_ckpt = (sd / "rl" / "checkpoints" / "latest").is_file()
-            print(
-                f"[tools] seed {seed}: RL {rcfg.steps} steps from the warm start"
-                + (" (resumed)" if has_ckpt else ""),
-                flush=True,
-            )
-            trainer = RLTrainer(rcfg, resume=True) if has_ckpt else RLTrainer(rcfg)
-            with trainer:
-                trainer.train(progress=progress)
-                save_model_dir(trainer.model, trainer.tokenizer, rl_model)
+            rcfg.checkpoint.every = 4
+            train_to_end(rcfg, progress=progress, label=f"[tools] seed {seed}")
         res["tool_rl"] = arm(sd, "tool_rl", str(rl_model), True, seed)
         per_seed[seed] = res
 

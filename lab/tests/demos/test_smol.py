@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 pytest.importorskip("if_verifiable")
 
 from posttrain.cli import app
-from posttrain_lab.demos.smol import paired_gain
+from posttrain.utils.stats import paired_gain
 
 
 def test_paired_gain_closed_form():

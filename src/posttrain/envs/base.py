@@ -123,6 +123,17 @@ class MultiAgentEnv(Env):
         raise InvalidTypeError(f"environment {type(self).__name__} has several seats: use step_seats")
 
 
+def _check_turn_rewards(env: Env, rewards: Mapping[str, Any], where: str) -> None:
+    """Exactly the environment's criteria, each a finite number; errors start with ``where``."""
+    if set(rewards) != set(env.criteria):
+        raise InvalidValueError(
+            f"{where}: turn_rewards has keys {sorted(rewards)}, expected exactly its criteria {list(env.criteria)}"
+        )
+    for k, v in rewards.items():
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+            raise InvalidValueError(f"{where}: turn_rewards[{k!r}] = {v!r} is not a finite number")
+
+
 def check_seats(env: MultiAgentEnv, res: Any, texts: Mapping[int, str], turn: int) -> SeatsResult:
     """Validate one ``env.step_seats`` result (every acting seat answered, criteria, session reward,
     round limit); raise naming the environment and round."""
@@ -139,17 +150,7 @@ def check_seats(env: MultiAgentEnv, res: Any, texts: Mapping[int, str], turn: in
     for seat, r in res.seats.items():
         if not isinstance(r, StepResult):
             raise InvalidTypeError(f"environment {name}, round {turn}, seat {seat}: not a StepResult")
-        if set(r.turn_rewards) != set(env.criteria):
-            raise InvalidValueError(
-                f"environment {name}, round {turn}, seat {seat}: turn_rewards has keys "
-                f"{sorted(r.turn_rewards)}, expected exactly its criteria {list(env.criteria)}"
-            )
-        for k, v in r.turn_rewards.items():
-            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-                raise InvalidValueError(
-                    f"environment {name}, round {turn}, seat {seat}: turn_rewards[{k!r}] = {v!r} is not "
-                    "a finite number"
-                )
+        _check_turn_rewards(env, r.turn_rewards, f"environment {name}, round {turn}, seat {seat}")
     if res.done:
         if res.session_reward is None or not math.isfinite(float(res.session_reward)):
             raise InvalidValueError(
@@ -171,16 +172,7 @@ def check_step(env: Env, res: Any, turn: int) -> StepResult:
         raise InvalidTypeError(
             f"environment {name}: step() must return a StepResult, got {type(res).__name__}"
         )
-    if set(res.turn_rewards) != set(env.criteria):
-        raise InvalidValueError(
-            f"environment {name}, turn {turn}: turn_rewards has keys {sorted(res.turn_rewards)}, "
-            f"expected exactly its criteria {list(env.criteria)}"
-        )
-    for k, v in res.turn_rewards.items():
-        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-            raise InvalidValueError(
-                f"environment {name}, turn {turn}: turn_rewards[{k!r}] = {v!r} is not a finite number"
-            )
+    _check_turn_rewards(env, res.turn_rewards, f"environment {name}, turn {turn}")
     if res.done:
         if res.session_reward is None or not math.isfinite(float(res.session_reward)):
             raise InvalidValueError(

@@ -82,7 +82,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from posttrain.envs import ENVS, Env, MultiAgentEnv, check_seats, check_step, env_factory
+from posttrain.envs import ENVS, Env, MultiAgentEnv, StepResult, check_seats, check_step, env_factory
 from posttrain.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, RolloutEngine, SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter
 from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
@@ -461,8 +461,9 @@ class MultiTurnRunner(EpisodeRunner):
         self._close_turn(s, cut)
         self._append_env(s, self._tool_reply(results))
 
-    def _env_round(self, s: Session, text: str, cut: bool) -> None:
-        res = check_step(s.env, s.env.step(text), s.turn)
+    def _end_turn(self, s: Session, text: str, res: StepResult, cut: bool) -> None:
+        """Record an agent turn the environment answered: its turn rewards (a turn cut at the token cap
+        violates ``cut_violation``), the message, the closing EOS of a cut round; the next turn."""
         turn_r = dict(res.turn_rewards)
         if s.turn_cut and self.cut_violation is not None:  # the EOS closing it is not the policy's
             turn_r[self.cut_violation] = min(float(turn_r[self.cut_violation]), -1.0)
@@ -470,6 +471,10 @@ class MultiTurnRunner(EpisodeRunner):
         s.messages.append({"role": "assistant", "content": text, "turn_rewards": turn_r})
         self._close_turn(s, cut)
         s.turn, s.turn_cut = s.turn + 1, False
+
+    def _env_round(self, s: Session, text: str, cut: bool) -> None:
+        res = check_step(s.env, s.env.step(text), s.turn)
+        self._end_turn(s, text, res, cut)
         if res.done:
             s.done, s.session_reward = True, float(res.session_reward)
             if res.observation:
@@ -486,13 +491,7 @@ class MultiTurnRunner(EpisodeRunner):
         res = check_seats(env, env.step_seats(texts), texts, rnd)
         for s, text, cut in turns:
             r = res.seats[s.seat]
-            turn_r = dict(r.turn_rewards)
-            if s.turn_cut and self.cut_violation is not None:  # the EOS closing it is not the policy's
-                turn_r[self.cut_violation] = min(float(turn_r[self.cut_violation]), -1.0)
-            s.turn_rewards.append([float(turn_r[c]) for c in self.criteria])
-            s.messages.append({"role": "assistant", "content": text, "turn_rewards": turn_r})
-            self._close_turn(s, cut)
-            s.turn, s.turn_cut = s.turn + 1, False
+            self._end_turn(s, text, r, cut)
             if r.done or res.done:
                 s.done = True
                 if r.observation:

@@ -87,6 +87,7 @@ __all__ = [
     "StepScores",
     "StepUpdate",
     "step_rollouts",
+    "train_to_end",
 ]
 
 WARN_TRUNCATED = 0.9
@@ -784,3 +785,42 @@ class RLTrainer(RunLoopTrainer):
         if self._owns_reward_source:
             self.collector.reward_source.close()
         dist.teardown()  # leaves the process group only if setup() joined it
+
+
+def train_to_end(
+    cfg: RLConfig,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    progress: bool | None = None,
+    label: str = "RL",
+    after: Callable[[RLTrainer], Any] | None = None,
+) -> tuple[dict[str, Any], Any]:
+    """One arm of a driver that runs many (demos, experiments): train ``cfg`` (its seed, model and
+    ``out_dir`` set by the caller) to its last step, without evaluations, and write the policy to
+    ``<out_dir>/model``. A run folder with a checkpoint continues from it (a killed arm resumes); one
+    left by a run killed before its first checkpoint is cleared and started again. Checkpoints every
+    ``cfg.checkpoint.every`` steps (4 when 0), only the last kept, and at the end. ``model`` /
+    ``tokenizer``: the starting policy of a fresh run (default: ``cfg.model.name``). ``after(trainer)``
+    runs before the trainer closes (e.g. an evaluation with the trained weights in hand). Prints one
+    line ``{label}: RL N steps [(resumed)]``. Returns (the run's summary, ``after``'s result)."""
+    from posttrain.models.saving import save_model_dir
+    from posttrain.train.run_dir import prepare_run_dir
+
+    cfg = cfg.model_copy(deep=True)
+    cfg.eval.at_start = cfg.eval.at_end = False
+    cfg.checkpoint.final, cfg.checkpoint.keep = True, 1
+    cfg.checkpoint.every = cfg.checkpoint.every or 4
+    out = Path(cfg.out_dir)
+    resumed = (out / "checkpoints" / "latest").is_file()
+    print(f"{label}: RL {cfg.steps} steps" + (" (resumed)" if resumed else ""), flush=True)
+    if resumed:
+        trainer = RLTrainer(cfg, resume=True)
+    else:
+        prepare_run_dir(out, overwrite=True)  # stopped before its first checkpoint: start again
+        trainer = RLTrainer(cfg, model, tokenizer) if model is not None else RLTrainer(cfg)
+    with trainer:
+        summary = trainer.train(progress=progress)
+        save_model_dir(trainer.model, trainer.tokenizer, out / "model")
+        extra = after(trainer) if after is not None else None
+    return summary, extra

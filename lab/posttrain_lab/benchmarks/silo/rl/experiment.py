@@ -189,7 +189,7 @@ def run_silo_experiment(
     from posttrain.models.saving import save_model_dir
     from posttrain.tasks import get_task
     from posttrain.train.config import RLConfig
-    from posttrain.train.rl import RLTrainer
+    from posttrain.train.rl import train_to_end
     from posttrain.train.run_dir import LOCK_NAME, RunDirError
     from posttrain.train.sft import sft_warm_start
     from posttrain.utils.config import build_config
@@ -293,18 +293,8 @@ def run_silo_experiment(
                     RLConfig, config_path(), [*extra, *(overrides or []), *ARM_OVERRIDES[arm]]
                 )
                 rcfg.seed, rcfg.model.name, rcfg.out_dir = seed, str(warm), str(folder / "rl")
-                rcfg.eval.at_start = rcfg.eval.at_end = False
-                rcfg.checkpoint.every, rcfg.checkpoint.keep, rcfg.checkpoint.final = 5, 1, True
-                has_ckpt = (folder / "rl" / "checkpoints" / "latest").is_file()
-                print(
-                    f"[silo-rl] {arm} seed {seed}: RL {rcfg.steps} steps"
-                    + (" (resumed)" if has_ckpt else ""),
-                    flush=True,
-                )
-                trainer = RLTrainer(rcfg, resume=True) if has_ckpt else RLTrainer(rcfg)
-                with trainer:
-                    trainer.train(progress=progress)
-                    save_model_dir(trainer.model, trainer.tokenizer, folder / "rl" / "model")
+                rcfg.checkpoint.every = 5
+                train_to_end(rcfg, progress=progress, label=f"[silo-rl] {arm} seed {seed}")
                 policy, gate = str(folder / "rl" / "model"), _gate(folder / "rl")
             model, tok = load(policy, seed)
             ev: dict[str, Any] = {"arm": arm, "seed": seed, "gate": gate, "splits": {}}
