@@ -54,11 +54,11 @@ from typing import Any
 
 import torch
 
+from posttrain.algos.importance import truncated_is_weights
 from posttrain.hooks import PromptPlan
 from posttrain.models.precision import precision_autocast
 from posttrain.rollout import Episodes, RewardHandle, SamplingParams, ScoredBatch
 from posttrain.rollout.reward_source import _Ready
-from posttrain.rollout.vllm import truncated_is_weights
 from posttrain.train.collector import RolloutCollector
 from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError, PosttrainWarning
 
@@ -580,7 +580,7 @@ class AsyncRolloutCollector(RolloutCollector):
 # ------------------------------------------------------------------------------ importance weights
 class BehaviourWeights:
     """Asynchronous rollout's off-policy correction: on fresh rows the truncated importance weight of
-    ``rollout.staleness_is`` (:func:`~posttrain.rollout.vllm.truncated_is_weights`), e.g.
+    ``rollout.staleness_is`` (:func:`~posttrain.algos.importance.truncated_is_weights`), e.g.
     ``w_t = min(exp(log π_old_t − log μ_t), C)`` with μ the behaviour log-probs the group carries
     (``RolloutBatch.logprobs``) and π_old the trainer's policy at the start of the step; replayed rows
     1. Detached; the policy loss multiplies it into every term (``is_weights``)."""

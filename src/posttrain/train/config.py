@@ -313,7 +313,7 @@ class RewardConfig(StrictModel):
 
 
 #: ``rollout.staleness_is.mode`` values: the truncated-IS modes of
-#: :func:`posttrain.rollout.vllm.truncated_is_weights` (TRL's names), or None = no correction.
+#: :func:`posttrain.algos.importance.truncated_is_weights` (TRL's names), or None = no correction.
 STALENESS_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
@@ -327,7 +327,7 @@ class StalenessISConfig(StrictModel):
 
     mode: str | None = "token_truncate"
     """``token_truncate`` (default), ``token_mask``, ``sequence_truncate``, ``sequence_mask`` (the
-    formulas of ``posttrain.rollout.vllm.truncated_is_weights``) or None: no correction (an ablation;
+    formulas of ``posttrain.algos.importance.truncated_is_weights``) or None: no correction (an ablation;
     the gradient is then biased by the policy lag)."""
     cap: float = Field(2.0, gt=0)
     """C: weights above it are truncated (``*_truncate``) or masked to 0 (``*_mask``); 2 as in Yao et
