@@ -78,3 +78,22 @@ def test_a_changed_steps_matters_only_where_the_lr_schedule_depends_on_it():
     assert schedule_jump(cfg(40, warmup=10), cfg(100, warmup=10), 5) is None  # still warming up
     assert schedule_jump(cfg(40, schedule_steps=120), cfg(100, schedule_steps=120), 30) is None
     assert schedule_jump({"steps": 4}, {"steps": 8}, 2) is None  # a config without an optimizer
+
+
+def test_prepare_driver_dir_refuses_keeps_or_empties_a_held_folder(tmp_path):
+    from posttrain.train.run_dir import LOCK_NAME, RunDirError, prepare_driver_dir
+
+    out = tmp_path / "d"
+    assert prepare_driver_dir(out, "demo x", resume=False, overwrite=False) == out and out.is_dir()
+    (out / LOCK_NAME).write_text("")  # the CLI's lock alone is not a previous driver
+    prepare_driver_dir(out, "demo x", resume=False, overwrite=False)
+    (out / "arm").mkdir()
+    (out / "a.json").write_text("{}")
+    with pytest.raises(RunDirError, match="already holds a demo x; continue it with"):
+        prepare_driver_dir(out, "demo x", resume=False, overwrite=False)
+    prepare_driver_dir(out, "demo x", resume=True, overwrite=False)
+    assert (out / "a.json").is_file() and (out / "arm").is_dir()
+    prepare_driver_dir(out, "demo x", resume=False, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]
+    with pytest.raises(RunDirError, match="exclude each other"):
+        prepare_driver_dir(out, "demo x", resume=True, overwrite=True)

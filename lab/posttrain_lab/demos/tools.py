@@ -27,13 +27,12 @@ arms), the warm start to ``seed<N>/sft/model``, RL is checkpointed; ``--resume``
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from posttrain.utils.errors import InvalidValueError, option
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import atomic_write_json
 from posttrain.utils.stats import paired_gain, se_binomial
 
@@ -196,27 +195,14 @@ def run_tools_demo(
     from posttrain.tools import get_tool
     from posttrain.train.config import RLConfig
     from posttrain.train.rl import train_to_end
-    from posttrain.train.run_dir import LOCK_NAME, RunDirError
+    from posttrain.train.run_dir import prepare_driver_dir
     from posttrain.train.sft import sft_warm_start
     from posttrain.utils.config import build_config
     from posttrain.utils.tables import print_table
 
-    out = Path(out_dir)
-    if resume and overwrite:
-        raise RunDirError(f"{option('resume')} and {option('overwrite')} exclude each other")
     if seeds < 1:
         raise InvalidValueError(f"demo tools: seeds must be at least 1, got {seeds}")
-    held = [p for p in out.iterdir() if p.name != LOCK_NAME] if out.is_dir() else []  # the CLI's lock
-    if held:
-        if overwrite:
-            for p in held:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
-        elif not resume:
-            raise RunDirError(
-                f"{out} already holds a demo tools; continue it with {option('resume')}, start again with "
-                f"{option('overwrite')}, or choose another out_dir"
-            )
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_driver_dir(out_dir, "demo tools", resume=resume, overwrite=overwrite)
     extra = [f"steps={rl_steps}"] if rl_steps is not None else []
     cfg = build_config(
         RLConfig,

@@ -290,6 +290,28 @@ def prepare_run_dir(
             path.unlink()
 
 
+def prepare_driver_dir(out: str | os.PathLike, what: str, *, resume: bool, overwrite: bool) -> Path:
+    """The folder of a driver that runs many arms (a demo, an experiment), each resumable on its own:
+    a folder holding anything but the CLI's lock is refused unless ``resume`` (keep it) or
+    ``overwrite`` (empty it first); ``what`` names the driver in the message. Returns the folder,
+    created."""
+    out = Path(out)
+    if resume and overwrite:
+        raise RunDirError(f"{option('resume')} and {option('overwrite')} exclude each other")
+    held = [p for p in out.iterdir() if p.name != LOCK_NAME] if out.is_dir() else []
+    if held:
+        if overwrite:
+            for p in held:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        elif not resume:
+            raise RunDirError(
+                f"{out} already holds a {what}; continue it with {option('resume')}, start again with "
+                f"{option('overwrite')}, or choose another out_dir"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 # -------------------------------------------------------------------------------------- resume
 @dataclass
 class ResumeInfo:

@@ -25,13 +25,12 @@ they finish and kept by ``--resume``; an RL run continues from its last checkpoi
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from posttrain.utils.errors import InvalidValueError, option
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import atomic_write_json
 
 ARMS = ("sft", "grpo", "duca")
@@ -190,7 +189,7 @@ def run_silo_experiment(
     from posttrain.tasks import get_task
     from posttrain.train.config import RLConfig
     from posttrain.train.rl import train_to_end
-    from posttrain.train.run_dir import LOCK_NAME, RunDirError
+    from posttrain.train.run_dir import prepare_driver_dir
     from posttrain.train.sft import sft_warm_start
     from posttrain.utils.config import build_config
     from posttrain.utils.tables import print_table
@@ -198,20 +197,7 @@ def run_silo_experiment(
     bad = [a for a in arms if a not in ARMS]
     if bad:
         raise InvalidValueError(f"silo rl-experiment: unknown arm(s) {bad}; known: {', '.join(ARMS)}")
-    out = Path(out_dir)
-    if resume and overwrite:
-        raise RunDirError(f"{option('resume')} and {option('overwrite')} exclude each other")
-    held = [p for p in out.iterdir() if p.name != LOCK_NAME] if out.is_dir() else []
-    if held:
-        if overwrite:
-            for p in held:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
-        elif not resume:
-            raise RunDirError(
-                f"{out} already holds a silo rl-experiment; continue it with {option('resume')}, start again "
-                f"with {option('overwrite')}, or choose another out_dir"
-            )
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_driver_dir(out_dir, "silo rl-experiment", resume=resume, overwrite=overwrite)
     extra = [f"steps={steps}"] if steps is not None else []
     cfg = build_config(RLConfig, config_path(), [*extra, *(overrides or [])])
     if cfg.threads:
