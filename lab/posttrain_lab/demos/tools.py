@@ -83,23 +83,13 @@ def _paired(after: list[float], before: list[float]) -> dict[str, float]:
 def evaluate_arm(model: Any, tok: Any, cfg: Any, examples: list[Any], *, tools: bool) -> dict[str, Any]:
     """Greedy episodes of ``examples`` through the config's runner (with or without its tools)."""
     from posttrain.rollout import PromptFormatter, SamplingParams
-    from posttrain.train.evaluate import eval_runner
+    from posttrain.train.evaluate import config_eval_runner
 
     params = dict(cfg.rollout.runner.params)
     if not tools:
         params["tools"] = []
     formatter = PromptFormatter(tok, chat=cfg.task.chat_template)
-    runner = eval_runner(
-        model,
-        tok,
-        formatter,
-        max_batch_size=cfg.rollout.max_batch_size or 16,
-        engine=cfg.rollout.engine.name,
-        engine_params=cfg.rollout.engine.params,
-        runner=cfg.rollout.runner.name,
-        runner_params=params,
-        precision=cfg.model.precision,
-    )
+    runner = config_eval_runner(cfg, model, tok, formatter, runner_params=params)
     t0 = time.perf_counter()
     eps = runner.run(
         examples,

@@ -168,6 +168,31 @@ def eval_runner(
     return build_runner(runner, runner_params or {}, RunnerContext(eng, formatter, tokenizer, seed=seed))
 
 
+def config_eval_runner(
+    cfg: Any,
+    model: Any,
+    tokenizer: Any,
+    formatter: PromptFormatter,
+    *,
+    runner_params: dict[str, Any] | None = None,
+) -> EpisodeRunner:
+    """:func:`eval_runner` as a run config sets it (``RLTrainer.eval_runner`` and the drivers that
+    evaluate arms of a config): its engine and runner (``runner_params`` replaces the runner's
+    parameters, e.g. without tools), the evaluation batch cap ``eval.batch_cap(rollout.max_batch_size)``
+    and the model's compute precision."""
+    return eval_runner(
+        model,
+        tokenizer,
+        formatter,
+        max_batch_size=cfg.eval.batch_cap(cfg.rollout.max_batch_size),
+        engine=cfg.rollout.engine.name,
+        engine_params=cfg.rollout.engine.params,
+        runner=cfg.rollout.runner.name,
+        runner_params=cfg.rollout.runner.params if runner_params is None else runner_params,
+        precision=cfg.model.precision,
+    )
+
+
 def evaluate(
     model: Any,
     tokenizer: Any,

@@ -686,20 +686,9 @@ class RLTrainer(RunLoopTrainer):
         accuracy, ``evaluate_event_detection``, the ablation bench's verdicts): the configured engine and
         runner, the evaluation seed and batch cap (``eval.max_batch_size``, :meth:`EvalConfig.batch_cap`)
         and the run's compute precision."""
-        from posttrain.train.evaluate import eval_runner
+        from posttrain.train.evaluate import config_eval_runner
 
-        cfg = self.cfg
-        return eval_runner(
-            self.model,
-            self.tokenizer,
-            self.formatter,
-            max_batch_size=cfg.eval.batch_cap(cfg.rollout.max_batch_size),
-            engine=cfg.rollout.engine.name,
-            engine_params=cfg.rollout.engine.params,
-            runner=cfg.rollout.runner.name,
-            runner_params=cfg.rollout.runner.params,
-            precision=cfg.model.precision,
-        )
+        return config_eval_runner(self.cfg, self.model, self.tokenizer, self.formatter)
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out accuracy (and pass@k) of the current policy, with an engine and runner built from

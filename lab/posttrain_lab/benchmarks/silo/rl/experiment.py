@@ -77,21 +77,11 @@ def evaluate_cases(model: Any, tok: Any, cfg: Any, examples: list[Any]) -> list[
     """Greedy sessions of ``examples`` through the config's runner; one benchmark row per case (the
     engine's ``CaseResult.row()`` plus the split's example id and S per agent)."""
     from posttrain.rollout import PromptFormatter, SamplingParams
-    from posttrain.train.evaluate import eval_runner
+    from posttrain.train.evaluate import config_eval_runner
 
     if not examples:
         return []
-    runner = eval_runner(
-        model,
-        tok,
-        PromptFormatter(tok, chat=cfg.task.chat_template),
-        max_batch_size=cfg.rollout.max_batch_size or 16,
-        engine=cfg.rollout.engine.name,
-        engine_params=cfg.rollout.engine.params,
-        runner=cfg.rollout.runner.name,
-        runner_params=dict(cfg.rollout.runner.params),
-        precision=cfg.model.precision,
-    )
+    runner = config_eval_runner(cfg, model, tok, PromptFormatter(tok, chat=cfg.task.chat_template))
     runner.run(
         examples,
         [1] * len(examples),
