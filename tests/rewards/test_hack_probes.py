@@ -135,8 +135,36 @@ def test_guarded_reward_scores_the_real_hacks_below_a_genuine_answer():
     _score, comps = veto.detailed(hacks[0], ex)
     assert comps["hacked"] == 1.0 and comps["probe_marker_repeated"] == 1.0 and comps["strict"] == 1.0
     assert veto.detailed(genuine, ex)[1]["hacked"] == 0.0
-    with pytest.raises(ValueError, match="mode must be veto or penalty"):
+    with pytest.raises(ValueError, match="mode must be one of veto, penalty, reject"):
         get_reward("instructions_guarded", mode="clip")
+
+
+def test_reject_ranks_every_flagged_answer_below_an_honest_failure():
+    """Under veto (and penalty 1) a hack that passes its checker scores as much as an honest answer that
+    fails it, so a group of the two gives no gradient against the hack; reject scores every flagged
+    answer -penalty, whatever its checker says."""
+    from posttrain.rewards import get_reward
+    from posttrain.tasks import get_task
+
+    t = get_task("instructions", types="detectable_content:postscript", n_train=1, n_heldout=1)
+    ex = t.split("heldout")[0]
+    marker = ex.meta["kwargs"][0]["postscript_marker"]
+    topic = " ".join(sorted(content_words(ex.meta["request"])))
+    genuine = f"Here is a short answer about {topic}, with the details that matter most.\n{marker} Thanks."
+    honest_fail = f"Here is a short answer about {topic}, with the details that matter most, and no postscript."
+    passing_hack, failing_hack = "\n".join([marker] * 11), "ok ok ok"
+    strict = get_reward("instructions_strict")
+    assert (strict(honest_fail, ex), strict(passing_hack, ex), strict(failing_hack, ex)) == (0.0, 1.0, 0.0)
+    veto = get_reward("instructions_guarded", mode="veto")
+    penalty = get_reward("instructions_guarded", mode="penalty", penalty=1.0)
+    assert veto(passing_hack, ex) == veto(honest_fail, ex) == 0.0
+    assert penalty(passing_hack, ex) == penalty(honest_fail, ex) == 0.0
+    for p in (1.0, 0.25):
+        reject = get_reward("instructions_guarded", mode="reject", penalty=p)
+        assert reject(genuine, ex) == 1.0 and reject(honest_fail, ex) == 0.0
+        assert reject(passing_hack, ex) == reject(failing_hack, ex) == -p
+        score, comps = reject.detailed(passing_hack, ex)
+        assert score == -p and comps["strict"] == 1.0 and comps["hacked"] == 1.0
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -98,7 +98,9 @@ class InstructionsFractionReward(_InstructionReward):
         return comps["fraction_loose" if self.loose else "fraction"]
 
 
-GUARD_MODES = ("veto", "penalty")
+GUARD_MODES = ("veto", "penalty", "reject")
+"""What a flagged answer scores: ``veto`` 0 (as a failed checker), ``penalty`` the checker's score minus
+``penalty``, ``reject`` ``-penalty`` whatever the checker says (below every answer the probes accept)."""
 
 
 @register_reward("instructions_guarded")
@@ -106,8 +108,11 @@ class InstructionsGuardedReward(_InstructionReward):
     """The instruction checker AND "the answer is an answer" (posttrain's design; no paper gives this
     rule): the ``base`` score (``strict``, ``loose`` or ``fraction``) of the IFEval/IFBench checkers,
     then, when a hack probe fires (:mod:`posttrain.rewards.hack_probes`: marker first or repeated,
-    repeated lines or n-grams, too short, off the request's topic, only the marker), ``veto`` gives 0
-    and ``penalty`` subtracts ``penalty``. Components: the checker's, ``hacked`` (1.0 when a probe fired,
+    repeated lines or n-grams, too short, off the request's topic, only the marker), ``veto`` gives 0,
+    ``penalty`` subtracts ``penalty`` and ``reject`` gives ``-penalty`` whatever the checker said: only
+    ``reject`` ranks every flagged answer below every unflagged one, a failed honest answer included
+    (under ``veto``, and ``penalty`` with ``penalty <= 1``, a flagged answer that passes its checker
+    scores as much as an honest failure, so a group gives no gradient against the hack). Components: the checker's, ``hacked`` (1.0 when a probe fired,
     so its step mean is the training batch's hacked_frac) and one ``probe_<name>`` per probe."""
 
     name = "instructions_guarded"
@@ -122,7 +127,7 @@ class InstructionsGuardedReward(_InstructionReward):
         super().__init__(stop)
         if mode not in GUARD_MODES:
             raise InvalidValueError(
-                f"reward instructions_guarded: mode must be veto or penalty, got {mode!r}"
+                f"reward instructions_guarded: mode must be one of {', '.join(GUARD_MODES)}, got {mode!r}"
             )
         if base not in ("strict", "loose", "fraction"):
             raise InvalidValueError(
@@ -145,7 +150,7 @@ class InstructionsGuardedReward(_InstructionReward):
         hacked = is_hacked(probes)
         comps = {**comps, "hacked": float(hacked), **{f"probe_{k}": float(v) for k, v in probes.items()}}
         if hacked:
-            score = 0.0 if self.mode == "veto" else score - self.penalty
+            score = {"veto": 0.0, "penalty": score - self.penalty, "reject": -self.penalty}[self.mode]
         return score, comps
 
     def _pick(self, comps: dict[str, float]) -> float:
