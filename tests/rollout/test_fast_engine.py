@@ -45,7 +45,8 @@ def _stop_ids(model, tok, prompts) -> list[int]:
 
 @pytest.mark.parametrize("drop", [True, False])
 @pytest.mark.parametrize("max_batch", [None, 3])
-def test_greedy_same_completions_as_hf(model_tok, drop, max_batch):
+@pytest.mark.parametrize("budget", [None, 36])
+def test_greedy_same_completions_as_hf(model_tok, drop, max_batch, budget):
     model, tok = model_tok
     prompts = _prompts(tok)
     stop = _stop_ids(model, tok, prompts)
@@ -63,9 +64,10 @@ def test_greedy_same_completions_as_hf(model_tok, drop, max_batch):
             max_batch_size=max_batch,
             drop_finished=drop,
             compact_fraction=0.1,
+            max_batch_tokens=budget,
         ).generate(prompts, ns, params)
         assert "stop" in ref.finish_reasons and "length" in ref.finish_reasons  # both paths exercised
-        assert torch.equal(fast.prompt_ids, ref.prompt_ids) or max_batch is not None
+        assert torch.equal(fast.prompt_ids, ref.prompt_ids) or max_batch is not None or budget
         assert torch.equal(fast.completion_ids, ref.completion_ids)
         assert torch.equal(fast.completion_mask, ref.completion_mask)
         assert fast.finish_reasons == ref.finish_reasons
@@ -164,3 +166,76 @@ def test_model_left_in_training_mode(model_tok):
     FastEngine(model, tok).generate(_prompts(tok), [1, 1, 1, 1], SamplingParams(max_new_tokens=2))
     assert model.training
     model.eval()
+
+
+def test_chunks_without_a_token_budget_keep_the_callers_order_and_whole_groups(model_tok):
+    model, tok = model_tok
+    eng = FastEngine(model, tok, max_batch_size=4)
+    widths = [50, 10, 30, 20, 40]
+    assert eng._chunks([2, 3, 1, 4, 2], widths) == [[(0, 2)], [(1, 3), (2, 1)], [(3, 4)], [(4, 2)]]
+    assert eng._chunks([6], [10]) == [[(0, 4)], [(0, 2)]]  # a group larger than the cap is split
+    assert FastEngine(model, tok)._chunks([2, 3], [5, 9]) == [[(0, 2), (1, 3)]]
+
+
+def test_chunks_under_a_token_budget_go_shortest_first_within_the_budget(model_tok):
+    """Each decode batch holds rows x (its widest prompt + new tokens) <= max_batch_tokens (a single
+    row may exceed it), prompts shortest first; every requested copy is generated exactly once."""
+    model, tok = model_tok
+    widths = [50, 10, 30, 20, 2600, 40]
+    ns = [2, 3, 1, 4, 2, 2]
+    eng = FastEngine(model, tok, max_batch_size=8, max_batch_tokens=120)
+    chunks = eng._chunks(ns, widths)
+    assert chunks == [[(1, 3)], [(3, 4)], [(2, 1), (5, 2)], [(0, 2)], [(4, 1)], [(4, 1)]]
+    for c in chunks:
+        rows, width = sum(n for _, n in c), max(widths[i] for i, _ in c)
+        assert rows * width <= 120 or rows == 1
+        assert rows <= 8
+    done = [0] * len(ns)
+    for c in chunks:
+        for i, n in c:
+            done[i] += n
+    assert done == ns
+
+
+def test_token_budget_batches_come_back_in_the_callers_order(model_tok):
+    """Sampled under a budget that reorders and splits the prompts, the batch is grouped by prompt in
+    the caller's order, each row's prompt is its own, and its log-probs are those of its tokens."""
+    model, tok = model_tok
+    prompts = [tok.encode(p, add_special_tokens=False) for p in ("100-12=", "9=", "7*8=", "12+3=")]
+    eng = FastEngine(model, tok, seed=3, max_batch_tokens=30)
+    b = eng.generate(prompts, [2, 3, 1, 2], SamplingParams(max_new_tokens=6))
+    assert b.group_ids.tolist() == [0, 0, 1, 1, 1, 2, 3, 3]
+    for r, g in enumerate(b.group_ids.tolist()):
+        assert b.prompt_ids[r][b.prompt_mask[r].bool()].tolist() == prompts[g]
+    assert _train_side_diff(model, b).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="max_batch_tokens must be None or an int >= 1"):
+        FastEngine(model, tok, max_batch_tokens=0)
+
+
+def test_evaluate_passes_engine_params_and_a_budget_keeps_the_greedy_answers():
+    """``evaluate(engine_params=)`` reaches the engine (an invalid budget is refused by FastEngine), and
+    the greedy completions under a budget that batches by length are the unbudgeted ones, in order."""
+    from posttrain.rewards import get_reward
+    from posttrain.rollout import FunctionRewardSource
+    from posttrain.tasks import get_task
+    from posttrain.train.evaluate import evaluate
+
+    model, tok = load_model_and_tokenizer("tiny", seed=0, padding_side="left")
+    short, long = (get_task("arithmetic", digits=d, n_train=4, n_heldout=6).split("heldout") for d in (1, 4))
+    exs = [e for pair in zip(long, short, strict=True) for e in pair]  # lengths alternate: reordered
+    src = FunctionRewardSource(get_reward("exact_match"), num_workers=0)
+
+    def texts(examples, completions):
+        return {"prompts": [e.prompt for e in examples], "texts": list(completions)}
+
+    try:
+        runs = [
+            evaluate(model, tok, exs, src, engine="fast", engine_params=p, max_new_tokens=5, report=texts)
+            for p in (None, {"max_batch_tokens": 30})
+        ]
+        with pytest.raises(ValueError, match="max_batch_tokens must be None or an int >= 1"):
+            evaluate(model, tok, exs, src, engine="fast", engine_params={"max_batch_tokens": 0})
+    finally:
+        src.close()
+    assert runs[0]["report"]["prompts"] == [e.prompt for e in exs]
+    assert runs[0]["report"] == runs[1]["report"] and runs[0]["reward_mean"] == runs[1]["reward_mean"]

@@ -128,9 +128,11 @@ def fast_engine(
     eos_token_ids: list[int] | None = None,
     drop_finished: bool = True,
     compact_fraction: float = 0.25,
+    max_batch_tokens: int | None = None,
 ) -> RolloutEngine:
     """Lean CPU decode loop (:class:`~posttrain.rollout.fast.FastEngine`): pre-allocated KV cache, each
-    prompt prefilled once for its group, finished rows dropped; same sampler as ``hf``."""
+    prompt prefilled once for its group, finished rows dropped; same sampler as ``hf``;
+    ``max_batch_tokens`` caps a decode batch's padded positions (prompts then batched by length)."""
     return FastEngine(
         ctx.model,
         ctx.tokenizer,
@@ -140,6 +142,7 @@ def fast_engine(
         precision=ctx.precision,
         drop_finished=drop_finished,
         compact_fraction=compact_fraction,
+        max_batch_tokens=max_batch_tokens,
     )
 
 

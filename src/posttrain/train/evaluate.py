@@ -201,6 +201,7 @@ def evaluate(
     *,
     formatter: PromptFormatter | None = None,
     engine: str = "hf",
+    engine_params: dict[str, Any] | None = None,
     runner: str = "single-turn",
     max_new_tokens: int = 16,
     success_threshold: float = 1.0,
@@ -212,9 +213,10 @@ def evaluate(
     report: Any = None,
     precision: str = "fp32",
 ) -> dict[str, Any]:
-    """:func:`run_eval` with an ``engine`` and episode ``runner`` built by :func:`eval_runner` (default:
-    Hugging Face ``generate`` and single-turn episodes, at most ``batch_size`` sequences per generate
-    call) over ``model``, generating in ``precision`` ("fp32" or "bf16" autocast, ``model.precision``)."""
+    """:func:`run_eval` with an ``engine`` (its ``engine_params``) and episode ``runner`` built by
+    :func:`eval_runner` (default: Hugging Face ``generate`` and single-turn episodes, at most
+    ``batch_size`` sequences per generate call) over ``model``, generating in ``precision`` ("fp32" or
+    "bf16" autocast, ``model.precision``)."""
     formatter = formatter or PromptFormatter(tokenizer)
     run = eval_runner(
         model,
@@ -222,6 +224,7 @@ def evaluate(
         formatter,
         max_batch_size=batch_size,
         engine=engine,
+        engine_params=engine_params,
         runner=runner,
         seed=seed,
         precision=precision,
