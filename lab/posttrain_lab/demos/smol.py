@@ -53,11 +53,12 @@ def evaluate_instructions(
     max_new_tokens: int,
     batch_size: int,
     engine: str = "hf",
+    engine_params: dict[str, Any] | None = None,
     precision: str = "fp32",
 ) -> dict[str, Any]:
     """Greedy completions of ``examples`` (chat template) scored by the task's ``eval_report``, sampled
-    by the rollout ``engine`` under ``precision`` (the settings the RL stage uses, so before and after
-    are measured the same way)."""
+    by the rollout ``engine`` (``engine_params``) under ``precision`` (the settings the RL stage uses,
+    so before and after are measured the same way)."""
     from posttrain.rewards import get_reward
     from posttrain.rollout import PromptFormatter
     from posttrain.rollout.reward_source import FunctionRewardSource
@@ -73,6 +74,7 @@ def evaluate_instructions(
             source,
             formatter=PromptFormatter(tok, chat=True),
             engine=engine,
+            engine_params=engine_params,
             max_new_tokens=max_new_tokens,
             batch_size=batch_size,
             report=task.eval_report,
@@ -122,6 +124,8 @@ def _settings(cfg: Any, ifbench: bool, ifbench_max_new_tokens: int) -> dict[str,
         "model": cfg.model.name,
         "precision": cfg.model.precision,
         "engine": cfg.rollout.engine.name,
+        "engine_params": cfg.rollout.engine.params,
+        "eval_batch": cfg.eval.batch_cap(cfg.rollout.max_batch_size),
         "task": {"name": cfg.task.name, **cfg.task.params},
         "eval_n": cfg.eval.n,
         "max_new_tokens": cfg.rollout.max_new_tokens,
@@ -257,8 +261,9 @@ def run_smol_demo(
         "ifbench": (bench, bench.split("heldout") if bench is not None else [], ifbench_max_new_tokens),
     }
     ev_kw = {
-        "batch_size": cfg.rollout.max_batch_size or 16,
+        "batch_size": cfg.eval.batch_cap(cfg.rollout.max_batch_size),
         "engine": cfg.rollout.engine.name,
+        "engine_params": cfg.rollout.engine.params,
         "precision": cfg.model.precision,
     }
     settings = _settings(cfg, ifbench, ifbench_max_new_tokens)
