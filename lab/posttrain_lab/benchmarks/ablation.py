@@ -126,8 +126,10 @@ TASKS: dict[str, Callable[[Any], list[str]]] = {
         "reward.name=last_number",
     ],
     # the task and reward of `posttrain demo smol` (one source, demos/demo_smol.yaml): five IFEval types the
-    # warm start follows on 25-65 % of prompts, scored by the checker with the hack-probe veto (issue 40:
-    # with the bare checker and postscript alone every arm reached 1.00 by stacking `P.S.` lines)
+    # warm start follows on 25-65 % of prompts, scored by the demo's guarded reward (the checker, -1 when a
+    # hack probe fires; issue 40: with the bare checker and postscript alone every arm reached 1.00 by
+    # stacking `P.S.` lines). The demo's overlong shaper and temperature are not taken: the arms' own hooks
+    # and sampling are what the ablation compares
     "instructions": lambda s: [
         "task.name=instructions",
         f"task.params={{{_smol_task_params(n_train=s.n_train, n_heldout=max(s.eval_n, 50))}}}",
@@ -977,7 +979,7 @@ def markdown_table(result: dict[str, Any]) -> str:
         "replayed: replayed trajectories; F1 in / acc OOD / F1 OOD (dialogue-events): greedy macro-F1 on "
         "the in-domain held-out split, accuracy and macro-F1 on the held-out business; hacked / checker "
         "(instructions): share of held-out greedy answers a hack probe flags, and the bare checker's strict "
-        "accuracy (acc is the reward's: the checker with the probes' veto).",
+        "accuracy (acc is the reward's: the checker guarded by the probes).",
         "",
         "Claims: " + "; ".join(f"{k}: {v['holds']}" for k, v in result["claims"].items()),
         "",

@@ -7,8 +7,10 @@
    less those whose checkers need missing NLTK data); accuracy by the IFEval/IFBench checkers (strict)
    and ``hacked_frac``, the share of answers the hack probes flag (docs/reward-hacking.md);
 3. RL through the full loop of :mod:`posttrain.train.rl` on the task's train prompts with the
-   ``instructions_guarded`` reward (the checker, vetoed when a probe fires; settings in
-   ``posttrain_lab/demos/demo_smol.yaml``);
+   ``instructions_guarded`` reward (the checker; -1 when a probe fires, mode ``reject``) and DAPO's soft
+   overlong penalty (settings in ``posttrain_lab/demos/demo_smol.yaml``); the gates (how often the
+   probes flagged a sampled answer, the penalty changed a group, an answer hit the cap) are read from
+   each seed's step metrics;
 4. the same evaluations after RL, per seed; ``summary.json`` (``heldout_trained``,
    ``heldout_new_types``, ``ifbench``: ``{before, after, diff, se, per_seed}``; ``hacked_frac``:
    ``{before, after}``; wall time, peak memory), ``items.json`` (per-prompt verdicts), ``curves.png``.
@@ -197,6 +199,31 @@ def _headline(before: dict[str, Any], afters: list[dict[str, Any]], seeds: list[
     return {**head, "per_seed": per_seed, "n": before["n"], "clean": clean}
 
 
+GATES = {
+    "reward/hacked": "sampled_hacked_frac",
+    "shaped_groups_frac": "shaped_groups_frac",
+    "truncated_frac": "truncated_frac",
+    "zero_var_frac": "zero_var_frac",
+}
+"""Step metrics that say whether the reward's mechanisms fired during RL: the share of sampled answers a
+probe flagged (each scored -penalty under ``reject``), of groups a shaper changed (the overlong penalty),
+of answers cut at the length cap, and of groups without reward variance (no gradient)."""
+
+
+def _gate(rl_dir: Path) -> dict[str, dict[str, float]]:
+    """``{name: {first, last, mean}}`` over the RL run's steps for each of :data:`GATES` it logged."""
+    import json
+
+    rows = [json.loads(x) for x in (rl_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if r.get("kind") == "step"]
+    out = {}
+    for key, name in GATES.items():
+        vals = [float(r[key]) for r in steps if key in r]
+        if vals:
+            out[name] = {"first": vals[0], "last": vals[-1], "mean": sum(vals) / len(vals)}
+    return out
+
+
 def _strip(ev: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if ev is None else {k: v for k, v in ev.items() if k != "items"}
 
@@ -341,6 +368,7 @@ def run_smol_demo(
             continue
         head[HEADLINE[name]] = _headline(before[name], [a["sets"][name] for a in afters], seed_list)
     hacked_after = [a["sets"]["heldout"]["hacked_frac"] for a in afters]
+    gates = {str(s): _gate(out / f"seed{s}" / "rl") for s in seed_list}
     atomic_write_json(
         out / "items.json",
         {
@@ -375,6 +403,7 @@ def run_smol_demo(
             "before": before["ood"]["hacked_frac"],
             "after": sum(a["sets"]["ood"]["hacked_frac"] for a in afters) / len(afters),
         },
+        "gates": gates,
         "before": {k: _strip(v) for k, v in before.items()},
         "after": {
             str(s): {k: _strip(v) for k, v in a["sets"].items()}
@@ -416,6 +445,14 @@ def run_smol_demo(
         ["greedy", "before RL", "after RL", "diff", "paired SE", "n"],
         rows,
     )
+    for s_, g in gates.items():
+        print(
+            f"[smol] gate, seed {s_} (RL samples; first step -> last, mean): "
+            + "; ".join(
+                f"{k} {v['first']:.2f} -> {v['last']:.2f} (mean {v['mean']:.2f})" for k, v in g.items()
+            ),
+            flush=True,
+        )
     h = summary["heldout_trained"]
     print(
         f"held-out gain on trained types {100 * h['diff']:+.1f} points, paired SE {100 * h['se']:.1f} "

@@ -122,9 +122,11 @@ def test_real_model_settings_are_checked():
     )
     assert any("max_value: 10" in x for x in o)
     oi = arm_overrides(AblationSettings(model="smollm2-135m", task="instructions"), "grpo", 0, Path("r"))
-    # issue 40: the instructions arms train the demo smol's type mix with the hack-probe veto, so a checker
-    # hack (stacked `P.S.` lines) cannot reach 1.00
-    assert "reward.name=instructions_guarded" in oi and 'reward.params={"mode": "veto"}' in oi
+    # issue 40: the instructions arms train the demo smol's type mix with its guarded reward (a flagged
+    # answer scores -1), so a checker hack (stacked `P.S.` lines) cannot reach 1.00
+    assert (
+        "reward.name=instructions_guarded" in oi and 'reward.params={"mode": "reject", "penalty": 1.0}' in oi
+    )
     from importlib.resources import files
 
     import yaml
@@ -135,7 +137,7 @@ def test_real_model_settings_are_checked():
     demo = yaml.safe_load((files("posttrain_lab.demos") / "demo_smol.yaml").read_text())
     cfg = build_config(RLConfig, None, [o for o in oi if not o.startswith("out_dir")])
     assert cfg.task.params["types"] == demo["task"]["params"]["types"] and "ood_types" not in cfg.task.params
-    assert cfg.reward.name == "instructions_guarded" and cfg.reward.params == {"mode": "veto"}
+    assert cfg.reward.name == "instructions_guarded" and cfg.reward.params == demo["reward"]["params"]
 
 
 def test_greedy_verdicts_report_hacked_frac_on_instruction_tasks(tmp_path):

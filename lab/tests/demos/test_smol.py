@@ -38,6 +38,7 @@ TINY = [
     "rollout.prompts_per_step=2",
     "rollout.group_size=2",
     "reward.num_workers=0",
+    "hooks.shapers=[{name: dapo-overlong, params: {max_length: 8, buffer: 4, factor: 0.5}}]",
 ]
 
 
@@ -64,7 +65,12 @@ def test_smol_demo_runs_end_to_end_on_tiny(tmp_path):
     for key in ("heldout_trained", "heldout_new_types"):
         assert {"before", "after", "diff", "se", "per_seed"} <= set(s[key]) and len(s[key]["per_seed"]) == 2
     assert set(s["hacked_frac"]) == {"before", "after", "per_seed"} and 0 <= s["hacked_frac"]["after"] <= 1
-    assert s["reward"] == "instructions_guarded"
+    assert s["reward"] == "instructions_guarded" and s["reward_params"]["mode"] == "reject"
+    # the gates, read from each seed's step metrics: tiny's 8 random tokens are always flagged and cut
+    for seed in ("0", "1"):
+        g = s["gates"][seed]
+        assert set(g) == {"sampled_hacked_frac", "shaped_groups_frac", "truncated_frac", "zero_var_frac"}
+        assert g["sampled_hacked_frac"]["mean"] == 1.0 and g["shaped_groups_frac"]["mean"] > 0
     items = json.loads((out / "items.json").read_text())
     before = [float(i["strict"]) for i in items["heldout"]["before"]]
     after = [
@@ -126,7 +132,8 @@ def test_smol_demo_resumes_a_stopped_seed_without_redoing_finished_parts(tmp_pat
     assert s["seeds"] == [0, 1] and len(s["heldout_trained"]["per_seed"]) == 2
     # resuming with settings that change the evaluation before RL is refused, naming the key
     with pytest.raises(ValueError, match="max_new_tokens"):
-        smol.run_smol_demo(out, resume=True, **{**kw, "overrides": [*TINY, "rollout.max_new_tokens=9"]})
+        nine = "hooks.shapers=[{name: dapo-overlong, params: {max_length: 9, buffer: 4, factor: 0.5}}]"
+        smol.run_smol_demo(out, resume=True, **{**kw, "overrides": [*TINY, "rollout.max_new_tokens=9", nine]})
 
 
 def test_shipped_demo_smol_config_builds_its_task():
