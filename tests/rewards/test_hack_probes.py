@@ -151,7 +151,9 @@ def test_reject_ranks_every_flagged_answer_below_an_honest_failure():
     marker = ex.meta["kwargs"][0]["postscript_marker"]
     topic = " ".join(sorted(content_words(ex.meta["request"])))
     genuine = f"Here is a short answer about {topic}, with the details that matter most.\n{marker} Thanks."
-    honest_fail = f"Here is a short answer about {topic}, with the details that matter most, and no postscript."
+    honest_fail = (
+        f"Here is a short answer about {topic}, with the details that matter most, and no postscript."
+    )
     passing_hack, failing_hack = "\n".join([marker] * 11), "ok ok ok"
     strict = get_reward("instructions_strict")
     assert (strict(honest_fail, ex), strict(passing_hack, ex), strict(failing_hack, ex)) == (0.0, 1.0, 0.0)
