@@ -112,8 +112,9 @@ class InstructionsGuardedReward(_InstructionReward):
     ``penalty`` subtracts ``penalty`` and ``reject`` gives ``-penalty`` whatever the checker said: only
     ``reject`` ranks every flagged answer below every unflagged one, a failed honest answer included
     (under ``veto``, and ``penalty`` with ``penalty <= 1``, a flagged answer that passes its checker
-    scores as much as an honest failure, so a group gives no gradient against the hack). Components: the checker's, ``hacked`` (1.0 when a probe fired,
-    so its step mean is the training batch's hacked_frac) and one ``probe_<name>`` per probe."""
+    scores as much as an honest failure, so a group gives no gradient against the hack). Components:
+    the checker's, ``hacked`` (1.0 when a probe fired, so its step mean is the training batch's
+    hacked_frac) and one ``probe_<name>`` per probe."""
 
     name = "instructions_guarded"
 
