@@ -47,41 +47,26 @@ def _peak_rss_gib() -> float:
 
 
 def evaluate_instructions(
-    model: Any,
-    tok: Any,
+    runner: Any,
     task: Any,
     examples: list[Any],
     *,
     max_new_tokens: int,
-    batch_size: int,
-    engine: str = "hf",
-    engine_params: dict[str, Any] | None = None,
-    precision: str = "fp32",
+    engine: str,
+    precision: str,
 ) -> dict[str, Any]:
-    """Greedy completions of ``examples`` (chat template) scored by the task's ``eval_report``, sampled
-    by the rollout ``engine`` (``engine_params``) under ``precision`` (the settings the RL stage uses,
-    so before and after are measured the same way)."""
+    """Greedy completions of ``examples`` by ``runner`` (the RL config's evaluation runner,
+    :func:`posttrain.train.evaluate.config_eval_runner`: its engine, engine params, batch cap and
+    precision, so before and after are measured the way the RL stage generates) scored by the task's
+    ``eval_report``; ``engine`` and ``precision`` label the result."""
     from posttrain.rewards import get_reward
-    from posttrain.rollout import PromptFormatter
     from posttrain.rollout.reward_source import FunctionRewardSource
-    from posttrain.train.evaluate import evaluate
+    from posttrain.train.evaluate import run_eval
 
     source = FunctionRewardSource(get_reward("instructions_strict"), num_workers=0)
     try:
         t0 = time.perf_counter()
-        res = evaluate(
-            model,
-            tok,
-            examples,
-            source,
-            formatter=PromptFormatter(tok, chat=True),
-            engine=engine,
-            engine_params=engine_params,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            report=task.eval_report,
-            precision=precision,
-        )
+        res = run_eval(runner, examples, source, max_new_tokens=max_new_tokens, report=task.eval_report)
     finally:
         source.close()
     rep = res["report"]
@@ -143,10 +128,15 @@ def _read_json(path: Path) -> Any:
 
 
 def _evaluate_sets(
-    model: Any, tok: Any, sets: dict[str, tuple[Any, list[Any], int]], **kw: Any
+    cfg: Any, model: Any, tok: Any, sets: dict[str, tuple[Any, list[Any], int]]
 ) -> dict[str, Any]:
+    from posttrain.rollout import PromptFormatter
+    from posttrain.train.evaluate import config_eval_runner
+
+    runner = config_eval_runner(cfg, model, tok, PromptFormatter(tok, chat=True))
+    label = {"engine": cfg.rollout.engine.name, "precision": cfg.model.precision}
     return {
-        name: evaluate_instructions(model, tok, task, exs, max_new_tokens=mnt, **kw) if exs else None
+        name: evaluate_instructions(runner, task, exs, max_new_tokens=mnt, **label) if exs else None
         for name, (task, exs, mnt) in sets.items()
     }
 
@@ -287,12 +277,6 @@ def run_smol_demo(
         "ood": (task, task.split("ood")[: cfg.eval.n] if "ood" in task.splits else [], mnt),
         "ifbench": (bench, bench.split("heldout") if bench is not None else [], ifbench_max_new_tokens),
     }
-    ev_kw = {
-        "batch_size": cfg.eval.batch_cap(cfg.rollout.max_batch_size),
-        "engine": cfg.rollout.engine.name,
-        "engine_params": cfg.rollout.engine.params,
-        "precision": cfg.model.precision,
-    }
     settings = _settings(cfg, ifbench, ifbench_max_new_tokens)
 
     # 1. before RL (once; greedy decoding of the same model, shared by every seed)
@@ -313,7 +297,7 @@ def run_smol_demo(
             f"[smol] evaluation before RL: {', '.join(f'{k} {len(v[1])}' for k, v in sets.items())} prompts",
             flush=True,
         )
-        before = _evaluate_sets(model, tok, sets, **ev_kw)
+        before = _evaluate_sets(cfg, model, tok, sets)
         atomic_write_json(before_path, {"settings": settings, "sets": before})
         del model
     # the pre-check: RL can only move types whose warm-start accuracy is neither 0 nor 1
@@ -342,7 +326,7 @@ def run_smol_demo(
 
             def evaluate_after(trainer: Any, s: int = s) -> Any:
                 print(f"[smol] seed {s}: evaluation after RL", flush=True)
-                return _evaluate_sets(trainer.model, trainer.tokenizer, sets, **ev_kw)
+                return _evaluate_sets(cfg, trainer.model, trainer.tokenizer, sets)
 
             rl_summary, after = train_to_end(
                 scfg, progress=progress, label=f"[smol] seed {s} ({i + 1}/{seeds})", after=evaluate_after
