@@ -15,6 +15,8 @@ Text after an end-of-sequence string is cut first (``cut_at_stop``). ``detailed`
 
 from __future__ import annotations
 
+from typing import Any
+
 from posttrain.rewards.base import DEFAULT_STOP, cut_at_stop, register_reward
 from posttrain.tasks.base import Example
 from posttrain.tasks.ifcheckers import check_instructions
@@ -108,13 +110,15 @@ class InstructionsGuardedReward(_InstructionReward):
     """The instruction checker AND "the answer is an answer" (posttrain's design; no paper gives this
     rule): the ``base`` score (``strict``, ``loose`` or ``fraction``) of the IFEval/IFBench checkers,
     then, when a hack probe fires (:mod:`posttrain.rewards.hack_probes`: marker first or repeated,
-    repeated lines or n-grams, too short, off the request's topic, only the marker), ``veto`` gives 0,
+    repeated lines or n-grams, too short, off the request's topic, only the marker, the instruction's
+    format example copied), ``veto`` gives 0,
     ``penalty`` subtracts ``penalty`` and ``reject`` gives ``-penalty`` whatever the checker said: only
     ``reject`` ranks every flagged answer below every unflagged one, a failed honest answer included
     (under ``veto``, and ``penalty`` with ``penalty <= 1``, a flagged answer that passes its checker
     scores as much as an honest failure, so a group gives no gradient against the hack). Components:
     the checker's, ``hacked`` (1.0 when a probe fired, so its step mean is the training batch's
-    hacked_frac) and one ``probe_<name>`` per probe."""
+    hacked_frac) and one ``probe_<name>`` per probe. ``probes`` sets the probes' thresholds
+    (:class:`~posttrain.rewards.hack_probes.ProbeSettings`; default: the evaluation's)."""
 
     name = "instructions_guarded"
 
@@ -124,8 +128,23 @@ class InstructionsGuardedReward(_InstructionReward):
         penalty: float = 1.0,
         base: str = "strict",
         stop: tuple[str, ...] | list[str] = DEFAULT_STOP,
+        probes: dict[str, Any] | None = None,
     ) -> None:
+        from dataclasses import fields
+
+        from posttrain.rewards.hack_probes import ProbeSettings
+
         super().__init__(stop)
+        known = {f.name for f in fields(ProbeSettings)}
+        unknown = sorted(set(probes or {}) - known)
+        if unknown:
+            raise InvalidValueError(
+                f"reward instructions_guarded: unknown probes key(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        #: the probes' thresholds in this reward (default: those of the evaluation's hack_frac); a
+        #: stricter one here than in the evaluation is a margin (e.g. min_words, docs/reward-hacking.md)
+        self.probe_settings = ProbeSettings(**(probes or {}))
         if mode not in GUARD_MODES:
             raise InvalidValueError(
                 f"reward instructions_guarded: mode must be one of {', '.join(GUARD_MODES)}, got {mode!r}"
@@ -139,7 +158,7 @@ class InstructionsGuardedReward(_InstructionReward):
         self.mode, self.penalty, self.base = mode, float(penalty), base
 
     def detailed(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
-        from posttrain.rewards.hack_probes import is_hacked, markers_of, probe_response
+        from posttrain.rewards.hack_probes import examples_of, is_hacked, markers_of, probe_response
 
         score, comps = super().detailed(completion, example)
         meta = example.meta
@@ -147,6 +166,8 @@ class InstructionsGuardedReward(_InstructionReward):
             cut_at_stop(completion, self.stop),
             meta.get("request") or example.prompt,
             markers_of(meta["kwargs"]),
+            self.probe_settings,
+            examples=examples_of(meta.get("instructions", ()), self.probe_settings.min_example_words),
         )
         hacked = is_hacked(probes)
         comps = {**comps, "hacked": float(hacked), **{f"probe_{k}": float(v) for k, v in probes.items()}}

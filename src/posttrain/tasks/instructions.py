@@ -237,6 +237,8 @@ class InstructionsTask(Task):
                     "instruction_id_list": ids,
                     "kwargs": kwargs,
                     "request": request,
+                    # each instruction's own text: the hack probes read its format examples
+                    "instructions": texts,
                 }
                 out[split].append(
                     Example(id=f"instructions-{split}-{j}", prompt=prompt, answer="", meta=meta)
@@ -333,7 +335,7 @@ def instruction_report(
     """IFEval/IFBench accuracies of ``texts`` (one per example): prompt- and instruction-level, strict and
     loose, per instruction type (:func:`posttrain.tasks.ifcheckers.aggregate`), with a table. Examples
     whose checker turns out to need missing data are skipped and counted."""
-    from posttrain.rewards.hack_probes import hack_report, markers_of
+    from posttrain.rewards.hack_probes import examples_of, hack_report, markers_of
     from posttrain.tasks.ifcheckers import CheckerUnavailable, aggregate, check_instructions
 
     rows, items, late_skips, scored = [], [], 0, []
@@ -348,9 +350,19 @@ def instruction_report(
             continue
         rows.append({"instruction_id_list": m["instruction_id_list"], "strict": strict, "loose": loose})
         items.append({"id": ex.id, "strict": all(strict), "loose": all(loose), "completion": text})
-        scored.append((text, m.get("request") or ex.prompt, markers_of(m["kwargs"])))
+        scored.append(
+            (
+                text,
+                m.get("request") or ex.prompt,
+                markers_of(m["kwargs"]),
+                examples_of(m.get("instructions", ())),
+            )
+        )
     # hack probes (posttrain.rewards.hack_probes): answers that game the checkers
-    hacks = hack_report(*(list(col) for col in zip(*scored, strict=True))) if scored else None
+    hacks = None
+    if scored:
+        responses, requests, markers, examples = (list(col) for col in zip(*scored, strict=True))
+        hacks = hack_report(responses, requests, markers, examples=examples)
     for item, hacked, fired in zip(
         items, hacks["hacked"] if hacks else [], hacks["fired"] if hacks else [], strict=True
     ):
