@@ -150,7 +150,12 @@ def _async_bench(
     from rich.console import Console
 
     from posttrain.utils.io import atomic_write_json
-    from posttrain_lab.benchmarks.perf.async_rl import AsyncBenchSpec, print_report, run_comparison
+    from posttrain_lab.benchmarks.perf.async_rl import (
+        PRESET_TASK,
+        AsyncBenchSpec,
+        print_report,
+        run_comparison,
+    )
     from posttrain_lab.benchmarks.perf.rl_step import get_preset
 
     try:
@@ -165,6 +170,7 @@ def _async_bench(
             steps=steps,
             seeds=seeds,
             max_staleness=max_staleness,
+            **PRESET_TASK.get(preset, {}),
         )
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--preset") from None

@@ -21,6 +21,7 @@ the throughput ratio sync / async and the accuracy difference, paired over seeds
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -57,6 +58,9 @@ class AsyncBenchSpec:
     engine: str = "fast"
     eval_n: int = 32
     task_params: str = '{digits: 2, ops: "+", n_train: 400, n_heldout: 64}'
+    chat_template: bool = False
+    prompt_template: str = "{prompt}"
+    reward: str = "exact_match"
 
     def __post_init__(self) -> None:
         for key in ("num_prompts", "group_size", "new_tokens", "seeds", "max_staleness", "eval_n"):
@@ -81,6 +85,9 @@ def arm_overrides(spec: AsyncBenchSpec, arm: str, seed: int, out_dir: Path) -> l
         "model.device=cpu",
         f"model.precision={spec.precision}",
         f"task.params={spec.task_params}",
+        f"task.chat_template={str(spec.chat_template).lower()}",
+        f"task.prompt_template={json.dumps(spec.prompt_template)}",  # quoted: {prompt} is a YAML mapping
+        f"reward.name={spec.reward}",
         "reward.num_workers=0",
         f"rollout.prompts_per_step={spec.num_prompts}",
         f"rollout.group_size={spec.group_size}",
@@ -90,7 +97,8 @@ def arm_overrides(spec: AsyncBenchSpec, arm: str, seed: int, out_dir: Path) -> l
         f"steps={spec.steps}",
         f"seed={seed}",
         f"eval.n={spec.eval_n}",
-        "eval.at_start=false",
+        # the warm start's held-out accuracy too: the gate that says whether the budget moved it
+        "eval.at_start=true",
         "checkpoint.final=false",
         "logging.every=0",
         "logging.samples_every=0",
@@ -110,7 +118,29 @@ def arm_overrides(spec: AsyncBenchSpec, arm: str, seed: int, out_dir: Path) -> l
     ]
 
 
-def summarise_arm(rows: list[dict[str, float]], spec: AsyncBenchSpec, eval_end: dict[str, Any]) -> dict:
+#: The task settings of the real-model preset (``smol``), where the tiny model's default (the plain
+#: ``12+34=`` prompt, exact match on the first line) gives RL no signal: SmolLM2-135M-Instruct scored
+#: 0/64 greedy on it with 32 new tokens, and 0 reward in 8 sampled steps; with its chat template it talks
+#: about the number (9 % right by the last number, 73 % of answers cut at 32 tokens). Asked "What is
+#: 12+34=? Reply with the number only." it scored 11/64 (17 %) greedy, by the last number of the answer,
+#: none cut off (12.5 tokens on average).
+PRESET_TASK: dict[str, dict[str, Any]] = {
+    "smol": {
+        "chat_template": True,
+        "prompt_template": "What is {prompt}? Reply with the number only.",
+        "reward": "last_number",
+        "lr": 2e-5,
+        "eval_n": 64,
+    }
+}
+
+
+def summarise_arm(
+    rows: list[dict[str, float]],
+    spec: AsyncBenchSpec,
+    eval_end: dict[str, Any],
+    eval_start: dict[str, Any] | None = None,
+) -> dict:
     """An arm's figures from its per-step metrics (the first step left out as warm-up)."""
     steady = rows[1:]
     wall = sum(r["time_step"] for r in steady)
@@ -124,7 +154,10 @@ def summarise_arm(rows: list[dict[str, float]], spec: AsyncBenchSpec, eval_end: 
         "time_forward_s": sum(r["time_forward_overlap"] for r in steady),
         "time_update_s": sum(r["time_update"] for r in steady),
         "heldout_accuracy": eval_end.get("accuracy"),
+        "heldout_accuracy_start": (eval_start or {}).get("accuracy"),
+        "reward_mean_first": rows[0]["reward_mean"],
         "reward_mean_last": rows[-1]["reward_mean"],
+        "zero_var_frac_mean": statistics.fmean(r["zero_var_frac"] for r in rows),
     }
     if "staleness_max" in rows[-1]:  # asynchronous: the trainer waits in the rollout phase
         out["time_wait_groups_s"] = sum(r["time_wait_groups"] for r in steady)
@@ -159,7 +192,7 @@ def run_arm(spec: AsyncBenchSpec, arm: str, seed: int, out: Path) -> dict[str, A
 
             tr.step = step
             summary = tr.train(progress=False, overwrite=True)
-    res = summarise_arm(rows, spec, summary.get("eval_end") or {})
+    res = summarise_arm(rows, spec, summary.get("eval_end") or {}, summary.get("eval_start"))
     res.update(arm=arm, seed=seed, total_wall_s=time.perf_counter() - t0, spec=asdict(spec))
     return res
 
@@ -169,7 +202,6 @@ def run_comparison(
 ) -> dict[str, Any]:
     """Every arm and seed (skipping finished ones whose JSON holds the same spec), then the paired
     comparison. Each finished arm's JSON is written as it completes."""
-    import json
 
     from posttrain.utils.io import atomic_write_json
 
@@ -246,7 +278,11 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         ("staleness_mean", "staleness mean"),
         ("staleness_max", "staleness max"),
         ("stale_regenerated", "stale regenerated"),
-        ("heldout_accuracy", "held-out accuracy"),
+        ("heldout_accuracy_start", "held-out accuracy, warm start"),
+        ("heldout_accuracy", "held-out accuracy after the budget"),
+        ("reward_mean_first", "reward mean, first step"),
+        ("reward_mean_last", "reward mean, last step"),
+        ("zero_var_frac_mean", "zero-variance groups (mean)"),
     ]
     rows = []
     for key, label in keys:

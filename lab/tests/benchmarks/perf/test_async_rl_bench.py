@@ -11,6 +11,7 @@ import pytest
 from posttrain.train.config import load_rl_config
 from posttrain_lab.benchmarks.perf.async_rl import (
     ARMS,
+    PRESET_TASK,
     AsyncBenchSpec,
     arm_overrides,
     compare,
@@ -31,6 +32,28 @@ def test_arms_share_the_budget_and_differ_only_in_threads_and_staleness(tmp_path
         1,
         1,
         1,
+    )
+
+
+def test_real_model_preset_uses_a_task_the_warm_start_scores_on(tmp_path):
+    """smol: a question, the chat template and the answer's last number (the plain prompt with exact
+    match scored 0/64 on SmolLM2); every arm evaluates the warm start too (the gate), the tiny default is unchanged."""
+    smol = AsyncBenchSpec(model="smollm2-135m", **PRESET_TASK["smol"])
+    for arm in ARMS:
+        c = load_rl_config(None, arm_overrides(smol, arm, 0, tmp_path / arm))
+        assert (c.task.chat_template, c.reward.name, c.optimizer.lr, c.eval.n) == (
+            True,
+            "last_number",
+            2e-5,
+            64,
+        )
+        assert c.task.prompt_template.format(prompt="12+34=") == "What is 12+34=? Reply with the number only."
+        assert c.eval.at_start and c.eval.at_end
+    tiny = load_rl_config(None, arm_overrides(AsyncBenchSpec(), "sync", 0, tmp_path / "t"))
+    assert (tiny.task.chat_template, tiny.task.prompt_template, tiny.reward.name) == (
+        False,
+        "{prompt}",
+        "exact_match",
     )
 
 
