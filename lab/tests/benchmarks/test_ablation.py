@@ -124,9 +124,7 @@ def test_real_model_settings_are_checked():
     oi = arm_overrides(AblationSettings(model="smollm2-135m", task="instructions"), "grpo", 0, Path("r"))
     # issue 40: the instructions arms train the demo smol's type mix with its guarded reward (a flagged
     # answer scores -1), so a checker hack (stacked `P.S.` lines) cannot reach 1.00
-    assert (
-        "reward.name=instructions_guarded" in oi and 'reward.params={"mode": "reject", "penalty": 1.0}' in oi
-    )
+    assert "reward.name=instructions_guarded" in oi
     from importlib.resources import files
 
     import yaml
@@ -138,6 +136,7 @@ def test_real_model_settings_are_checked():
     cfg = build_config(RLConfig, None, [o for o in oi if not o.startswith("out_dir")])
     assert cfg.task.params["types"] == demo["task"]["params"]["types"] and "ood_types" not in cfg.task.params
     assert cfg.reward.name == "instructions_guarded" and cfg.reward.params == demo["reward"]["params"]
+    assert cfg.reward.params["mode"] == "reject"
 
 
 def test_greedy_verdicts_report_hacked_frac_on_instruction_tasks(tmp_path):
