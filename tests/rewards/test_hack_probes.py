@@ -327,5 +327,5 @@ def test_the_reward_takes_stricter_probe_thresholds_than_the_evaluation():
     score, comps = margin.detailed(ten, ex)
     assert score == -1.0 and comps["probe_too_short"] == 1.0
     assert get_reward("instructions_guarded", mode="reject", probes={"min_words": 10})(ten, ex) == 1.0
-    with pytest.raises(ValueError, match="unknown probes key.*min_word; known:.*min_words"):
+    with pytest.raises(ValueError, match=r"unknown probes key.*min_word; known:.*min_words"):
         get_reward("instructions_guarded", probes={"min_word": 12})
