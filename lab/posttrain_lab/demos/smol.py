@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.utils.errors import InvalidValueError, option
-from posttrain.utils.io import atomic_write_json
+from posttrain.utils.io import atomic_write_json, read_jsonl
 from posttrain.utils.stats import paired_gain, se_binomial
 
 
@@ -202,10 +202,7 @@ of answers cut at the length cap, and of groups without reward variance (no grad
 
 def _gate(rl_dir: Path) -> dict[str, dict[str, float]]:
     """``{name: {first, last, mean}}`` over the RL run's steps for each of :data:`GATES` it logged."""
-    import json
-
-    rows = [json.loads(x) for x in (rl_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = [r for r in rows if r.get("kind") == "step"]
+    steps = [r for r in read_jsonl(rl_dir / "metrics.jsonl") if r.get("kind") == "step"]
     out = {}
     for key, name in GATES.items():
         vals = [float(r[key]) for r in steps if key in r]

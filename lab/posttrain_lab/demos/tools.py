@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.utils.errors import InvalidValueError
-from posttrain.utils.io import atomic_write_json
+from posttrain.utils.io import atomic_write_json, read_jsonl
 from posttrain.utils.stats import paired_gain, se_binomial
 
 ARMS = ("no_tool", "tool_untrained", "tool_sft", "tool_rl")
@@ -277,8 +277,7 @@ def run_tools_demo(
         per_seed[seed] = res
 
         # the RL gate: groups whose answers differ in reward are the only ones with a gradient
-        steps = [json.loads(x) for x in (sd / "rl" / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        steps = [r for r in steps if r.get("kind") == "step"]
+        steps = [r for r in read_jsonl(sd / "rl" / "metrics.jsonl") if r.get("kind") == "step"]
         gates[seed] = {
             "steps": len(steps),
             "mixed_groups_mean": sum(1.0 - r["zero_var_frac"] for r in steps) / max(len(steps), 1),

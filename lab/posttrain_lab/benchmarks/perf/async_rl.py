@@ -202,7 +202,6 @@ def run_comparison(
 ) -> dict[str, Any]:
     """Every arm and seed (skipping finished ones whose JSON holds the same spec), then the paired
     comparison. Each finished arm's JSON is written as it completes."""
-
     from posttrain.utils.io import atomic_write_json
 
     out.mkdir(parents=True, exist_ok=True)
