@@ -116,3 +116,25 @@ def test_pass_at_k_is_the_unbiased_estimator_per_example_then_the_mean(evaluated
     assert per_example == pytest.approx([1.0, 0.5, 5 / 6, 0.0])
     assert out[f"pass@{k}"] == pytest.approx(sum(per_example) / len(per_example)) == pytest.approx(7 / 12)
     assert out["sampled_accuracy"] == pytest.approx(7 / 16)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_posttrain_eval_generates_in_the_runs_precision(precision, monkeypatch):
+    """`posttrain eval` (evaluate_run) builds its runner as the trainer's evaluation does
+    (config_eval_runner): the run's model.precision reaches the engine. Before, it dropped the precision,
+    so a bf16 run was evaluated in fp32, unlike its own in-run evaluations."""
+    import posttrain.train.evaluate as ev
+
+    seen = []
+    real = ev.eval_runner
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("precision", "fp32"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ev, "eval_runner", spy)
+    loc = ev.locate_model("tiny")
+    cfg = ev.evaluate_cli_settings(loc, None, [f"model.precision={precision}"], n=2, max_new_tokens=2)
+    res = ev.evaluate_run(loc, cfg)
+    assert seen == [precision]
+    assert res["settings"]["precision"] == precision

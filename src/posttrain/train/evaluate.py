@@ -518,16 +518,8 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
         policy=cfg.rollout.overlong_prompts,
         where=f"task {cfg.task.name!r}: held-out split",
     )
-    runner = eval_runner(  # the trainer's evaluation batch cap (RLTrainer.eval_runner)
-        model,
-        tok,
-        formatter,
-        max_batch_size=cfg.eval.batch_cap(cfg.rollout.max_batch_size),
-        engine=cfg.rollout.engine.name,
-        engine_params=cfg.rollout.engine.params,
-        runner=cfg.rollout.runner.name,
-        runner_params=cfg.rollout.runner.params,
-    )
+    # the trainer's evaluation runner (RLTrainer.eval_runner): engine, runner, batch cap and precision
+    runner = config_eval_runner(cfg, model, tok, formatter)
     source = build_reward_source(
         cfg.reward.source.name,
         cfg.reward.source.params,
@@ -571,6 +563,7 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
         "temperature": cfg.eval.temperature,
         "engine": cfg.rollout.engine.model_dump(mode="json"),
         "runner": cfg.rollout.runner.model_dump(mode="json"),
+        "precision": cfg.model.precision,
         "reward_source": cfg.reward.source.model_dump(mode="json"),
     }
     return res
