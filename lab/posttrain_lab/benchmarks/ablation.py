@@ -249,6 +249,13 @@ class AblationSettings:
             )
 
 
+def real_model_threads(s: AblationSettings, cpus: int | None = None) -> int:
+    """torch threads of each real-model run: the CPUs shared out over the worker processes."""
+    import os
+
+    return max(1, (cpus or os.cpu_count() or 1) // min(s.jobs, len(s.seeds)))
+
+
 REAL_REPLAY_START_STEP = 2
 """Real model: the replay arms replay from this step on (the store holds the first step's groups)."""
 
@@ -283,6 +290,9 @@ def arm_overrides(s: AblationSettings, arm: str, seed: int, run_dir: Path) -> li
             # (docs/precision.md, docs/bench-generate.md)
             "model.precision=auto",
             "rollout.engine={name: fast}",
+            # the base config's 1 thread suits the tiny model; the real model uses the cores its worker
+            # process has (all of them at --jobs 1: with 1 thread it ran on one of two cores)
+            f"threads={real_model_threads(s)}",
         ]
         shared = [o for o in shared if not o.startswith(("eval.at_start", "eval.at_end", "eval.every"))]
         shared += ["eval.at_start=false", "eval.at_end=false", "eval.every=0"]

@@ -121,6 +121,25 @@ def test_real_model_settings_are_checked():
         "reward.name=last_number" in o and "model.precision=auto" in o and "rollout.engine={name: fast}" in o
     )
     assert any("max_value: 10" in x for x in o)
+    # the real model takes the worker's share of the cores, not the tiny base config's 1 thread
+    from posttrain_lab.benchmarks.ablation import real_model_threads
+
+    assert f"threads={real_model_threads(s)}" in o
+    tiny = arm_overrides(AblationSettings.quick(), "grpo", 0, Path("r"))
+    assert not any(x.startswith("threads=") for x in tiny)  # the tiny model keeps the base config's 1
+    assert real_model_threads(s, cpus=2) == 2 and real_model_threads(s, cpus=16) == 16
+    assert (
+        real_model_threads(
+            AblationSettings(model="smollm2-135m", task="word_problems", jobs=2, seeds=[0, 1, 2]), cpus=2
+        )
+        == 1
+    )
+    assert (
+        real_model_threads(
+            AblationSettings(model="smollm2-135m", task="word_problems", jobs=4, seeds=[0]), cpus=8
+        )
+        == 8
+    )
     oi = arm_overrides(AblationSettings(model="smollm2-135m", task="instructions"), "grpo", 0, Path("r"))
     # issue 40: the instructions arms train the demo smol's type mix with its guarded reward (a flagged
     # answer scores -1), so a checker hack (stacked `P.S.` lines) cannot reach 1.00
