@@ -47,3 +47,21 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(autouse=True)
+def _auto_precision_is_fp32(monkeypatch):
+    """``model.precision: auto`` (the default) resolves here as on a CPU without native bf16, so the suite
+    computes in fp32 on every machine: its closed-form, resume and batching-invariance checks compare
+    against float64 or a second run at fp32 tolerances, which bf16 autocast (what ``auto`` gives on a CPU
+    with AVX512-BF16 or AMX) does not meet. Tests of bf16 set it explicitly; tests of the resolution pass
+    their own flags or patch ``cpu_flags`` themselves."""
+    from posttrain.models import precision as prec
+
+    real = prec.cpu_flags
+
+    def without_native_bf16(cpuinfo: str | None = None) -> set[str]:
+        flags = real(cpuinfo)
+        return flags - set(prec._NATIVE_CPU_FLAGS) if cpuinfo is None else flags
+
+    monkeypatch.setattr(prec, "cpu_flags", without_native_bf16)
