@@ -11,6 +11,7 @@ their modules being imported for good)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from transformers.utils import logging as hf_logging
 import posttrain.algos
 import posttrain.hooks
 import posttrain.rollout  # noqa: F401
+from posttrain.models.precision import AUTO_ENV
 from posttrain.utils.registry import all_registries
 
 sys.path.insert(0, str(Path(__file__).parent / "tests" / "helpers"))
@@ -30,6 +32,14 @@ sys.path.insert(0, str(Path(__file__).parent / "tests" / "helpers"))
 # closes it afterwards) would own that handler and every later transformers warning would print
 # "--- Logging error ---" with a traceback into another test's output.
 hf_logging.get_logger("transformers")
+
+# `model.precision: auto` (the default) resolves to fp32 in the suite on every machine, from collection on
+# and in every process a test starts (POSTTRAIN_AUTO_PRECISION is inherited): its closed-form, resume and
+# batching-invariance checks compare against float64 or a second run at fp32 tolerances, which bf16
+# autocast (what `auto` gives on a CPU with AVX512-BF16 or AMX) does not meet. Tests of bf16 set it
+# explicitly; the tests of the per-machine resolution unset the variable. Set here, not through a test's
+# monkeypatch, which a test may undo.
+os.environ[AUTO_ENV] = "fp32"
 
 
 @pytest.fixture(autouse=True)
@@ -47,21 +57,3 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
-
-
-@pytest.fixture(autouse=True)
-def _auto_precision_is_fp32(monkeypatch):
-    """``model.precision: auto`` (the default) resolves here as on a CPU without native bf16, so the suite
-    computes in fp32 on every machine: its closed-form, resume and batching-invariance checks compare
-    against float64 or a second run at fp32 tolerances, which bf16 autocast (what ``auto`` gives on a CPU
-    with AVX512-BF16 or AMX) does not meet. Tests of bf16 set it explicitly; tests of the resolution pass
-    their own flags or patch ``cpu_flags`` themselves."""
-    from posttrain.models import precision as prec
-
-    real = prec.cpu_flags
-
-    def without_native_bf16(cpuinfo: str | None = None) -> set[str]:
-        flags = real(cpuinfo)
-        return flags - set(prec._NATIVE_CPU_FLAGS) if cpuinfo is None else flags
-
-    monkeypatch.setattr(prec, "cpu_flags", without_native_bf16)

@@ -12,6 +12,29 @@ AVX2_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"
 SPR_CPUINFO = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
 
 
+@pytest.fixture(autouse=True)
+def _machine_resolution(monkeypatch):
+    """These tests check the per-machine resolution: without the suite's POSTTRAIN_AUTO_PRECISION."""
+    monkeypatch.delenv(prec.AUTO_ENV, raising=False)
+
+
+def test_the_environment_variable_fixes_auto_on_every_machine(monkeypatch):
+    monkeypatch.setenv(prec.AUTO_ENV, "fp32")
+    assert prec.resolve_precision("auto", "cpu", flags={"amx_bf16"}) == (
+        "fp32",
+        "POSTTRAIN_AUTO_PRECISION=fp32",
+    )
+    monkeypatch.setenv(prec.AUTO_ENV, "BF16")
+    assert prec.resolve_precision("auto", "cpu", flags=set())[0] == "bf16"
+    assert prec.resolve_precision("fp32", "cpu", flags=set())[0] == "fp32"  # an explicit setting wins
+    monkeypatch.setattr(prec, "cpu_flags", lambda cpuinfo=None: {"amx_bf16"})
+    monkeypatch.setenv(prec.AUTO_ENV, "fp32")
+    assert RLConfig.model_validate({"model": {"device": "cpu"}}).model.precision == "fp32"
+    monkeypatch.setenv(prec.AUTO_ENV, "fp16")
+    with pytest.raises(ValueError, match=r"POSTTRAIN_AUTO_PRECISION='fp16'.*accepted: fp32, bf16"):
+        prec.resolve_precision("auto", "cpu")
+
+
 def test_cpu_flags_are_read_from_cpuinfo():
     assert "avx2" in prec.cpu_flags(AVX2_CPUINFO) and "avx512_bf16" not in prec.cpu_flags(AVX2_CPUINFO)
     assert {"avx512_bf16", "amx_bf16"} <= prec.cpu_flags(SPR_CPUINFO)

@@ -16,6 +16,10 @@
   the same thing on CPU and CUDA (torch autocast on either device; on CPU it needs a CPU with bf16
   support to be fast, but is correct anywhere).
 
+The environment variable ``POSTTRAIN_AUTO_PRECISION`` (``fp32`` or ``bf16``), when set, is what ``auto``
+resolves to on every machine (the test suite sets ``fp32``, so its fp32-tolerance checks do not depend
+on the CPU it runs on).
+
 Pure bf16 *storage* (``model.dtype: bfloat16``) is still available and different: weights and the
 optimizer state are then bf16 too (no fp32 master copy).
 """
@@ -23,6 +27,7 @@ optimizer state are then bf16 too (no fp32 master copy).
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import torch
@@ -33,6 +38,8 @@ PRECISIONS = ("fp32", "bf16")
 #: what ``model.precision`` accepts: a precision, or ``auto`` (resolved by :func:`resolve_precision`)
 SETTINGS = ("auto", *PRECISIONS)
 _NATIVE_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+#: environment variable that, when set, fixes what ``auto`` resolves to
+AUTO_ENV = "POSTTRAIN_AUTO_PRECISION"
 _announced: set[tuple[str, str]] = set()
 
 
@@ -94,6 +101,12 @@ def resolve_precision(
     setting = check_precision(setting, allow_auto=True)
     if setting != "auto":
         return setting, "set explicitly"
+    forced = os.environ.get(AUTO_ENV, "").strip()
+    if forced:  # one precision for `auto` on every machine (the test suite sets fp32)
+        try:
+            return check_precision(forced), f"{AUTO_ENV}={forced.lower()}"
+        except InvalidValueError as e:
+            raise InvalidValueError(f"environment variable {AUTO_ENV}={forced!r}: {e}") from None
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if str(device) == "auto" else device
     from posttrain.models.loading import DTYPE_NAMES
 
