@@ -27,6 +27,7 @@ def test_the_environment_variable_fixes_auto_on_every_machine(monkeypatch):
     monkeypatch.setenv(prec.AUTO_ENV, "BF16")
     assert prec.resolve_precision("auto", "cpu", flags=set())[0] == "bf16"
     assert prec.resolve_precision("fp32", "cpu", flags=set())[0] == "fp32"  # an explicit setting wins
+    assert prec.resolve_precision("auto", "cpu", "bfloat16", flags=set())[0] == "fp32"  # no fp32 master
     monkeypatch.setattr(prec, "cpu_flags", lambda cpuinfo=None: {"amx_bf16"})
     monkeypatch.setenv(prec.AUTO_ENV, "fp32")
     assert RLConfig.model_validate({"model": {"device": "cpu"}}).model.precision == "fp32"

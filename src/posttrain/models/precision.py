@@ -97,10 +97,15 @@ def resolve_precision(
 ) -> tuple[str, str]:
     """The precision a run uses for ``model.precision`` ``setting`` on ``device`` (``auto``: cuda when
     available, else cpu), and why. ``auto`` gives ``bf16`` only with float32 weights on a device with
-    native bf16 (:func:`native_bf16`), else ``fp32``; an explicit ``fp32``/``bf16`` is kept."""
+    native bf16 (:func:`native_bf16`), else ``fp32``; with float32 weights, ``POSTTRAIN_AUTO_PRECISION``
+    (when set) replaces the device's answer; an explicit ``fp32``/``bf16`` is kept."""
     setting = check_precision(setting, allow_auto=True)
     if setting != "auto":
         return setting, "set explicitly"
+    from posttrain.models.loading import DTYPE_NAMES
+
+    if DTYPE_NAMES.get(str(dtype).lower()) != "float32":
+        return "fp32", f"weights stored in {dtype} (bf16 autocast needs float32 master weights)"
     forced = os.environ.get(AUTO_ENV, "").strip()
     if forced:  # one precision for `auto` on every machine (the test suite sets fp32)
         try:
@@ -108,10 +113,6 @@ def resolve_precision(
         except InvalidValueError as e:
             raise InvalidValueError(f"environment variable {AUTO_ENV}={forced!r}: {e}") from None
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if str(device) == "auto" else device
-    from posttrain.models.loading import DTYPE_NAMES
-
-    if DTYPE_NAMES.get(str(dtype).lower()) != "float32":
-        return "fp32", f"weights stored in {dtype} (bf16 autocast needs float32 master weights)"
     ok, why = native_bf16(dev, flags=flags)
     return ("bf16" if ok else "fp32"), why
 
