@@ -199,6 +199,11 @@ class AblationSettings:
     def real(self) -> bool:
         return self.model != "tiny"
 
+    @property
+    def workers(self) -> int:
+        """Worker processes the seeds run in: ``jobs``, but no more than there are seeds."""
+        return min(self.jobs, len(self.seeds))
+
     @classmethod
     def quick(cls, **kw: Any) -> AblationSettings:
         """Small enough for a test: 2 RL steps, 10 SFT steps, 4 prompts x 4, 12 tokens, 8 eval questions,
@@ -253,7 +258,7 @@ def real_model_threads(s: AblationSettings, cpus: int | None = None) -> int:
     """torch threads of each real-model run: the CPUs shared out over the worker processes."""
     import os
 
-    return max(1, (cpus or os.cpu_count() or 1) // min(s.jobs, len(s.seeds)))
+    return max(1, (cpus or os.cpu_count() or 1) // s.workers)
 
 
 REAL_REPLAY_START_STEP = 2
@@ -358,7 +363,7 @@ def run_ablation(
     check_settings(out, s, write=True)
     t0 = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in s.arms}
-    jobs = min(s.jobs, len(s.seeds))
+    jobs = s.workers
     if jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
