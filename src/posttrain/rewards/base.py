@@ -17,7 +17,7 @@ import numbers
 from typing import Any, Protocol, runtime_checkable
 
 from posttrain.tasks.base import Example, check_params
-from posttrain.utils.errors import InvalidTypeError
+from posttrain.utils.errors import InvalidTypeError, InvalidValueError
 from posttrain.utils.registry import Registry
 
 # Text that marks the end of a completion when the decoder left special tokens in.
@@ -72,6 +72,25 @@ def marker_of(example: Example, override: str | None = None) -> str | None:
         return override or None
     m = example.meta.get("answer_marker") if isinstance(example.meta, dict) else None
     return m if isinstance(m, str) and m else None
+
+
+GUARD_MODES = ("veto", "penalty", "reject")
+"""What a flagged answer scores (a hack probe fired, or a judge rejected it), from its score ``r``:
+``veto`` ``min(r, 0)`` (as a failed checker), ``penalty`` ``r - penalty``, ``reject`` ``min(r, -penalty)``
+(below every answer not flagged whose score is >= 0, whatever its checker said)."""
+
+
+def flagged_score(score: float, mode: str, penalty: float) -> float:
+    """The score of a flagged answer under ``mode`` (:data:`GUARD_MODES`; posttrain's design). On a
+    score already <= the mode's floor, ``veto`` and ``reject`` change nothing, so a second flag (a
+    probe, then a judge) never stacks; ``penalty`` subtracts each time."""
+    if mode == "veto":
+        return min(score, 0.0)
+    if mode == "penalty":
+        return score - penalty
+    if mode == "reject":
+        return min(score, -penalty)
+    raise InvalidValueError(f"flag mode must be one of {', '.join(GUARD_MODES)}, got {mode!r}")
 
 
 REWARDS: Registry[type] = Registry("reward", group="posttrain.rewards")

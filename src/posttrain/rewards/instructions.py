@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.rewards.base import DEFAULT_STOP, cut_at_stop, register_reward
+from posttrain.rewards.base import DEFAULT_STOP, GUARD_MODES, cut_at_stop, flagged_score, register_reward
 from posttrain.tasks.base import Example
 from posttrain.tasks.ifcheckers import check_instructions
 from posttrain.utils.errors import InvalidValueError
@@ -100,11 +100,6 @@ class InstructionsFractionReward(_InstructionReward):
         return comps["fraction_loose" if self.loose else "fraction"]
 
 
-GUARD_MODES = ("veto", "penalty", "reject")
-"""What a flagged answer scores: ``veto`` 0 (as a failed checker), ``penalty`` the checker's score minus
-``penalty``, ``reject`` ``-penalty`` whatever the checker says (below every answer the probes accept)."""
-
-
 @register_reward("instructions_guarded")
 class InstructionsGuardedReward(_InstructionReward):
     """The instruction checker AND "the answer is an answer" (posttrain's design; no paper gives this
@@ -172,7 +167,7 @@ class InstructionsGuardedReward(_InstructionReward):
         hacked = is_hacked(probes)
         comps = {**comps, "hacked": float(hacked), **{f"probe_{k}": float(v) for k, v in probes.items()}}
         if hacked:
-            score = {"veto": 0.0, "penalty": score - self.penalty, "reject": -self.penalty}[self.mode]
+            score = flagged_score(score, self.mode, self.penalty)
         return score, comps
 
     def _pick(self, comps: dict[str, float]) -> float:

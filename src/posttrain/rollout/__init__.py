@@ -23,7 +23,13 @@ from posttrain.rollout.registry import (
     build_reward_source,
     build_runner,
 )
-from posttrain.rollout.reward_source import FunctionRewardSource, RewardHandle, RewardSource, ScoredBatch
+from posttrain.rollout.reward_source import (
+    FunctionRewardSource,
+    JudgeGatedRewardSource,
+    RewardHandle,
+    RewardSource,
+    ScoredBatch,
+)
 
 __all__ = [
     "ENGINES",
@@ -37,6 +43,7 @@ __all__ = [
     "FastEngine",
     "FunctionRewardSource",
     "HFEngine",
+    "JudgeGatedRewardSource",
     "PromptFormatter",
     "RewardHandle",
     "RewardSource",

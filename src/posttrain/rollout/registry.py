@@ -35,8 +35,9 @@ from posttrain.rollout.episodes import EpisodeRunner, PromptFormatter, SingleTur
 from posttrain.rollout.fast import FastEngine
 from posttrain.rollout.hf import HFEngine
 from posttrain.rollout.multiturn import multi_turn_runner
-from posttrain.rollout.reward_source import FunctionRewardSource, RewardSource
+from posttrain.rollout.reward_source import FunctionRewardSource, JudgeGatedRewardSource, RewardSource
 from posttrain.rollout.vllm import vllm_engine
+from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.registry import PluginError, Registry, any_callable, check_params
 
 
@@ -164,6 +165,36 @@ def function_reward_source(ctx: RewardSourceContext) -> RewardSource:
     """The configured reward function in a worker pool (``reward.num_workers`` processes,
     ``reward.timeout_s`` per call; :class:`~posttrain.rollout.FunctionRewardSource`)."""
     return FunctionRewardSource(ctx.reward_fn, num_workers=ctx.num_workers, timeout_s=ctx.timeout_s)
+
+
+@REWARD_SOURCES.register("judged")
+def judged_reward_source(
+    ctx: RewardSourceContext,
+    *,
+    judge: Mapping[str, Any],
+    threshold: float = 0.5,
+    mode: str = "veto",
+    penalty: float = 1.0,
+) -> RewardSource:
+    """The configured reward function (as ``function``) gated by a judge
+    (:class:`~posttrain.rollout.JudgeGatedRewardSource`; posttrain's design): ``judge`` is the judge's
+    reward source as ``{name, params}`` (e.g. ``{name: judge, params: {judge: endpoint, base_url: ...,
+    model: ...}}``, PaTaRM's judge from the lab); a completion it scores below ``threshold`` (its [0, 1]
+    reward) scores as flagged under ``mode`` (``veto`` | ``penalty`` | ``reject``, with ``penalty``)."""
+    if not isinstance(judge, Mapping) or not isinstance(judge.get("name"), str) or not judge["name"]:
+        raise InvalidValueError(
+            "reward source judged: params.judge must be a reward source spec {name: ..., params: {...}}, "
+            f"got {judge!r}"
+        )
+    unknown = sorted(set(judge) - {"name", "params"})
+    if unknown:
+        raise InvalidValueError(
+            f"reward source judged: params.judge has unknown key(s) {', '.join(map(str, unknown))}; "
+            "known: name, params"
+        )
+    gate_source = build_reward_source(judge["name"], judge.get("params"), ctx)
+    base = function_reward_source(ctx)
+    return JudgeGatedRewardSource(base, gate_source, threshold=threshold, mode=mode, penalty=penalty)
 
 
 # ------------------------------------------------------------------------------------ building

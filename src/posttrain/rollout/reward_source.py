@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.utils.errors import PosttrainRuntimeError
+from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 
 
 @dataclass
@@ -108,3 +108,106 @@ class FunctionRewardSource(RewardSource):
         if self._pool is not None:
             self._pool.close()
         self._pool = None
+
+
+class _GateHandle(RewardHandle):
+    def __init__(self, gate: JudgeGatedRewardSource, base: RewardHandle, judge: RewardHandle, n: int) -> None:
+        self._gate, self._base, self._judge, self._n = gate, base, judge, n
+
+    def result(self) -> ScoredBatch:
+        return self._gate.combine(self._base.result(), self._judge.result(), self._n)
+
+
+class JudgeGatedRewardSource(RewardSource):
+    """A reward source (``base``, e.g. a verifiable checker with hack probes) gated by a judge (any
+    other reward source whose rewards lie in [0, 1], e.g. PaTaRM's generative judge, in-process or
+    behind an OpenAI-compatible endpoint): both score every completion, concurrently; a completion
+    the judge gives less than ``threshold`` is **flagged** and scores
+    :func:`~posttrain.rewards.base.flagged_score` of its base reward under ``mode`` (``veto``:
+    ``min(r, 0)``, ``penalty``: ``r - penalty``, ``reject``: ``min(r, -penalty)``), otherwise its base
+    reward. posttrain's design (no paper gives this rule): the judge can only lower a reward, so a
+    judge that likes a hack cannot raise it above the checker's verdict.
+
+    A completion without a verdict (the judge's components say ``judge_failed`` = 1 or
+    ``judge_parsed`` = 0) keeps its base reward and is not flagged; ``judge_verdict`` (1 when the
+    judge gave one) counts them. Components: the base's, the judge's, ``judge_reward`` (the judge's
+    reward), ``judge_verdict`` and ``judge_flagged``; the step logs their means (``reward/judge_flagged``
+    is the share the gate acted on). ``timeouts`` / ``errors`` / ``failures`` are the base's: a judge's
+    failures never zero a reward (they show as ``judge_verdict`` < 1)."""
+
+    def __init__(
+        self,
+        base: RewardSource,
+        judge: RewardSource,
+        *,
+        threshold: float = 0.5,
+        mode: str = "veto",
+        penalty: float = 1.0,
+    ) -> None:
+        from posttrain.rewards.base import GUARD_MODES
+
+        if mode not in GUARD_MODES:
+            raise InvalidValueError(
+                f"reward source judged: mode must be one of {', '.join(GUARD_MODES)}, got {mode!r}"
+            )
+        if not (isinstance(threshold, int | float) and 0.0 <= threshold <= 1.0):
+            raise InvalidValueError(
+                f"reward source judged: threshold must be a number in [0, 1] (the judge's reward scale), "
+                f"got {threshold!r}"
+            )
+        if not (isinstance(penalty, int | float) and penalty >= 0):
+            raise InvalidValueError(f"reward source judged: penalty must be >= 0, got {penalty!r}")
+        self.base, self.judge = base, judge
+        self.threshold, self.mode, self.penalty = float(threshold), mode, float(penalty)
+
+    def submit(self, completions: list[str], examples: list[Any]) -> RewardHandle:
+        if len(completions) != len(examples):
+            raise InvalidValueError(
+                f"reward source judged: {len(completions)} completions for {len(examples)} examples"
+            )
+        base = self.base.submit(completions, examples)
+        return _GateHandle(self, base, self.judge.submit(completions, examples), len(completions))
+
+    def combine(self, base: ScoredBatch, judge: ScoredBatch, n: int) -> ScoredBatch:
+        """The gated batch of ``n`` completions from the base's and the judge's scores."""
+        from posttrain.rewards.base import flagged_score
+
+        for who, sb in (("base", base), ("judge", judge)):
+            if len(sb.rewards) != n:
+                raise PosttrainRuntimeError(
+                    f"reward source judged: the {who} source returned {len(sb.rewards)} rewards for {n} completions"
+                )
+        added = ("judge_reward", "judge_verdict", "judge_flagged")
+        clash = sorted((set(base.components) & set(judge.components)) | (set(base.components) & set(added)))
+        if clash:
+            raise PosttrainRuntimeError(
+                f"reward source judged: the base and the judge both report component(s) {', '.join(clash)}"
+            )
+        failed = judge.components.get("judge_failed", [0.0] * n)
+        parsed = judge.components.get("judge_parsed", [1.0] * n)
+        rewards, verdict, flagged = [], [], []
+        for r, s, f, p in zip(base.rewards, judge.rewards, failed, parsed, strict=True):
+            has = not f and bool(p)
+            flag = has and s < self.threshold
+            rewards.append(flagged_score(r, self.mode, self.penalty) if flag else r)
+            verdict.append(float(has))
+            flagged.append(float(flag))
+        return ScoredBatch(
+            rewards=rewards,
+            timeouts=base.timeouts,
+            errors=base.errors,
+            components={
+                **base.components,
+                **judge.components,
+                "judge_reward": list(judge.rewards),
+                "judge_verdict": verdict,
+                "judge_flagged": flagged,
+            },
+            failures={**base.failures, **{f"judge {k}": v for k, v in judge.failures.items()}},
+        )
+
+    def close(self) -> None:
+        try:
+            self.base.close()
+        finally:
+            self.judge.close()

@@ -4,13 +4,11 @@ PAR reward source and runner."""
 
 from __future__ import annotations
 
-import json
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from _chat_server import ChatServer
 
 from posttrain.rollout import RewardSourceContext, build_reward_source
 from posttrain.tasks.base import Example
@@ -182,57 +180,6 @@ def test_random_judge_parses():
 
 
 # ------------------------------------------------------------------------------ loopback endpoint
-class _Server:
-    """OpenAI-compatible /v1/chat/completions on 127.0.0.1; ``behaviour(prompt)`` -> (status, text, sleep)."""
-
-    def __init__(self, behaviour) -> None:
-        outer = self
-        self.requests: list[dict] = []
-        self.lock = threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with outer.lock:
-                    outer.requests.append({"body": body, "auth": self.headers.get("Authorization")})
-                status, text, sleep = behaviour(body["messages"][0]["content"])
-                time.sleep(sleep)
-                payload = (
-                    {"choices": [{"message": {"role": "assistant", "content": text}}]}
-                    if status == 200
-                    else {"error": "boom"}
-                )
-                data = (
-                    text.encode()
-                    if status == 200 and text.startswith("RAW:")
-                    else json.dumps(payload).encode()
-                )
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def _endpoint_source(url, **kw):
     judge_kw = {k: kw.pop(k) for k in ("timeout_s_client", "max_retries_client") if k in kw}
     j = EndpointJudge(
@@ -261,7 +208,7 @@ def test_endpoint_judge_over_loopback(monkeypatch):
             return 200, "<score>10</score>", 3.0
         return 500, "", 0
 
-    with _Server(behaviour) as srv:
+    with ChatServer(behaviour) as srv:
         src, judge = _endpoint_source(srv.url, timeout_s_client=0.3, max_retries_client=1)
         t0 = time.perf_counter()
         res = src.score(
@@ -279,7 +226,7 @@ def test_endpoint_judge_over_loopback(monkeypatch):
 
 
 def test_endpoint_whole_call_timeout_of_the_source():
-    with _Server(lambda p: (200, "<score>10</score>", 2.0)) as srv:
+    with ChatServer(lambda p: (200, "<score>10</score>", 2.0)) as srv:
         src, _ = _endpoint_source(srv.url, timeout_s=0.2, max_retries=0)
         t0 = time.perf_counter()
         res = src.score(["x"], [_ex("q")])
@@ -318,6 +265,44 @@ def test_endpoint_judge_against_posttrain_serve(served_tiny):
     assert res.components["judge_failed"] == [0.0, 0.0]
     assert res.rewards == [0.0, 0.0] and res.components["judge_parsed"] == [0.0, 0.0]
     assert src.stats["calls"] >= 1 and src.stats["unparsable"] == 2
+
+
+def test_judge_gates_the_guarded_instruction_reward(monkeypatch):
+    """Issue 40, item 2: the instruction checker, the hack probes and a PaTaRM endpoint judge in one
+    reward (`reward.source: judged` over `instructions_guarded`). The real hacks are rejected by the
+    probes; a vacuous answer that passes both the checker and the probes is rejected by the judge
+    (which rates its filler low); a genuine answer keeps 1.0; an honest failure keeps 0."""
+    pytest.importorskip("if_verifiable")
+    from posttrain.rewards import get_reward
+    from posttrain.rewards.hack_probes import content_words
+    from posttrain.tasks import get_task
+
+    t = get_task("instructions", types="detectable_content:postscript", n_train=1, n_heldout=1)
+    ex = t.split("heldout")[0]
+    marker = ex.meta["kwargs"][0]["postscript_marker"]
+    topic = " ".join(sorted(content_words(ex.meta["request"])))
+    vacuous = f"Here is a short answer about {topic}, with the details that matter most.\n{marker} Thanks."
+    genuine = (
+        f"On {topic}: the first records go back centuries, and each age added its own methods "
+        f"and tools.\n{marker} Ask me for sources."
+    )
+    honest_fail = f"On {topic}: the first records go back centuries, and each age added its own tools."
+    hacks = ["\n".join([marker] * 11), f"{marker} I hope this helps!"]
+    ctx = RewardSourceContext(
+        reward_fn=get_reward("instructions_guarded", mode="reject"), task=t, tokenizer=None, num_workers=0
+    )
+    with ChatServer(lambda p: (200, f"<score>{2 if 'matter most' in p else 9}</score>", 0)) as srv:
+        params = {"judge": "endpoint", "base_url": srv.url, "model": "judge", "rubric_style": "none"}
+        src = build_reward_source(
+            "judged", {"judge": {"name": "judge", "params": params}, "mode": "reject"}, ctx
+        )
+        res = src.score([genuine, honest_fail, vacuous, *hacks], [ex] * 5)
+        src.close()
+    assert res.rewards == [1.0, 0.0, -1.0, -1.0, -1.0]
+    assert res.components["strict"] == [1.0, 0.0, 1.0, 1.0, 1.0]  # the checker alone is fooled thrice
+    assert res.components["hacked"] == [0.0, 0.0, 0.0, 1.0, 1.0]  # the probes catch the hacks
+    assert res.components["judge_flagged"] == [0.0, 0.0, 1.0, 0.0, 0.0]  # the judge, the filler
+    assert res.components["judge_score"] == [9.0, 9.0, 2.0, 9.0, 9.0] and len(srv.requests) == 5
 
 
 # --------------------------------------------------------------------------------------- PAR source
