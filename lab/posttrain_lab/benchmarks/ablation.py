@@ -622,6 +622,7 @@ def run_seed(
         p = _result_path(runs, arm, seed)
         if p.exists():
             out[arm] = json.loads(p.read_text())
+            out[arm]["gate"] = arm_gate(arm, out[arm])  # the gate rule of this version, on the stored numbers
             say(f"seed {seed} {arm:>13}: done earlier ({p})")
         else:
             todo.append(arm)
@@ -751,10 +752,16 @@ def arm_gate(arm: str, res: dict[str, Any]) -> dict[str, Any]:
         fired = None
         detail = f"control (prefix only, no penalty); continue-thinking {m.get('continue_thinking_frac')}"
     elif arm == "dapo":
-        zv = m.get("zero_var_frac")
-        extra = res.get("rollouts_total")
-        fired = zv is not None and zv == 0.0
-        detail = f"zero-variance groups after filtering {zv}; rollouts generated {extra}; rounds per step {m.get('sampling_rounds')}"
+        # dynamic sampling acted when a step needed a second round: it dropped a group whose raw rewards
+        # were all equal and sampled more. The zero-variance share of the trained groups is read after
+        # the overlong shaper, which can make a kept group constant, so it is no test of the filter
+        rounds = m.get("sampling_rounds")
+        fired = rounds is not None and rounds > 1.0
+        detail = (
+            f"rounds per step {rounds} (> 1: zero-variance groups dropped and drawn again); rollouts "
+            f"generated {res.get('rollouts_total')}; trained groups constant after the overlong shaper "
+            f"{m.get('zero_var_frac')}"
+        )
     elif arm in ("nexgrpo", "random-failure", "success"):
         fired = bool(res.get("replayed_total"))
         detail = (

@@ -53,7 +53,11 @@ def test_quick_ablation_runs_every_selected_arm_from_one_warm_start(tmp_path):
         assert saved["gate"]["verdict"] in ("FIRED", "NOT FIRED") and saved["correct_end"]
     assert set(data["paired"]) == {"dgpo", "dapo"} and data["paired"]["dgpo"]["n_pairs"] == 8
     assert "Paired differences vs grpo" in (tmp_path / "ablation.md").read_text()
-    # resume: finished arms are loaded, only the missing one runs
+    # resume: finished arms are loaded, only the missing one runs; a loaded result's gate is judged again
+    # by this version's rule (a stale verdict stored by an older one does not survive)
+    stored = tmp_path / "results" / "grpo-s0.json"
+    stale = json.loads(stored.read_text())
+    stored.write_text(json.dumps({**stale, "gate": {"verdict": "STALE", "detail": ""}}))
     said = []
     res2 = run_ablation(
         AblationSettings.quick(arms=["grpo", "dgpo", "maspo"], sft_steps=4),
@@ -64,6 +68,7 @@ def test_quick_ablation_runs_every_selected_arm_from_one_warm_start(tmp_path):
     assert any("grpo: done earlier" in m for m in said) and any("dgpo: done earlier" in m for m in said)
     assert any("maspo: GATE" in m for m in said) and not any("grpo: GATE" in m for m in said)
     assert res2["runs"]["grpo"][0]["heldout_acc_end"] == data["runs"]["grpo"][0]["heldout_acc_end"]
+    assert res2["runs"]["grpo"][0]["gate"] == stale["gate"]
     # summary only: nothing runs; what is missing (an arm never run, a seed never run) is said and left out
     said = []
     res3 = run_ablation(
@@ -317,6 +322,22 @@ def test_arms_use_the_one_way_for_filters_and_shapers():
         cfg = build_config(RLConfig, None, arm_overrides(s, arm, 0, Path("r")))
         assert cfg.hooks.filter.name == "dynamic-sampling" and cfg.hooks.filter.params == {"max_rounds": 2}
         assert cfg.hooks.sampler.params == {}
+
+
+def test_dapo_gate_reads_the_filter_rounds_not_the_shaped_zero_variance():
+    """DAPO's dynamic sampling fired when a step drew a second round. The trained groups' zero-variance
+    share is measured after the overlong shaper, which can make a kept group constant: on the real model
+    (2026-12-06, seed 0) the filter dropped 19 groups in 12 steps (1.92 rounds per step, 468 rollouts)
+    while 4 % of the trained groups were constant after shaping, and the old gate (zero_var_frac == 0)
+    said NOT FIRED."""
+    from posttrain_lab.benchmarks.ablation import arm_gate
+
+    g = arm_gate("dapo", {"mech": {"sampling_rounds": 1.92, "zero_var_frac": 0.042}, "rollouts_total": 468})
+    assert g["verdict"] == "FIRED" and "468" in g["detail"] and "0.042" in g["detail"]
+    assert (
+        arm_gate("dapo", {"mech": {"sampling_rounds": 1.0, "zero_var_frac": 0.0}})["verdict"] == "NOT FIRED"
+    )
+    assert arm_gate("dapo", {"mech": {}})["verdict"] == "NOT FIRED"
 
 
 def test_maspo_gate_reads_its_soft_gate_not_clipfrac():
