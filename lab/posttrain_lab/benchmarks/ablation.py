@@ -415,28 +415,32 @@ def check_settings(out: Path, s: AblationSettings, *, write: bool) -> None:
         )
 
 
-def _finished_results(s: AblationSettings, runs: Path, say: Callable[[str], None]) -> dict[str, list]:
+def _stored_result(s: AblationSettings, runs: Path, arm: str, seed: int) -> dict[str, Any]:
+    """A finished (arm, seed) result as stored, its settings checked and its gate judged again with
+    this version's rules from the run's logged steps where they are kept (a result written before a
+    gate rule was fixed keeps no stale verdict)."""
     from posttrain.utils.io import read_jsonl
 
+    p = _result_path(runs, arm, seed)
+    res = json.loads(p.read_text())
+    # results written since 2026-12-02 carry their settings; older ones rely on settings.json
+    shown = _settings_mismatch(res["settings"], s) if "settings" in res else ""
+    if shown:
+        raise InvalidValueError(f"{p}: made with other settings ({shown})")
+    rows_path = runs / f"{arm}-s{seed}" / "metrics.jsonl"
+    if rows_path.exists():
+        res["mech"] = mechanism_means([r for r in read_jsonl(rows_path) if r.get("kind") == "step"])
+    res["gate"] = arm_gate(arm, res)
+    return res
+
+
+def _finished_results(s: AblationSettings, runs: Path, say: Callable[[str], None]) -> dict[str, list]:
     results: dict[str, list[dict[str, Any]]] = {}
     for arm in s.arms:
         for seed in s.seeds:
             p = _result_path(runs, arm, seed)
             if p.exists():
-                res = json.loads(p.read_text())
-                # results written since 2026-12-02 carry their settings; older ones rely on settings.json
-                shown = _settings_mismatch(res["settings"], s) if "settings" in res else ""
-                if shown:
-                    raise InvalidValueError(f"{p}: made with other settings ({shown})")
-                # the gate is re-judged with today's rules from the run's logged steps where they are
-                # kept (a result written before a gate rule was fixed keeps no stale verdict)
-                rows_path = runs / f"{arm}-s{seed}" / "metrics.jsonl"
-                if rows_path.exists():
-                    res["mech"] = mechanism_means(
-                        [r for r in read_jsonl(rows_path) if r.get("kind") == "step"]
-                    )
-                res["gate"] = arm_gate(arm, res)
-                results.setdefault(arm, []).append(res)
+                results.setdefault(arm, []).append(_stored_result(s, runs, arm, seed))
             else:
                 say(f"seed {seed} {arm}: no finished result ({p} missing), left out of the summary")
     if not results:
@@ -621,8 +625,7 @@ def run_seed(
     for arm in s.arms:
         p = _result_path(runs, arm, seed)
         if p.exists():
-            out[arm] = json.loads(p.read_text())
-            out[arm]["gate"] = arm_gate(arm, out[arm])  # the gate rule of this version, on the stored numbers
+            out[arm] = _stored_result(s, runs, arm, seed)
             say(f"seed {seed} {arm:>13}: done earlier ({p})")
         else:
             todo.append(arm)
