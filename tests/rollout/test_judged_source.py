@@ -123,8 +123,11 @@ def test_mismatched_lengths_and_clashing_components_are_errors():
     with pytest.raises(PosttrainRuntimeError, match="judge source returned 1 rewards for 5"):
         gate.combine(ScoredBatch([0.0] * 5), short, 5)
     clash = JudgeGatedRewardSource(_Table(BASE, {"x": BASE}), _Table(JUDGE, {"x": JUDGE}))
-    with pytest.raises(PosttrainRuntimeError, match="both report component"):
+    with pytest.raises(PosttrainRuntimeError, match=r"component.* x reported twice"):
         clash.score(TEXTS, [EX] * 5)
+    taken = JudgeGatedRewardSource(_Table(BASE), _Table(JUDGE, {"judge_flagged": JUDGE}))
+    with pytest.raises(PosttrainRuntimeError, match="judge_flagged reported twice"):
+        taken.score(TEXTS, [EX] * 5)
 
 
 @pytest.mark.parametrize(

@@ -193,7 +193,11 @@ def judged_reward_source(
             "known: name, params"
         )
     gate_source = build_reward_source(judge["name"], judge.get("params"), ctx)
-    base = function_reward_source(ctx)
+    try:
+        base = function_reward_source(ctx)
+    except BaseException:
+        gate_source.close()
+        raise
     return JudgeGatedRewardSource(base, gate_source, threshold=threshold, mode=mode, penalty=penalty)
 
 

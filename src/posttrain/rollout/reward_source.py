@@ -178,10 +178,12 @@ class JudgeGatedRewardSource(RewardSource):
                     f"reward source judged: the {who} source returned {len(sb.rewards)} rewards for {n} completions"
                 )
         added = ("judge_reward", "judge_verdict", "judge_flagged")
-        clash = sorted((set(base.components) & set(judge.components)) | (set(base.components) & set(added)))
+        b, j = set(base.components), set(judge.components)
+        clash = sorted((b & j) | ((b | j) & set(added)))
         if clash:
             raise PosttrainRuntimeError(
-                f"reward source judged: the base and the judge both report component(s) {', '.join(clash)}"
+                f"reward source judged: component(s) {', '.join(clash)} reported twice (by the base and the "
+                f"judge, or by a source and the gate, which adds {', '.join(added)})"
             )
         failed = judge.components.get("judge_failed", [0.0] * n)
         parsed = judge.components.get("judge_parsed", [1.0] * n)
