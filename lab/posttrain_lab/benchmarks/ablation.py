@@ -762,7 +762,8 @@ def arm_gate(arm: str, res: dict[str, Any]) -> dict[str, Any]:
         fired = rounds is not None and rounds > 1.0
         detail = (
             f"rounds per step {rounds} (> 1: zero-variance groups dropped and drawn again); rollouts "
-            f"generated {res.get('rollouts_total')}; trained groups constant after the overlong shaper "
+            f"generated {res.get('rollouts_total')}; share of steps that hit max_rounds "
+            f"{m.get('filter/cap_hit')}; trained groups constant after the overlong shaper "
             f"{m.get('zero_var_frac')}"
         )
     elif arm in ("nexgrpo", "random-failure", "success"):
@@ -814,14 +815,19 @@ def paired_differences(results: dict[str, list[dict[str, Any]]], ref: str = "grp
 
 # ----------------------------------------------------------------------------------------- summary
 def mechanism_means(steps: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean over a run's step rows of every metric a gate reads (clip, boundary, gate, sigma, replay
-    keys, the shaping, sampling and zero-variance shares); keys a run never logged are left out."""
+    """Mean over a run's step rows of every metric a gate reads (clip, boundary, gate, sigma, replay and
+    group-filter keys, the shaping, sampling and zero-variance shares); keys a run never logged are left
+    out."""
     mech_keys = sorted(
         {
             k
             for r in steps
             for k in r
-            if "clip" in k or "boundary" in k or "gate" in k or "sigma" in k or k.startswith("replay/")
+            if "clip" in k
+            or "boundary" in k
+            or "gate" in k
+            or "sigma" in k
+            or k.startswith(("replay/", "filter/"))
         }
         | {"shaped_groups_frac", "continue_thinking_frac", "zero_var_frac", "sampling_rounds", "ratio_mean"}
     )

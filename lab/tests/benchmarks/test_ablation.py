@@ -327,17 +327,25 @@ def test_arms_use_the_one_way_for_filters_and_shapers():
 def test_dapo_gate_reads_the_filter_rounds_not_the_shaped_zero_variance():
     """DAPO's dynamic sampling fired when a step drew a second round. The trained groups' zero-variance
     share is measured after the overlong shaper, which can make a kept group constant: on the real model
-    (2026-12-06, seed 0) the filter dropped 19 groups in 12 steps (1.92 rounds per step, 468 rollouts)
+    (2026-12-06, seed 0) the filter dropped 21 groups in 12 steps (1.92 rounds per step, 468 rollouts)
     while 4 % of the trained groups were constant after shaping, and the old gate (zero_var_frac == 0)
     said NOT FIRED."""
-    from posttrain_lab.benchmarks.ablation import arm_gate
+    from posttrain_lab.benchmarks.ablation import arm_gate, mechanism_means
 
-    g = arm_gate("dapo", {"mech": {"sampling_rounds": 1.92, "zero_var_frac": 0.042}, "rollouts_total": 468})
-    assert g["verdict"] == "FIRED" and "468" in g["detail"] and "0.042" in g["detail"]
+    mech = {"sampling_rounds": 1.92, "zero_var_frac": 0.042, "filter/cap_hit": 0.083}
+    g = arm_gate("dapo", {"mech": mech, "rollouts_total": 468})
+    assert (
+        g["verdict"] == "FIRED" and "468" in g["detail"] and "0.042" in g["detail"] and "0.083" in g["detail"]
+    )
     assert (
         arm_gate("dapo", {"mech": {"sampling_rounds": 1.0, "zero_var_frac": 0.0}})["verdict"] == "NOT FIRED"
     )
     assert arm_gate("dapo", {"mech": {}})["verdict"] == "NOT FIRED"
+    # the filter's cap hits reach the gate: the mechanism means collect the group filter's metrics
+    steps = [{"sampling_rounds": 1, "filter/cap_hit": 0.0}, {"sampling_rounds": 10, "filter/cap_hit": 1.0}]
+    assert (
+        mechanism_means(steps)["filter/cap_hit"] == 0.5 and mechanism_means(steps)["sampling_rounds"] == 5.5
+    )
 
 
 def test_maspo_gate_reads_its_soft_gate_not_clipfrac():
