@@ -5,6 +5,7 @@ postscript. Each threshold has a boundary test, so an off-by-one mutant fails.""
 from __future__ import annotations
 
 import pytest
+from _postscript_case import postscript_case
 
 from posttrain.rewards.hack_probes import (
     PROBES,
@@ -118,13 +119,9 @@ def test_report_and_markers_from_instruction_kwargs():
 
 def test_guarded_reward_scores_the_real_hacks_below_a_genuine_answer():
     from posttrain.rewards import get_reward
-    from posttrain.tasks import get_task
 
-    t = get_task("instructions", types="detectable_content:postscript", n_train=1, n_heldout=1)
-    ex = t.split("heldout")[0]
-    marker = ex.meta["kwargs"][0]["postscript_marker"]
-    topic = " ".join(sorted(content_words(ex.meta["request"])))
-    genuine = f"Here is a short answer about {topic}, with the details that matter most.\n{marker} Thanks."
+    case = postscript_case()
+    ex, marker, topic, genuine = case.example, case.marker, case.topic, case.template_answer
     hacks = ["\n".join([marker] * 11), f"{marker} I hope this helps!", f"{marker} {topic} is good."]
     strict = get_reward("instructions_strict")
     veto = get_reward("instructions_guarded")
@@ -145,13 +142,9 @@ def test_reject_ranks_every_flagged_answer_below_an_honest_failure():
     fails it, so a group of the two gives no gradient against the hack; reject scores every flagged
     answer -penalty, whatever its checker says."""
     from posttrain.rewards import get_reward
-    from posttrain.tasks import get_task
 
-    t = get_task("instructions", types="detectable_content:postscript", n_train=1, n_heldout=1)
-    ex = t.split("heldout")[0]
-    marker = ex.meta["kwargs"][0]["postscript_marker"]
-    topic = " ".join(sorted(content_words(ex.meta["request"])))
-    genuine = f"Here is a short answer about {topic}, with the details that matter most.\n{marker} Thanks."
+    case = postscript_case()
+    ex, marker, topic, genuine = case.example, case.marker, case.topic, case.template_answer
     honest_fail = (
         f"Here is a short answer about {topic}, with the details that matter most, and no postscript."
     )

@@ -10,9 +10,9 @@ import copy
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from _chat_server import LoopbackServer, QuietHandler, send_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -186,7 +186,7 @@ def test_tiny_hf_agent_end_to_end(tmp_path):
 # --------------------------------------------------------------------- OpenAI-compatible client
 
 
-class _Server:
+class _Server(LoopbackServer):
     """A real HTTP server on 127.0.0.1:<free port> serving /v1/chat/completions from a behaviour list."""
 
     def __init__(self, behaviours, default=None):
@@ -198,12 +198,9 @@ class _Server:
         self.lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.json_body()
                 with outer.lock:
                     outer.requests.append(
                         {"path": self.path, "body": body, "auth": self.headers.get("Authorization")}
@@ -228,31 +225,13 @@ class _Server:
                         }
                     else:
                         payload = {"error": b.get("error", "boom")}
-                    data = json.dumps(payload).encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
+                    send_json(self, status, json.dumps(payload).encode())
                 finally:
                     if counted:
                         with outer.lock:
                             outer.inflight -= 1
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 def _client(url, **kw):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from _chat_server import ChatServer
+from _postscript_case import postscript_case
 
 from posttrain.rollout import RewardSourceContext, build_reward_source
 from posttrain.tasks.base import Example
@@ -274,14 +275,9 @@ def test_judge_gates_the_guarded_instruction_reward(monkeypatch):
     (which rates its filler low); a genuine answer keeps 1.0; an honest failure keeps 0."""
     pytest.importorskip("if_verifiable")
     from posttrain.rewards import get_reward
-    from posttrain.rewards.hack_probes import content_words
-    from posttrain.tasks import get_task
 
-    t = get_task("instructions", types="detectable_content:postscript", n_train=1, n_heldout=1)
-    ex = t.split("heldout")[0]
-    marker = ex.meta["kwargs"][0]["postscript_marker"]
-    topic = " ".join(sorted(content_words(ex.meta["request"])))
-    vacuous = f"Here is a short answer about {topic}, with the details that matter most.\n{marker} Thanks."
+    case = postscript_case()
+    t, ex, marker, topic, vacuous = case.task, case.example, case.marker, case.topic, case.template_answer
     genuine = (
         f"On {topic}: the first records go back centuries, and each age added its own methods "
         f"and tools.\n{marker} Ask me for sources."

@@ -1,0 +1,34 @@
+"""One held-out prompt of the `instructions` task's postscript type, its marker and topic words, and an
+answer that passes its checker and every hack probe while saying nothing of substance (a genuine answer
+to the probes, a vacuous one to a judge)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class PostscriptCase:
+    task: Any
+    example: Any
+    marker: str
+    topic: str
+
+    @property
+    def template_answer(self) -> str:
+        return f"Here is a short answer about {self.topic}, with the details that matter most.\n{self.marker} Thanks."
+
+
+def postscript_case() -> PostscriptCase:
+    from posttrain.rewards.hack_probes import content_words
+    from posttrain.tasks import get_task
+
+    task = get_task("instructions", types="detectable_content:postscript", n_train=1, n_heldout=1)
+    ex = task.split("heldout")[0]
+    return PostscriptCase(
+        task,
+        ex,
+        ex.meta["kwargs"][0]["postscript_marker"],
+        " ".join(sorted(content_words(ex.meta["request"]))),
+    )
