@@ -1,6 +1,8 @@
 """A loopback OpenAI-compatible ``/v1/chat/completions`` server for tests of endpoint clients (PaTaRM's
-endpoint judge, the judge gate of ``reward.source: judged``, the SILO-BENCH client): :class:`LoopbackServer`
-(the server's life cycle), :func:`send_json` and :class:`ChatServer` (answers from ``behaviour(prompt)``)."""
+endpoint judge, the judge gate of ``reward.source: judged``, the SILO-BENCH client, the sales LLM buyer,
+the CIT endpoint rewriter): :class:`LoopbackServer` (the server's life cycle), :class:`QuietHandler` (no
+request log, the JSON body), :func:`send_json` and :class:`ChatServer` (answers from
+``behaviour(prompt)``)."""
 
 from __future__ import annotations
 

@@ -5,18 +5,16 @@ conversation cleanly with a flag, and config errors naming the param."""
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import json
 import re
 import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from _chat_server import LoopbackServer, QuietHandler, send_json
 
 from posttrain.envs import check_step, env_factory
 from posttrain_lab.recipes.duca.sales import SalesEnv, SalesTask
@@ -125,41 +123,29 @@ def test_conversion_stays_rule_based_without_a_request(served, example):
 
 
 # ------------------------------------------------------------------------ failing endpoints
-class _Stub(http.server.BaseHTTPRequestHandler):
+class _Stub(QuietHandler):
     mode = "500"
     hits: list[dict] = []
 
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.json_body()
         type(self).hits.append({"auth": self.headers.get("Authorization"), "body": body})
         if self.mode == "sleep":
             time.sleep(1.5)
         if self.mode == "ok":
             out = json.dumps({"choices": [{"message": {"role": "assistant", "content": "Maybe."}}]})
-            self.send_response(200)
+            status = 200
         else:
             out = json.dumps({"error": {"message": "boom"}})
-            self.send_response(500)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client timed out
-            self.wfile.write(out.encode())
-
-    def log_message(self, *a):
-        pass
+            status = 500
+        send_json(self, status, out.encode())  # a client that timed out is ignored
 
 
 @pytest.fixture
 def stub():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    server.daemon_threads = True
     _Stub.hits = []
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1", _Stub
-    server.shutdown()
-    server.server_close()
+    with LoopbackServer(_Stub) as srv:
+        yield srv.url, _Stub
 
 
 def _fast(base_url, **kw):

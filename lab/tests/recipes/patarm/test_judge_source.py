@@ -268,7 +268,7 @@ def test_endpoint_judge_against_posttrain_serve(served_tiny):
     assert src.stats["calls"] >= 1 and src.stats["unparsable"] == 2
 
 
-def test_judge_gates_the_guarded_instruction_reward(monkeypatch):
+def test_judge_gates_the_guarded_instruction_reward():
     """Issue 40, item 2: the instruction checker, the hack probes and a PaTaRM endpoint judge in one
     reward (`reward.source: judged` over `instructions_guarded`). The real hacks are rejected by the
     probes; a vacuous answer that passes both the checker and the probes is rejected by the judge

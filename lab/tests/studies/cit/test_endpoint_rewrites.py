@@ -6,13 +6,12 @@ the held-out rows, and every method is scored on the same held-out rewrites."""
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import json
 import re
 import threading
 
 import pytest
+from _chat_server import LoopbackServer, QuietHandler, send_json
 
 from posttrain_lab.studies.cit.diversify import (
     HELDOUT_REWRITE_PROMPT,
@@ -36,39 +35,26 @@ def _answer_neutral(content: str) -> str:
     return f"Kindly: {instr}"
 
 
-class _Stub(http.server.BaseHTTPRequestHandler):
+class _Stub(QuietHandler):
     answer = staticmethod(_answer_neutral)
     hits: list[dict] = []
     lock = threading.Lock()
 
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.json_body()
         with type(self).lock:
             type(self).hits.append(body)
         text = type(self).answer(body["messages"][-1]["content"])
         out = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]})
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.wfile.write(out.encode())
-
-    def log_message(self, *a):
-        pass
+        send_json(self, 200, out.encode())
 
 
 @pytest.fixture
 def stub():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    server.daemon_threads = True
     _Stub.hits = []
     _Stub.answer = staticmethod(_answer_neutral)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1", _Stub
-    server.shutdown()
-    server.server_close()
+    with LoopbackServer(_Stub) as srv:
+        yield srv.url, _Stub
 
 
 def _content(hit: dict) -> str:
