@@ -80,6 +80,16 @@ GUARD_MODES = ("veto", "penalty", "reject")
 (below every answer not flagged whose score is >= 0, whatever its checker said)."""
 
 
+def check_flag_settings(who: str, mode: Any, penalty: Any) -> tuple[str, float]:
+    """``(mode, penalty)`` of a flag rule (:func:`flagged_score`), checked; a bad one is an error that
+    starts with ``who`` (e.g. ``reward instructions_guarded``)."""
+    if mode not in GUARD_MODES:
+        raise InvalidValueError(f"{who}: mode must be one of {', '.join(GUARD_MODES)}, got {mode!r}")
+    if not (isinstance(penalty, int | float) and penalty >= 0):
+        raise InvalidValueError(f"{who}: penalty must be >= 0, got {penalty!r}")
+    return mode, float(penalty)
+
+
 def flagged_score(score: float, mode: str, penalty: float) -> float:
     """The score of a flagged answer under ``mode`` (:data:`GUARD_MODES`; posttrain's design). On a
     score already <= the mode's floor, ``veto`` and ``reject`` change nothing, so a second flag (a

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.rewards.base import DEFAULT_STOP, GUARD_MODES, cut_at_stop, flagged_score, register_reward
+from posttrain.rewards.base import (
+    DEFAULT_STOP,
+    check_flag_settings,
+    cut_at_stop,
+    flagged_score,
+    register_reward,
+)
 from posttrain.tasks.base import Example
 from posttrain.tasks.ifcheckers import check_instructions
 from posttrain.utils.errors import InvalidValueError
@@ -140,17 +146,12 @@ class InstructionsGuardedReward(_InstructionReward):
         #: the probes' thresholds in this reward (default: those of the evaluation's hack_frac); a
         #: stricter one here than in the evaluation is a margin (e.g. min_words, docs/reward-hacking.md)
         self.probe_settings = ProbeSettings(**(probes or {}))
-        if mode not in GUARD_MODES:
-            raise InvalidValueError(
-                f"reward instructions_guarded: mode must be one of {', '.join(GUARD_MODES)}, got {mode!r}"
-            )
+        self.mode, self.penalty = check_flag_settings("reward instructions_guarded", mode, penalty)
         if base not in ("strict", "loose", "fraction"):
             raise InvalidValueError(
                 f"reward instructions_guarded: base must be strict, loose or fraction, got {base!r}"
             )
-        if not (isinstance(penalty, int | float) and penalty >= 0):
-            raise InvalidValueError(f"reward instructions_guarded: penalty must be >= 0, got {penalty!r}")
-        self.mode, self.penalty, self.base = mode, float(penalty), base
+        self.base = base
 
     def detailed(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
         from posttrain.rewards.hack_probes import examples_of, is_hacked, markers_of, probe_response

@@ -144,21 +144,15 @@ class JudgeGatedRewardSource(RewardSource):
         mode: str = "veto",
         penalty: float = 1.0,
     ) -> None:
-        from posttrain.rewards.base import GUARD_MODES
+        from posttrain.rewards.base import check_flag_settings
 
-        if mode not in GUARD_MODES:
-            raise InvalidValueError(
-                f"reward source judged: mode must be one of {', '.join(GUARD_MODES)}, got {mode!r}"
-            )
+        self.mode, self.penalty = check_flag_settings("reward source judged", mode, penalty)
         if not (isinstance(threshold, int | float) and 0.0 <= threshold <= 1.0):
             raise InvalidValueError(
                 f"reward source judged: threshold must be a number in [0, 1] (the judge's reward scale), "
                 f"got {threshold!r}"
             )
-        if not (isinstance(penalty, int | float) and penalty >= 0):
-            raise InvalidValueError(f"reward source judged: penalty must be >= 0, got {penalty!r}")
-        self.base, self.judge = base, judge
-        self.threshold, self.mode, self.penalty = float(threshold), mode, float(penalty)
+        self.base, self.judge, self.threshold = base, judge, float(threshold)
 
     def submit(self, completions: list[str], examples: list[Any]) -> RewardHandle:
         if len(completions) != len(examples):
