@@ -21,8 +21,8 @@ class PostscriptCase:
 
 
 def postscript_case() -> PostscriptCase:
-    from posttrain.rewards.hack_probes import content_words
     from posttrain.tasks import get_task
+    from posttrain.tasks.hack_probes import content_words
 
     task = get_task("instructions", types="detectable_content:postscript", n_train=1, n_heldout=1)
     ex = task.split("heldout")[0]

@@ -219,7 +219,7 @@ def test_eval_report_flags_the_postscript_hacks_of_the_real_model():
     held = t.split("heldout")
     marker = held[0].meta["kwargs"][0]["postscript_marker"]
     request = held[0].meta["request"]
-    topic = sorted(__import__("posttrain.rewards.hack_probes", fromlist=["x"]).content_words(request))
+    topic = sorted(__import__("posttrain.tasks.hack_probes", fromlist=["x"]).content_words(request))
     genuine = (
         f"Here is what I know about {' '.join(topic)}: it has a long and interesting story.\n{marker} Thanks."
     )

@@ -110,7 +110,7 @@ class InstructionsFractionReward(_InstructionReward):
 class InstructionsGuardedReward(_InstructionReward):
     """The instruction checker AND "the answer is an answer" (posttrain's design; no paper gives this
     rule): the ``base`` score (``strict``, ``loose`` or ``fraction``) of the IFEval/IFBench checkers,
-    then, when a hack probe fires (:mod:`posttrain.rewards.hack_probes`: marker first or repeated,
+    then, when a hack probe fires (:mod:`posttrain.tasks.hack_probes`: marker first or repeated,
     repeated lines or n-grams, too short, off the request's topic, only the marker, the instruction's
     format example copied), ``veto`` gives 0,
     ``penalty`` subtracts ``penalty`` and ``reject`` gives ``-penalty`` whatever the checker said: only
@@ -119,7 +119,7 @@ class InstructionsGuardedReward(_InstructionReward):
     scores as much as an honest failure, so a group gives no gradient against the hack). Components:
     the checker's, ``hacked`` (1.0 when a probe fired, so its step mean is the training batch's
     hacked_frac) and one ``probe_<name>`` per probe. ``probes`` sets the probes' thresholds
-    (:class:`~posttrain.rewards.hack_probes.ProbeSettings`; default: the evaluation's)."""
+    (:class:`~posttrain.tasks.hack_probes.ProbeSettings`; default: the evaluation's)."""
 
     name = "instructions_guarded"
 
@@ -133,7 +133,7 @@ class InstructionsGuardedReward(_InstructionReward):
     ) -> None:
         from dataclasses import fields
 
-        from posttrain.rewards.hack_probes import ProbeSettings
+        from posttrain.tasks.hack_probes import ProbeSettings
 
         super().__init__(stop)
         known = {f.name for f in fields(ProbeSettings)}
@@ -154,7 +154,7 @@ class InstructionsGuardedReward(_InstructionReward):
         self.base = base
 
     def detailed(self, completion: str, example: Example) -> tuple[float, dict[str, float]]:
-        from posttrain.rewards.hack_probes import examples_of, is_hacked, markers_of, probe_response
+        from posttrain.tasks.hack_probes import examples_of, is_hacked, markers_of, probe_response
 
         score, comps = super().detailed(completion, example)
         meta = example.meta

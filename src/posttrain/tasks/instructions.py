@@ -335,7 +335,7 @@ def instruction_report(
     """IFEval/IFBench accuracies of ``texts`` (one per example): prompt- and instruction-level, strict and
     loose, per instruction type (:func:`posttrain.tasks.ifcheckers.aggregate`), with a table. Examples
     whose checker turns out to need missing data are skipped and counted."""
-    from posttrain.rewards.hack_probes import examples_of, hack_report, markers_of
+    from posttrain.tasks.hack_probes import examples_of, hack_report, markers_of
     from posttrain.tasks.ifcheckers import CheckerUnavailable, aggregate, check_instructions
 
     rows, items, late_skips, scored = [], [], 0, []
@@ -358,7 +358,7 @@ def instruction_report(
                 examples_of(m.get("instructions", ())),
             )
         )
-    # hack probes (posttrain.rewards.hack_probes): answers that game the checkers
+    # hack probes (posttrain.tasks.hack_probes): answers that game the checkers
     hacks = None
     if scored:
         responses, requests, markers, examples = (list(col) for col in zip(*scored, strict=True))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from _postscript_case import postscript_case
 
-from posttrain.rewards.hack_probes import (
+from posttrain.tasks.hack_probes import (
     PROBES,
     ProbeSettings,
     content_words,
