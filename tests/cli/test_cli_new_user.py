@@ -171,6 +171,38 @@ def test_a_full_disk_during_a_checkpoint_names_the_last_good_one(tmp_path, monke
     assert "resuming from" in res.output and "step_000001" in res.output
 
 
+def test_safetensors_disk_full_is_one_line_with_the_space_and_the_resume_command(tmp_path, monkeypatch):
+    """Issue 58 item 1: safetensors 0.8 reports a full disk as ``SafetensorError: Error while serializing:
+    I/O error: No space left on device (os error 28)``, which ended in a 128-line traceback. Now one
+    line: what failed, the space the checkpoint needs, and the exact command that resumes; ``latest``
+    stays on the last complete step."""
+    from safetensors import SafetensorError
+
+    from posttrain.train import checkpoint as ckpt_mod
+
+    real_save = ckpt_mod.save_file
+
+    def disk_full_at_step_2(tensors, filename, *a, **kw):
+        if "step_000002" in str(filename):
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return real_save(tensors, filename, *a, **kw)
+
+    monkeypatch.setattr(ckpt_mod, "save_file", disk_full_at_step_2)
+    run = tmp_path / "run"
+    res = _rl(run, "steps=3", "checkpoint.every=1")
+    assert res.exit_code == 2, res.output
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in res.output, res.output
+    line = errors[0]
+    ckpts = run / "checkpoints"
+    assert "step_000002: No space left on device (ENOSPC); the checkpoint needs about " in line
+    assert f"MB free in {ckpts})" in line and f"the last good checkpoint is {ckpts / 'step_000001'}" in line
+    assert line.endswith(f"out_dir={run} steps=3 checkpoint.every=1 --resume)"), line
+    assert "(posttrain rl " in line
+    assert (ckpts / "latest").read_text().strip() == "step_000001"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000001"]
+
+
 def test_outputs_get_the_umask_permissions(tmp_path, umask_022):
     run = tmp_path / "run"
     _ok(_rl(run, "steps=1"))

@@ -112,6 +112,20 @@ def _interrupted(
     raise typer.Exit(code=143 if terminated else 130)
 
 
+def _write_failed(
+    command: str, cfg: Any, config: Path | None, overrides: list[str], e: Exception
+) -> NoReturn:
+    """A run file or checkpoint that could not be written (disk full, read-only): its one-line message,
+    with the exact command that continues from the last good checkpoint when there is one."""
+    from posttrain.train.checkpoint import last_good_checkpoint
+    from posttrain.train.run_dir import resume_command
+
+    msg = str(e)
+    if last_good_checkpoint(Path(cfg.out_dir) / "checkpoints") is not None:
+        msg += f" ({resume_command(command, config, overrides)})"
+    fail(msg)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def rl(
     overrides: list[str] | None = typer.Argument(
@@ -130,7 +144,7 @@ def rl(
 ) -> None:
     """GRPO-family RL: rollout -> reward -> advantage -> policy update, with eval and checkpoints."""
     from posttrain.rewards.failures import RewardFailureError
-    from posttrain.train.checkpoint import CheckpointError, RunWriteError
+    from posttrain.train.checkpoint import CheckpointError, CheckpointWriteError, RunWriteError
     from posttrain.train.config import RLConfig
     from posttrain.train.run_dir import RunDirError
 
@@ -151,7 +165,9 @@ def rl(
                     )
             except KeyboardInterrupt as e:
                 _interrupted("posttrain rl", cfg, trainer.step_idx, config, overrides or [], e)
-            except (RunDirError, CheckpointError, RunWriteError, RewardFailureError) as e:
+            except (CheckpointWriteError, RunWriteError) as e:
+                _write_failed("posttrain rl", cfg, config, overrides or [], e)
+            except (RunDirError, CheckpointError, RewardFailureError) as e:
                 fail(str(e))
     last = summary.get("last") or {}
     typer.echo(
@@ -181,7 +197,7 @@ def sft(
 ) -> None:
     """Supervised fine-tuning on target tokens: task reference completions or a JSONL file of
     prompt/completion, text or chat (messages, loss on assistant turns) rows; see docs/sft.md."""
-    from posttrain.train.checkpoint import CheckpointError, RunWriteError
+    from posttrain.train.checkpoint import CheckpointError, CheckpointWriteError, RunWriteError
     from posttrain.train.run_dir import RunDirError
     from posttrain.train.sft import SFTConfig, SFTDataError, SFTTrainer
 
@@ -201,10 +217,11 @@ def sft(
                     summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
             except KeyboardInterrupt as e:
                 _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [], e)
+            except (CheckpointWriteError, RunWriteError) as e:
+                _write_failed("posttrain sft", cfg, config, overrides or [], e)
             except (
                 RunDirError,
                 CheckpointError,
-                RunWriteError,
                 SFTDataError,
                 ValueError,
                 FileNotFoundError,

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from posttrain.models.lora import write_base_file
+from posttrain.models.lora import is_lora, write_base_file
 from posttrain.models.saving import install_dir, quiet_transformers
 from posttrain.utils.errors import InvalidTypeError, PosttrainError, option
 from posttrain.utils.io import atomic_write_text, make_public_dir
@@ -60,8 +60,18 @@ def _io_failure(e: BaseException) -> str | None:
         name = errno.errorcode.get(e.errno or 0)
         what = e.strerror or str(e)
         return f"{what} ({name})" if name else what
-    if type(e).__name__ == "SafetensorError" and "IoError" in str(e):
-        return str(e)
+    if type(e).__name__ == "SafetensorError":  # "Error while serializing: I/O error: ... (os error 28)"
+        import errno
+        import re
+
+        text = str(e)
+        code = re.search(r"os error (\d+)", text)
+        if code:
+            n = int(code.group(1))
+            name = errno.errorcode.get(n)
+            return f"{os.strerror(n)} ({name})" if name else os.strerror(n)
+        if "IoError" in text or "I/O error" in text:
+            return text
     return None
 
 
@@ -99,11 +109,51 @@ def _where(e: BaseException) -> str:
     return f" at {e.filename}" if isinstance(e, OSError) and e.filename else ""
 
 
-def _write_failed(root: Path, name: str, step: int, e: BaseException, reason: str) -> CheckpointWriteError:
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _space(root: Path, needed: int | None) -> str:
+    """``; the checkpoint needs about 12.3 MB (4.0 MB free in <root>)`` ('' when ``needed`` is unknown)."""
+    if not needed:
+        return ""
+    try:
+        free = f" ({_mb(shutil.disk_usage(root).free)} free in {root})"
+    except OSError:
+        free = ""
+    return f"; the checkpoint needs about {_mb(needed)}{free}"
+
+
+def _write_failed(
+    root: Path, name: str, step: int, e: BaseException, reason: str, needed: int | None = None
+) -> CheckpointWriteError:
     return CheckpointWriteError(
-        f"could not write the checkpoint of step {step} to {root / name}: {reason}{_where(e)}; no partial "
-        f"checkpoint was kept, and {_continue_from(root)}"
+        f"could not write the checkpoint of step {step} to {root / name}: {reason}{_where(e)}"
+        f"{_space(root, needed)}; no partial checkpoint was kept, and {_continue_from(root)}"
     )
+
+
+def _tensor_bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def checkpoint_bytes(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+) -> int:
+    """About how many bytes a checkpoint of ``model`` and ``optimizer`` takes: the weights it saves (a
+    LoRA model: the trainable adapter only) and the optimizer's state tensors."""
+    if model_state is not None:
+        weights = _tensor_bytes(model_state.values())
+    elif is_lora(model):
+        weights = _tensor_bytes(p for p in model.parameters() if p.requires_grad)
+    else:
+        weights = _tensor_bytes(model.state_dict().values())
+    opt = optimizer_state if optimizer_state is not None else (optimizer.state_dict() if optimizer else None)
+    states = _tensor_bytes(v for st in opt["state"].values() for v in st.values()) if opt else 0
+    return weights + states
 
 
 def io_failure(e: BaseException) -> str | None:
@@ -257,7 +307,8 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         reason = _io_failure(e)
         if reason is not None:  # disk full, read-only: one line, not the serializer's traceback
-            raise _write_failed(root, name, step, e, reason) from e
+            needed = checkpoint_bytes(model, optimizer, model_state, optimizer_state)
+            raise _write_failed(root, name, step, e, reason, needed) from e
         raise
     try:
         atomic_write_text(root / LATEST, name + "\n")
