@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from posttrain.utils.errors import InvalidValueError
+from posttrain.utils.errors import InvalidValueError, MissingPackageError
 
 BASE_FILE = "posttrain_base.json"
 """Sidecar of an adapter directory: ``{"model": spec, "seed": int, "dtype": str}`` of the base model."""
@@ -40,11 +40,11 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 
 def require_peft() -> Any:
-    """The ``peft`` module, or an ImportError that says how to install it."""
+    """The ``peft`` module, or a :class:`MissingPackageError` that says how to install it."""
     try:
         import peft
-    except ImportError as e:  # pragma: no cover - the lora extra is installed in CI
-        raise ImportError(
+    except ImportError as e:
+        raise MissingPackageError(
             'model.lora needs the `peft` package: pip install -e ".[lora]" (or pip install peft)'
         ) from e
     return peft

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.train.samples import SamplesLog, sample_rows
+from posttrain.utils.errors import MissingPackageError
 from posttrain.utils.io import append_jsonl, atomic_write_text, read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
@@ -58,7 +59,7 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
-                raise ImportError(
+                raise MissingPackageError(
                     'logging.tensorboard=true needs tensorboard: pip install -e ".[tensorboard]" '
                     "(or pip install tensorboard)"
                 ) from e
@@ -67,7 +68,7 @@ class MetricsLogger:
             try:
                 import wandb as wb
             except ImportError as e:
-                raise ImportError(
+                raise MissingPackageError(
                     'logging.wandb=true needs wandb: pip install -e ".[wandb]" (or pip install wandb)'
                 ) from e
             self._wandb = wb.init(project=wandb_project, config=config or {}, dir=str(run_dir))

@@ -40,6 +40,12 @@ class PosttrainRuntimeError(PosttrainError, RuntimeError):
     """Something failed while running (a worker, an engine, a sync); the message says what and where."""
 
 
+class MissingPackageError(PosttrainError, ImportError):
+    """An optional package a setting needs is not installed (``peft`` for ``model.lora``, ``tensorboard``
+    for ``logging.tensorboard`` ...); the message names the setting, the package and the command that
+    installs its extra, and the command line prints it as one line."""
+
+
 # ------------------------------------------------------------------------------------- warnings
 class PosttrainWarning(UserWarning):
     """Base class of posttrain's warnings (filter them all with ``category=posttrain.PosttrainWarning``)."""
