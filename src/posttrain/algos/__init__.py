@@ -24,6 +24,11 @@ Advantages (`advantages.py`): ``get_advantage(name)(rewards, group_ids, **params
 2501.03262), reinforce_plus_plus; method estimators (DuCA/HIAN) register into the same registry from
 the lab by entry point.
 
+Preference losses (`preference.py`): ``get_preference_loss(name)(PreferenceInputs(...), *,
+global_pairs=None, global_tokens=None, **params) -> (loss, metrics)`` for dpo (sigmoid, cDPO label
+smoothing; arXiv 2305.18290), ipo (arXiv 2310.12036), simpo (arXiv 2405.14734), orpo (arXiv
+2403.07691) and kto (arXiv 2402.01306), on sequence-level log-probs.
+
 KL (`kl.py`): ``kl_penalty(logp, ref_logp, kind)`` for k1/kl, abs, k2/mse, k3/low_var_kl and the
 straight-through ``<kind>+`` (verl ``kl_penalty``).
 
@@ -59,6 +64,16 @@ from posttrain.algos.policy_losses import (
     policy_loss_defaults,
     register_policy_loss,
 )
+from posttrain.algos.preference import (
+    PREFERENCE_LOSSES,
+    PreferenceInputs,
+    PreferenceLoss,
+    Sides,
+    get_preference_loss,
+    list_preference_losses,
+    preference_loss_defaults,
+    register_preference_loss,
+)
 from posttrain.utils.errors import InvalidValueError
 
 
@@ -80,6 +95,10 @@ def _registered(registry: Any, wrapper: type, attr: str):
 POLICY_LOSSES.accept(
     _registered(POLICY_LOSSES, PolicyLoss, "core"),
     "a loss function decorated with @register_policy_loss (or its PolicyLoss)",
+)
+PREFERENCE_LOSSES.accept(
+    _registered(PREFERENCE_LOSSES, PreferenceLoss, "core"),
+    "a loss function decorated with @register_preference_loss (or its PreferenceLoss)",
 )
 ADVANTAGES.accept(
     _registered(ADVANTAGES, AdvantageEstimator, "fn"),
@@ -104,9 +123,13 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOG_RATIO_CLAMP",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
     "AdvantageEstimator",
     "Batch",
     "PolicyLoss",
+    "PreferenceInputs",
+    "PreferenceLoss",
+    "Sides",
     "Terms",
     "advantage_defaults",
     "agg_loss",
@@ -114,6 +137,7 @@ __all__ = [
     "constant_groups",
     "get_advantage",
     "get_policy_loss",
+    "get_preference_loss",
     "group_stats",
     "kl_clamped",
     "kl_penalty",
@@ -121,9 +145,12 @@ __all__ = [
     "list_agg_modes",
     "list_kl_estimators",
     "list_policy_losses",
+    "list_preference_losses",
     "masked_mean",
     "policy_loss_default_agg",
     "policy_loss_defaults",
+    "preference_loss_defaults",
     "register_advantage",
     "register_policy_loss",
+    "register_preference_loss",
 ]
