@@ -1,5 +1,10 @@
 """The built-in tools: ``python`` (a sandboxed interpreter) and ``calculator`` (safe arithmetic).
 
+Both run inline (in the caller, not a worker process): ``calculator`` refuses big numbers before it
+computes them, and ``python`` kills its sandbox at the call's deadline (``settings.timeout_s``, which is
+the sandbox's time limit) and then raises :class:`~posttrain.tools.registry.ToolTimeout` with the output
+so far. ``settings.sandbox`` picks the sandbox's backend.
+
 ``calculate`` evaluates an arithmetic expression with the :mod:`ast` module, never ``eval``: numbers,
 ``+ - * / // % **``, unary ``+``/``-`` and parentheses, nothing else (no names, calls, attributes,
 subscripts, comparisons or strings). Integers stay exact; an operation whose result would exceed
@@ -15,8 +20,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.tools.registry import register_tool
-from posttrain.tools.sandbox import run_python
+from posttrain.tools.registry import ToolSettings, ToolTimeout, register_tool
+from posttrain.tools.sandbox import SandboxLimits, run_sandboxed
 
 __all__ = ["MAX_EXPRESSION_CHARS", "MAX_INT_BITS", "calculate", "python"]
 
@@ -116,7 +121,7 @@ def _format(x: Any) -> str:
     return str(x)
 
 
-@register_tool("calculator")
+@register_tool("calculator", inline=True)
 def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression and return its value.
 
@@ -148,8 +153,8 @@ def calculate(expression: str) -> str:
         return "error: the expression is too deeply nested"
 
 
-@register_tool("python")
-def python(code: str) -> str:
+@register_tool("python", inline=True)
+def python(code: str, *, settings: ToolSettings = ToolSettings()) -> str:
     """Run a Python program in a sandbox and return what it printed.
 
     The program runs in a fresh process with a time limit, a memory limit and no network access;
@@ -158,4 +163,7 @@ def python(code: str) -> str:
     Args:
         code: the Python program to run
     """
-    return run_python(code)
+    res = run_sandboxed(code, SandboxLimits(timeout_s=settings.timeout_s), settings.sandbox)
+    if res.limit == "time":  # the call's deadline: counted as a timeout by the runner
+        raise ToolTimeout("python", settings.timeout_s, res.text)
+    return res.text

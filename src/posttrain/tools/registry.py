@@ -25,6 +25,15 @@ Arguments are checked before the function runs: an unknown key, a missing requir
 the wrong type raises :class:`ToolError` naming the tool and the argument; an exception inside the
 tool is also re-raised as a :class:`ToolError`. :meth:`Tool.invoke` never raises at all: it returns a
 :class:`ToolResult` whose text is the output or the error message, to hand back to the model.
+
+**Every call has a deadline** (:class:`ToolSettings`: ``timeout_s``, default 10 s; and ``sandbox``, the
+backend of the ``python`` tool, default ``auto``). A tool runs in a worker process that is killed at
+the deadline (:mod:`posttrain.tools.deadline`); past it the call raises :class:`ToolTimeout` and
+:meth:`Tool.invoke` returns ``ToolResult(message, ok=False, timed_out=True)``. Settings apply to all
+tools of a runner (``get_tool(spec, timeout_s=..., sandbox=...)``) and can be overridden per tool with a
+mapping spec: ``{"name": "python", "timeout_s": 20, "sandbox": "bwrap"}``. A tool function may take a
+keyword-only parameter ``settings: ToolSettings`` (not part of its schema) to read them. Tools registered
+with ``inline=True`` (``calculator``, ``python``) bound themselves and run in the caller.
 """
 
 from __future__ import annotations
@@ -34,10 +43,12 @@ import json
 import re
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.utils.errors import PosttrainError
+from posttrain.tools.backends import BACKEND_NAMES, get_backend
+from posttrain.tools.deadline import DeadlineExceeded, ToolRaised, call_with_deadline
+from posttrain.utils.errors import InvalidValueError, PosttrainError
 from posttrain.utils.registry import Registry, is_import_path
 
 __all__ = [
@@ -45,6 +56,8 @@ __all__ = [
     "Tool",
     "ToolError",
     "ToolResult",
+    "ToolSettings",
+    "ToolTimeout",
     "get_tool",
     "register_tool",
     "tool_schema",
@@ -53,6 +66,36 @@ __all__ = [
 
 class ToolError(PosttrainError, ValueError):
     """A tool that cannot be built (bad signature) or called (bad arguments, or it raised)."""
+
+
+class ToolTimeout(ToolError):
+    """A call cut at its deadline (``timeout_s``); the message is for the model."""
+
+    def __init__(self, tool: str, timeout_s: float, output: str = "", cancelled: bool = False) -> None:
+        what = "was cancelled (the run is stopping)" if cancelled else f"timed out after {timeout_s:g} s"
+        msg = f"tool {tool!r} {what}; the call was cut and gave no result"
+        super().__init__(f"{msg}. Output before the cut:\n{output}" if output.strip() else msg)
+        self.tool = tool
+        self.timeout_s = timeout_s
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    """How a tool's calls run: ``timeout_s``, the deadline of each call in seconds (the ``python``
+    tool's sandbox time limit too); ``sandbox``, the backend of the ``python`` tool (``auto``,
+    ``bwrap``, ``guard``: :mod:`posttrain.tools.backends`)."""
+
+    timeout_s: float = 10.0
+    sandbox: str = "auto"
+
+    def __post_init__(self) -> None:
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or t == float("inf"):
+            raise InvalidValueError(f"tool timeout_s must be a number of seconds > 0, got {t!r}")
+        if self.sandbox not in BACKEND_NAMES:
+            raise InvalidValueError(
+                f"tool sandbox must be one of {list(BACKEND_NAMES)}, got {self.sandbox!r}"
+            )
 
 
 #: Python annotation -> JSON-schema type.
@@ -65,11 +108,16 @@ TOOLS.accept(
 )
 
 
-def register_tool(name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Any]:
-    """Decorator: register a function as a tool under ``name`` (its signature is checked now)."""
+def register_tool(
+    name: str, *, aliases: tuple[str, ...] = (), inline: bool = False
+) -> Callable[[Callable[..., Any]], Any]:
+    """Decorator: register a function as a tool under ``name`` (its signature is checked now).
+    ``inline``: the function bounds its own run time and runs in the caller, not a worker process."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         tool_schema(fn, name=name)  # raises ToolError on an unusable signature or docstring
+        if inline:
+            fn.__posttrain_inline__ = True  # type: ignore[attr-defined]
         return TOOLS.register(name, aliases=aliases)(fn)
 
     return deco
@@ -114,6 +162,8 @@ def _params(fn: Callable[..., Any], name: str) -> list[tuple[str, type, bool]]:
         raise ToolError(f"tool {name!r}: cannot read the signature ({type(e).__name__}: {e})") from None
     out = []
     for p in sig.parameters.values():
+        if p.kind == p.KEYWORD_ONLY and p.name == "settings" and hints.get(p.name) is ToolSettings:
+            continue  # the call's settings (module docstring), not an argument of the model
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
             raise ToolError(f"tool {name!r}: parameter {p.name!r} must be a plain named parameter")
         if p.name not in hints:
@@ -164,10 +214,12 @@ def tool_schema(fn: Callable[..., Any], *, name: str | None = None) -> dict[str,
 # -------------------------------------------------------------------------------------------- calls
 @dataclass(frozen=True)
 class ToolResult:
-    """What a call gave: ``text`` (the output, or the error message when ``ok`` is False)."""
+    """What a call gave: ``text`` (the output, or the error message when ``ok`` is False);
+    ``timed_out``: the call was cut at its deadline (then ``ok`` is False)."""
 
     text: str
     ok: bool
+    timed_out: bool = False
 
 
 def _coerce(tool: str, arg: str, tp: type, value: Any) -> Any:
@@ -192,12 +244,29 @@ def _coerce(tool: str, arg: str, tp: type, value: Any) -> Any:
     return value
 
 
+def _takes_settings(fn: Callable[..., Any]) -> bool:
+    try:
+        p = inspect.signature(fn).parameters.get("settings")
+        return (
+            p is not None
+            and p.kind == p.KEYWORD_ONLY
+            and typing.get_type_hints(fn).get("settings") is ToolSettings
+        )
+    except Exception:
+        return False
+
+
 @dataclass(frozen=True)
 class Tool:
-    """A registered or imported tool function with its name and schema."""
+    """A registered or imported tool function with its name, schema and call settings."""
 
     name: str
     fn: Callable[..., Any]
+    settings: ToolSettings = field(default_factory=ToolSettings)
+
+    @property
+    def inline(self) -> bool:
+        return bool(getattr(self.fn, "__posttrain_inline__", False))
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -237,29 +306,73 @@ class Tool:
         """Check the arguments, run the tool, return its output as text; ToolError on bad arguments
         or when the tool raises."""
         kwargs = self.check_arguments(arguments)
+        if _takes_settings(self.fn):
+            kwargs["settings"] = self.settings
+        timeout = self.settings.timeout_s
         try:
-            out = self.fn(**kwargs)
+            return call_with_deadline(self.fn, kwargs, timeout, inline=self.inline)
+        except ToolTimeout as e:  # an inline tool's own deadline
+            raise ToolTimeout(
+                self.name, e.timeout_s, str(e).partition("Output before the cut:\n")[2]
+            ) from None
         except ToolError:
             raise
+        except DeadlineExceeded as e:
+            raise ToolTimeout(self.name, timeout, cancelled=e.cancelled) from None
+        except ToolRaised as e:
+            if e.kind in ("ToolError", "ToolTimeout"):
+                raise ToolError(e.message) from None
+            raise ToolError(f"tool {self.name!r} raised {e.kind}: {e.message}") from None
         except Exception as e:
             raise ToolError(f"tool {self.name!r} raised {type(e).__name__}: {e}") from e
-        return out if isinstance(out, str) else json.dumps(out, default=str)
 
     def __call__(self, **kwargs: Any) -> str:
         return self.call(kwargs)
 
     def invoke(self, arguments: Mapping[str, Any] | str | None = None) -> ToolResult:
-        """Like :meth:`call`, but never raises: a ToolError becomes ``ToolResult(message, ok=False)``."""
+        """Like :meth:`call`, but never raises: a ToolError becomes ``ToolResult(message, ok=False)``,
+        a :class:`ToolTimeout` ``ToolResult(message, ok=False, timed_out=True)``."""
         try:
             return ToolResult(self.call(arguments), True)
+        except ToolTimeout as e:
+            return ToolResult(str(e), False, timed_out=True)
         except ToolError as e:
             return ToolResult(str(e), False)
 
 
-def get_tool(spec: str | Callable[..., Any] | Tool) -> Tool:
-    """A :class:`Tool` for a registered name, a ``package.module:function`` path or a function."""
+_SPEC_KEYS = ("name", "timeout_s", "sandbox")
+
+
+def get_tool(
+    spec: str | Callable[..., Any] | Tool | Mapping[str, Any],
+    *,
+    timeout_s: float | None = None,
+    sandbox: str | None = None,
+) -> Tool:
+    """A :class:`Tool` for a registered name, a ``package.module:function`` path, a function, or a
+    mapping ``{"name": ..., "timeout_s": ..., "sandbox": ...}`` whose settings override the keyword
+    ones (the defaults of every tool of a runner; None: :class:`ToolSettings`' defaults). A tool that
+    runs the sandbox resolves its backend now: ``sandbox: bwrap`` where bubblewrap cannot run raises
+    :class:`~posttrain.tools.backends.SandboxUnavailableError`."""
+    if isinstance(spec, Mapping):
+        unknown = [k for k in spec if k not in _SPEC_KEYS]
+        if unknown or "name" not in spec:
+            raise ToolError(
+                f"a tool given as a mapping needs 'name' and takes only {list(_SPEC_KEYS)}; got {sorted(spec)}"
+            )
+        timeout_s = spec.get("timeout_s", timeout_s)
+        sandbox = spec.get("sandbox", sandbox)
+        spec = spec["name"]
+    base = spec.settings if isinstance(spec, Tool) else ToolSettings()
+    settings = ToolSettings(
+        timeout_s=base.timeout_s if timeout_s is None else timeout_s,
+        sandbox=base.sandbox if sandbox is None else sandbox,
+    )
     if isinstance(spec, Tool):
-        return spec
+        tool = Tool(spec.name, spec.fn, settings)
+        if _takes_settings(tool.fn):
+            get_backend(settings.sandbox)
+        return tool
     if callable(spec) and not isinstance(spec, str):
         fn, name = spec, getattr(spec, "__name__", "tool")
     elif isinstance(spec, str):
@@ -267,6 +380,8 @@ def get_tool(spec: str | Callable[..., Any] | Tool) -> Tool:
         name = getattr(fn, "__name__", spec) if is_import_path(spec) else TOOLS.canonical(spec)
     else:
         raise ToolError(f"tool spec must be a name, 'package.module:function' or a function, got {spec!r}")
-    tool = Tool(name, fn)
+    tool = Tool(name, fn, settings)
     tool_schema(fn, name=name)  # validate now, not at the first call
+    if _takes_settings(fn):
+        get_backend(settings.sandbox)  # refuse a required backend that cannot run, warn on a fallback
     return tool

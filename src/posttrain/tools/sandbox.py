@@ -1,5 +1,13 @@
 """Run model-written Python in a separate, limited process: :func:`run_python`.
 
+**Where it runs** (``backend``, :mod:`posttrain.tools.backends`): ``bwrap`` puts the interpreter in
+kernel namespaces (no network, its own PIDs and ``/proc``, a read-only file system that holds only
+the system's ``/usr`` and the Python install, an empty environment): that is the security boundary.
+``guard`` runs it as a plain child process, where the guard described below is all there is.
+``auto`` (the default) picks ``bwrap`` where it works and warns once when it falls back. The guard
+below runs in both, so a program sees the same refusals; under ``bwrap`` a program that gets past
+it meets the kernel's walls (docs/tools.md has the escape table of each backend).
+
 Each call starts a fresh interpreter (``sys.executable -I -B``: no user site, no ``PYTHON*``
 variables, no bytecode written) in its own process group, in a new temporary folder that is its
 working directory, ``HOME`` and ``TMPDIR`` and is deleted afterwards, with a minimal environment
@@ -56,6 +64,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from posttrain.tools.backends import GuardBackend, SandboxBackend, get_backend
+
 __all__ = ["SandboxLimits", "SandboxResult", "run_python", "run_sandboxed"]
 
 MIB = 1 << 20
@@ -69,7 +79,9 @@ class SandboxLimits:
     space (``RLIMIT_AS``) in MiB; ``cpu_time_s``: CPU seconds (``RLIMIT_CPU``; None: the wall limit
     rounded up, plus one); ``max_output_chars``: characters of stdout+stderr returned;
     ``max_file_mb``: size of any file written, stdout and stderr included (``RLIMIT_FSIZE``);
-    ``max_open_files``: ``RLIMIT_NOFILE``."""
+    ``max_open_files``: ``RLIMIT_NOFILE``; ``max_processes``: processes and threads the program may
+    start (``RLIMIT_NPROC``, under the ``bwrap`` backend only, where it counts the sandbox's own
+    processes; the guard backend sets 0 and refuses new processes in the audit hook)."""
 
     timeout_s: float = 5.0
     memory_mb: int = 512
@@ -77,6 +89,7 @@ class SandboxLimits:
     max_output_chars: int = 4000
     max_file_mb: int = 16
     max_open_files: int = 64
+    max_processes: int = 8
 
     @property
     def cpu_seconds(self) -> int:
@@ -114,6 +127,11 @@ class SandboxResult:
 _BOOTSTRAP = r"""
 import sys, os, json, resource, traceback
 cfg = json.loads(sys.argv[1])
+if cfg["uid"] is not None:  # bwrap as root: leave root (and every capability) before reading the code
+    os.setgroups([])
+    os.setgid(cfg["uid"])
+    os.setuid(cfg["uid"])
+os.chdir(cfg["cwd"])
 code = sys.stdin.buffer.read().decode("utf-8", "replace")
 sys.stdin.close()
 sys.stdin = open(os.devnull)
@@ -134,7 +152,7 @@ _lim("RLIMIT_CPU", cfg["cpu"], cfg["cpu"] + 1)
 _lim("RLIMIT_FSIZE", cfg["fsize"])
 _lim("RLIMIT_NOFILE", cfg["nofile"])
 _lim("RLIMIT_CORE", 0)
-_lim("RLIMIT_NPROC", 0)
+_lim("RLIMIT_NPROC", cfg["nproc"])
 
 import socket, _socket, _posixsubprocess
 
@@ -294,10 +312,14 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
-def run_sandboxed(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``code`` in a fresh limited interpreter (see the module docstring); never raises for
-    anything the code does."""
+def run_sandboxed(
+    code: str, limits: SandboxLimits | None = None, backend: str | SandboxBackend = "auto"
+) -> SandboxResult:
+    """Run ``code`` in a fresh limited interpreter (see the module docstring) under ``backend``
+    (``auto``, ``bwrap``, ``guard`` or a :class:`~posttrain.tools.backends.SandboxBackend`); never raises
+    for anything the code does (an unknown or, for ``bwrap``, unavailable backend raises before it runs)."""
     limits = limits or SandboxLimits()
+    box = get_backend(backend)
     root = tempfile.mkdtemp(prefix="posttrain-sandbox-")
     work = os.path.join(root, "work")
     os.mkdir(work, 0o700)
@@ -307,6 +329,9 @@ def run_sandboxed(code: str, limits: SandboxLimits | None = None) -> SandboxResu
         "cpu": int(limits.cpu_seconds),
         "fsize": int(limits.max_file_mb) * MIB,
         "nofile": int(limits.max_open_files),
+        "nproc": 0 if isinstance(box, GuardBackend) else int(limits.max_processes) + 2,
+        "uid": None,
+        "cwd": work,
     }
     env = {
         "PATH": "/usr/bin:/bin",
@@ -324,13 +349,16 @@ def run_sandboxed(code: str, limits: SandboxLimits | None = None) -> SandboxResu
     try:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
+                python = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP]
+                launch = box.launch(python, work, env)
+                cfg["uid"] = launch.uid
                 proc = subprocess.Popen(
-                    [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, json.dumps(cfg)],
+                    [*launch.argv, json.dumps(cfg)],
                     stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=err,
-                    cwd=work,
-                    env=env,
+                    cwd=launch.cwd,
+                    env=launch.env,
                     start_new_session=True,  # its own process group, killed as a whole
                     close_fds=True,
                 )
@@ -344,7 +372,7 @@ def run_sandboxed(code: str, limits: SandboxLimits | None = None) -> SandboxResu
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)  # the whole group: anything it started goes too
                 proc.wait()
-            returncode = proc.returncode
+            returncode = box.exit_status(proc.returncode)
         elapsed = time.monotonic() - start
         max_chars = max(int(limits.max_output_chars), 1)
         err_text, err_size = _read_tail(err_path, min(1000, max_chars // 2))
@@ -386,8 +414,8 @@ def run_sandboxed(code: str, limits: SandboxLimits | None = None) -> SandboxResu
     return SandboxResult(out_text, err_text, returncode, limit, truncated, elapsed, tuple(notes))
 
 
-def run_python(code: str, limits: SandboxLimits | None = None) -> str:
-    """Run Python ``code`` in the sandbox; return its stdout, then the error line if it raised, then
+def run_python(code: str, limits: SandboxLimits | None = None, backend: str | SandboxBackend = "auto") -> str:
+    """Run Python ``code`` in the sandbox (``backend``: see :func:`run_sandboxed`); return its stdout, then the error line if it raised, then
     a ``[...]`` line for each limit it hit (``[killed: time limit 5 s]``, ``[memory limit 512 MiB]``,
     ``[output truncated: ...]``)."""
-    return run_sandboxed(code, limits).text
+    return run_sandboxed(code, limits, backend).text

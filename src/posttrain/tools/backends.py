@@ -1,0 +1,235 @@
+"""Where the sandboxed interpreter runs: one interface, two backends (:func:`get_backend`).
+
+A backend turns "run this Python command in this working folder" into a launch: the argument list,
+the environment and the user the program ends up as. :func:`posttrain.tools.sandbox.run_sandboxed`
+does the rest (limits, guards, output, time) the same way for both.
+
+* ``bwrap`` (:class:`BwrapBackend`): bubblewrap (Debian's ``bubblewrap``, the tool Flatpak uses) puts
+  the interpreter in new PID, network, IPC, UTS (and, where it can, cgroup and user) namespaces, with
+  ``--die-with-parent`` and ``--new-session``. Its file system is a fresh tmpfs root that holds, read-only,
+  ``/usr`` (and the ``/bin``, ``/lib``, ``/lib64``, ``/sbin`` links or folders), ``/etc/ld.so.cache``
+  and the Python install (the prefixes and site-packages folders of ``sys.executable``), a new ``/proc``
+  of its own PID namespace, a minimal ``/dev``, an empty ``/tmp``, and writable only the call's
+  working folder. The environment is emptied (``--clearenv``) and holds only ``PATH``, ``HOME``,
+  ``TMPDIR``, the locale and the BLAS/OpenMP thread counts. Resource limits are set inside, by the
+  interpreter's first lines (address space, CPU, file size, open files, processes). Run as root, the
+  user namespace is not used (it would map the program to the host's root, whom ``RLIMIT_NPROC`` does
+  not bind): the program drops to an unused uid of its own (:data:`SANDBOX_UID_BASE` + a random
+  offset) before it reads its code, keeping no capability and, as bubblewrap always sets
+  ``no_new_privs``, no way back through a setuid program.
+* ``guard`` (:class:`GuardBackend`): the interpreter runs as the trainer's user, as a plain child process;
+  only the in-process guard (an audit hook and patched modules, see :mod:`posttrain.tools.sandbox`)
+  stands between the program and the machine. **It is not a security boundary.**
+
+``auto`` picks ``bwrap`` when it is on ``PATH`` and a probe run works, else ``guard`` with a one-time
+warning. ``bwrap`` required where it is missing or does not work raises :class:`SandboxUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import random
+import shutil
+import site
+import sys
+import sysconfig
+import threading
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from posttrain.utils.errors import InvalidValueError, PosttrainError, PosttrainWarning
+
+__all__ = [
+    "BACKEND_NAMES",
+    "SANDBOX_UID_BASE",
+    "BwrapBackend",
+    "GuardBackend",
+    "Launch",
+    "SandboxBackend",
+    "SandboxUnavailableError",
+    "SandboxWarning",
+    "bwrap_problem",
+    "get_backend",
+]
+
+#: Settings of ``sandbox``: ``auto`` resolves to one of the two backends.
+BACKEND_NAMES = ("auto", "bwrap", "guard")
+#: Run as root, the ``bwrap`` backend's program runs as uid/gid ``SANDBOX_UID_BASE + k`` (k < 2**20).
+SANDBOX_UID_BASE = 2_000_000_000
+
+
+class SandboxUnavailableError(PosttrainError, RuntimeError):
+    """A required sandbox backend cannot run here (the message says why and how to get it)."""
+
+
+class SandboxWarning(PosttrainWarning, RuntimeWarning):
+    """The sandbox fell back to the in-process guard, which is not a security boundary."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start one sandboxed interpreter: ``argv``, the environment of the started process
+    (``env``), its working folder (``cwd``) and the uid the program drops to before it reads its
+    code (``uid``; None: it stays the trainer's user)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    uid: int | None = None
+
+
+class SandboxBackend(ABC):
+    """One way to run the sandboxed interpreter. ``name``: the setting that selects it;
+    ``boundary``: whether the kernel enforces it (True) or only the program's own interpreter (False)."""
+
+    name: str
+    boundary: bool
+
+    @abstractmethod
+    def launch(self, python: list[str], work: str, env: Mapping[str, str]) -> Launch:
+        """The launch of ``python`` (the interpreter's argv) in the working folder ``work`` (which
+        the launch may hand to another uid), with ``env`` as the program's whole environment."""
+
+    def exit_status(self, returncode: int) -> int:
+        """The program's exit status from the launched process's (negative: killed by that signal)."""
+        return returncode
+
+
+class GuardBackend(SandboxBackend):
+    """A plain child process as the trainer's user; the in-process guard is all there is."""
+
+    name = "guard"
+    boundary = False
+
+    def launch(self, python: list[str], work: str, env: Mapping[str, str]) -> Launch:
+        return Launch(list(python), dict(env), work)
+
+
+def _top_level(paths: list[str]) -> list[str]:
+    """The paths none of whose ancestors is in the list (sorted, deduplicated)."""
+    out: list[str] = []
+    for p in sorted(set(paths)):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+            out.append(p)
+    return out
+
+
+def _python_paths() -> list[str]:
+    """The folders the interpreter needs, outside ``/usr``: its prefixes, site-packages and the folder
+    of its real executable (a venv's ``bin`` links into the base install)."""
+    cands = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    cands += [os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        with_key = sysconfig.get_paths().get(key)
+        if with_key:
+            cands.append(with_key)
+    with contextlib.suppress(AttributeError):  # some embedded builds have no getsitepackages
+        cands += site.getsitepackages()
+    real = [os.path.realpath(p) for p in cands if p and os.path.isdir(p)]
+    keep = [p for p in real + [os.path.abspath(p) for p in cands if p and os.path.isdir(p)] if p != "/"]
+    return _top_level([p for p in keep if not (p == "/usr" or p.startswith("/usr/"))])
+
+
+class BwrapBackend(SandboxBackend):
+    """bubblewrap namespaces around the interpreter (module docstring)."""
+
+    name = "bwrap"
+    boundary = True
+
+    def __init__(self, executable: str | None = None) -> None:
+        self.executable = executable or shutil.which("bwrap") or "bwrap"
+
+    def launch(self, python: list[str], work: str, env: Mapping[str, str]) -> Launch:
+        root = os.geteuid() == 0
+        args = [self.executable]
+        if root:  # no user namespace: it would map the program to the host's root (see the module doc)
+            args += [
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+            ]
+            args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            args += ["--unshare-all", "--cap-drop", "ALL"]
+        args += ["--die-with-parent", "--new-session", "--clearenv"]
+        for key, val in env.items():
+            args += ["--setenv", key, val]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        binds = ["/usr", *_python_paths()]
+        ancestors = sorted(
+            {os.path.dirname(p.rstrip("/")) for p in [*binds, work, "/etc/ld.so.cache"]} - {"/", ""}
+        )
+        for d in ancestors:  # intermediate folders readable by the program's uid
+            parts = d.strip("/").split("/")
+            for i in range(1, len(parts) + 1):
+                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
+        for p in binds:
+            args += ["--ro-bind", p, p]
+        for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(link):
+                args += ["--symlink", os.readlink(link), link]
+            elif os.path.isdir(link):
+                args += ["--ro-bind", link, link]
+        args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+        args += ["--bind", work, work, "--chdir", "/", "--"]  # the program enters ``work`` itself
+        uid = None
+        if root:
+            uid = SANDBOX_UID_BASE + random.randrange(1 << 20)
+            os.chown(work, uid, uid)
+        return Launch(args + list(python), {}, work, uid)
+
+    def exit_status(self, returncode: int) -> int:
+        """bwrap exits 128 + N when the program died of signal N; its own death stays negative."""
+        return -(returncode - 128) if 128 < returncode < 128 + 65 else returncode
+
+
+_GUARD_WARNED = threading.Event()
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_problem() -> str | None:
+    """Why the ``bwrap`` backend cannot run here (None: it can): not on ``PATH``, or a probe run
+    (``print('ok')`` in the sandbox) failed, with bubblewrap's own message. Checked once per process."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return "bubblewrap (bwrap) is not on PATH; install it (Debian/Ubuntu: apt-get install bubblewrap)"
+    from posttrain.tools.sandbox import SandboxLimits, run_sandboxed
+
+    res = run_sandboxed("print('ok')", SandboxLimits(timeout_s=20), backend=BwrapBackend(exe))
+    if res.stdout.strip() == "ok":
+        return None
+    detail = (res.stderr.strip().splitlines() or res.notes or ("no output",))[-1]
+    return f"bwrap is on PATH ({exe}) but a probe run failed: {detail}"
+
+
+def get_backend(name: str | SandboxBackend = "auto") -> SandboxBackend:
+    """The backend for a ``sandbox`` setting: ``bwrap`` (refused with :class:`SandboxUnavailableError`
+    where it cannot run), ``guard``, or ``auto`` (``bwrap`` where it works, else ``guard`` with a
+    warning, once per process, that the guard is not a security boundary). A backend object passes."""
+    if isinstance(name, SandboxBackend):
+        return name
+    if name not in BACKEND_NAMES:
+        raise InvalidValueError(f"sandbox must be one of {list(BACKEND_NAMES)}, got {name!r}")
+    if name == "guard":
+        return GuardBackend()
+    problem = bwrap_problem()
+    if problem is None:
+        return BwrapBackend()
+    if name == "bwrap":
+        raise SandboxUnavailableError(f"sandbox 'bwrap' was required but cannot run: {problem}")
+    if not _GUARD_WARNED.is_set():
+        _GUARD_WARNED.set()
+        warnings.warn(
+            f"sandbox 'auto' fell back to the in-process guard ({problem}). The guard is NOT a security "
+            "boundary: code written to escape it runs as the trainer's user. Install bubblewrap or set "
+            "sandbox: bwrap to require it.",
+            SandboxWarning,
+            stacklevel=2,
+        )
+    return GuardBackend()
