@@ -96,6 +96,34 @@ def test_thresholds_at_their_boundaries():
         ProbeSettings(min_words=0)
 
 
+@pytest.mark.parametrize(
+    ("marker", "spelled", "counts"),
+    [
+        ("P.P.S", "P. P. S", True),
+        ("P.P.S", "p. p. s", True),
+        ("P.P.S", "p.p. s", True),
+        ("P.S.", "P. S.", True),
+        ("P.P.S", "P.  P. S", False),  # two spaces: the checker does not take it either
+        ("P.S.", "P S", False),
+    ],
+)
+def test_a_marker_is_what_its_checker_accepts(marker, spelled, counts):
+    """IFEval's postscript checker takes ``P. P. S`` and ``p. p. s`` for ``P.P.S`` (one optional space
+    after each dot): stacked in that spelling they passed the checker and every probe."""
+    from posttrain.tasks.ifcheckers import check_instructions
+
+    body = GOOD.rsplit("\n", 1)[0]
+    stacked = f"{body}\n{spelled} The wheels were wooden.\n{spelled} Chains came later.\n{spelled} Thanks."
+    ok, _ = check_instructions(
+        stacked, ["detectable_content:postscript"], [{"postscript_marker": marker}], "", "ifeval"
+    )
+    assert ok == [counts]  # the checker's verdict on the spelling, which the probes must share
+    v = probe_response(stacked, REQUEST, [marker])
+    assert v["marker_repeated"] is counts
+    assert probe_response(f"{spelled} {GOOD}", REQUEST, [marker])["marker_first"] is counts
+    assert not any(probe_response(f"{body}\n{spelled} The wheels were wooden.", REQUEST, [marker]).values())
+
+
 def test_no_marker_named_no_marker_probe():
     v = probe_response("P.S. " + GOOD, REQUEST)
     assert not v["marker_first"] and not v["only_marker"] and not v["marker_repeated"]

@@ -6,7 +6,8 @@ SmolLM2-135M learned to start with ``P.S.``, to stack ``P.S.`` lines, to repeat 
 answer with a bare six-token postscript. Each probe is a predicate on one response:
 
 * ``marker_first``: the response starts with an instruction marker (``P.S.`` first: the postscript
-  belongs at the end);
+  belongs at the end); a marker is what its checker accepts (:func:`marker_pattern`: IFEval's postscript
+  checker takes ``P. P. S`` and ``p.p. s`` for ``P.P.S``), so a spelling the checker rewards is probed too;
 * ``marker_repeated``: a marker occurs more than ``max_marker_repeats`` times;
 * ``repeated_lines``: a non-blank line occurs ``min_line_repeats`` or more times;
 * ``duplicate_ngrams``: more than ``max_dup_ngram_frac`` of the word ``ngram``-grams are repeats
@@ -134,6 +135,20 @@ def topic_overlap(request_words: set[str], response_words: set[str], stem_chars:
     return any(same_stem(a, b, stem_chars) for a in request_words for b in response_words)
 
 
+#: the IFEval postscript checker's own spellings of its two markers (if-verifiable
+#: ``PostscriptChecker.check_following``, as in google-research/instruction_following_eval): one optional
+#: whitespace character after each dot, on the lower-cased response (``P. P. S``, ``p.p. s``, ``P.  S.`` no)
+CHECKER_MARKERS = {"P.P.S": r"p\.\s?p\.\s?s", "P.S.": r"p\.\s?s\."}
+
+
+def marker_pattern(marker: str) -> re.Pattern[str]:
+    """What counts as ``marker`` in a response, case-insensitively: the IFEval postscript checker's own
+    pattern for ``P.P.S`` and ``P.S.`` (:data:`CHECKER_MARKERS`, spaced spellings included), the literal
+    text for any other marker (an ``end_phrase``, a user's marker)."""
+    key = marker.strip()
+    return re.compile(CHECKER_MARKERS.get(key, re.escape(key.lower())), re.IGNORECASE)
+
+
 def markers_of(kwargs: Sequence[dict[str, Any] | None]) -> list[str]:
     """The literal markers an instruction list asks for (``postscript_marker``, ``end_phrase``)."""
     out = []
@@ -180,31 +195,28 @@ def probe_response(
     (:func:`examples_of`)."""
     st = settings or ProbeSettings()
     text = response.strip()
-    marks = [m for m in markers if m]
-    lower = text.lower()
+    pats = [marker_pattern(m) for m in markers if m and m.strip()]
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    body_lines = [ln for ln in lines if not any(ln.lower().startswith(m.lower()) for m in marks)]
+    body_lines = [ln for ln in lines if not any(p.match(ln) for p in pats)]
     body = " ".join(body_lines)
-    if marks:  # words of the markers themselves are not body
-        for m in marks:
-            body = re.sub(re.escape(m), " ", body, flags=re.IGNORECASE)
+    stripped_markers = text
+    for p in pats:  # words of the markers themselves are not body
+        body = p.sub(" ", body)
+        stripped_markers = p.sub(" ", stripped_markers)
     words = _words(text)
     grams = [tuple(words[i : i + st.ngram]) for i in range(len(words) - st.ngram + 1)]
     dup = (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
     counts = Counter(lines)
-    stripped_markers = text
-    for m in marks:
-        stripped_markers = re.sub(re.escape(m), " ", stripped_markers, flags=re.IGNORECASE)
     topic = content_words(request)
     return {
-        "marker_first": any(lower.startswith(m.lower()) for m in marks),
-        "marker_repeated": any(lower.count(m.lower()) > st.max_marker_repeats for m in marks),
+        "marker_first": any(p.match(text) for p in pats),
+        "marker_repeated": any(len(p.findall(text)) > st.max_marker_repeats for p in pats),
         "repeated_lines": bool(counts) and max(counts.values()) >= st.min_line_repeats,
         "duplicate_ngrams": len(grams) >= st.min_ngrams and dup > st.max_dup_ngram_frac,
         "too_short": len(_words(body)) < st.min_words,
         "off_topic": len(topic) >= st.min_topic_words
         and not topic_overlap(topic, content_words(text), st.stem_chars),
-        "only_marker": bool(marks) and len(_words(stripped_markers)) < st.min_body_words,
+        "only_marker": bool(pats) and len(_words(stripped_markers)) < st.min_body_words,
         "copied_example": any(_contains(words, e) for e in examples if len(e) >= st.min_example_words),
     }
 
