@@ -156,3 +156,39 @@ def test_plot_of_an_sft_run_shows_its_loss_curve(tmp_path, monkeypatch):
 def test_plot_missing_metrics_is_an_error(tmp_path):
     res = _invoke(["plot", str(tmp_path)])
     assert res.exit_code == 2 and "metrics.jsonl" in res.output
+
+
+def _read_only(monkeypatch):
+    """Writes fail as on a read-only mount (tests run as root, who may write anywhere)."""
+    import errno
+
+    import posttrain.utils.io as io_mod
+
+    def refuse(*a, dir=None, **k):
+        raise OSError(errno.EROFS, "Read-only file system", str(dir))
+
+    monkeypatch.setattr(io_mod.tempfile, "mkstemp", refuse)
+
+
+@pytest.mark.parametrize("case", ["read-only", "a file in the way", "a directory"])
+def test_plot_to_an_unwritable_out_is_one_line(case, tmp_path, monkeypatch):
+    """Issue 58 item 3: `plot --out` to a read-only path was a 53-line traceback; now one line naming the
+    path and why, as rl/sft/eval give."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"kind": "step", "step": 1, "loss": 1.0}\n', encoding="utf-8")
+    out = {"read-only": tmp_path / "x.png", "a file in the way": run / "metrics.jsonl" / "x.png"}.get(
+        case, run
+    )
+    why = {
+        "read-only": "Read-only file system (EROFS)",
+        "a file in the way": "(EEXIST)",
+        "a directory": "Is a directory (EISDIR)",
+    }[case]
+    if case == "read-only":
+        _read_only(monkeypatch)
+    res = runner.invoke(app, ["plot", str(run), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    lines = res.output.splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert lines[0].startswith(f"error: could not write the curves to {out}: ") and why in lines[0], lines[0]

@@ -390,6 +390,6 @@ def plot(
 
     try:
         path = plot_run(run_dir, out)
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:  # no metrics, nothing to plot, an unwritable --out
         fail(str(e))
     typer.echo(str(path))

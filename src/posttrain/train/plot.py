@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from posttrain.train.checkpoint import RunWriteError, io_failure
 from posttrain.utils.errors import InvalidValueError
 from posttrain.utils.io import atomic_write_bytes, read_jsonl
 
@@ -93,5 +94,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     target = Path(out) if out is not None else run_dir / "curves.png"
-    atomic_write_bytes(target, buf.getvalue())
+    try:
+        atomic_write_bytes(target, buf.getvalue())
+    except OSError as e:  # a read-only or full disk, a folder in the way: one line, not a traceback
+        reason = io_failure(e) or str(e)
+        in_folder = e.filename and Path(e.filename).parent.resolve() == target.parent.resolve()
+        where = f" at {e.filename}" if e.filename and not in_folder else ""  # not the temporary file
+        raise RunWriteError(
+            f"could not write the curves to {target}: {reason}{where}; give a writable PNG path "
+            "(posttrain plot RUN_DIR --out PATH)"
+        ) from e
     return target
