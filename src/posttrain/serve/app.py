@@ -30,7 +30,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from posttrain.serve.config import ChatCompletionRequest, ServeConfig, error_body
+from posttrain.serve.config import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ServeConfig,
+    TokenizeRequest,
+    error_body,
+)
 from posttrain.serve.model import ChatModel, Completion, RequestError
 
 log = logging.getLogger("posttrain.serve")
@@ -143,8 +150,8 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
         card = {"id": cfg.model_id, "object": "model", "created": created, "owned_by": "posttrain"}
         return {"object": "list", "data": [{**card, **model.describe()}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
+    async def parse(request: Request, schema: Any) -> Any:
+        """The validated body, or the 400 response saying what is wrong with it."""
         raw = await request.body()
         try:
             payload = json.loads(raw)
@@ -155,10 +162,13 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
                 400, f"the body must be a JSON object, got {type(payload).__name__}", code="invalid_json"
             )
         try:
-            req = ChatCompletionRequest.model_validate(payload)
+            return schema.model_validate(payload), payload
         except ValidationError as e:
             message, param = _validation_message(e)
             return err(400, message, param=param, code="invalid_value")
+
+    def check_common(req: Any, max_tokens: int) -> JSONResponse | None:
+        """The checks every generating request passes: served model id, n, max_tokens, concurrency."""
         if req.model is not None and req.model != cfg.model_id:
             return err(
                 404,
@@ -166,15 +176,8 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
                 param="model",
                 code="model_not_found",
             )
-        if len(req.messages) > cfg.max_messages:
-            return err(
-                400,
-                f"{len(req.messages)} messages; at most {cfg.max_messages} (max_messages)",
-                param="messages",
-            )
         if req.n > cfg.max_n:
             return err(400, f"n = {req.n}; this server allows at most {cfg.max_n} (max_n)", param="n")
-        max_tokens = req.requested_max_tokens() or cfg.default_max_tokens
         if max_tokens > cfg.max_tokens:
             return err(
                 400,
@@ -190,26 +193,17 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
                 "rate_limit_exceeded",
                 code="too_many_requests",
             )
+        return None
+
+    async def run_job(request: Request, job_fn: Callable[[threading.Event], Any]) -> Any:
+        """Run ``job_fn(cancel)`` on the model's worker thread, counted in flight; a client that goes
+        away sets ``cancel`` (its generation stops at the next token: it held the model's lock for the
+        full max_tokens before, delaying every later request). Returns the result, a 400 response for a
+        :class:`RequestError`, or a 499 for a client that went away."""
         state["inflight"] += 1
         cancel = threading.Event()
         try:
-            prompt = model.render(req.messages)
-            model.check_prompt(prompt, max_tokens)
-            job = asyncio.get_running_loop().run_in_executor(
-                executor,
-                lambda: model.complete(
-                    prompt,
-                    n=req.n,
-                    max_tokens=max_tokens,
-                    temperature=req.temperature,
-                    top_p=req.top_p,
-                    stop=req.stop,
-                    seed=req.seed,
-                    cancel=cancel,
-                ),
-            )
-            # a client that goes away stops its generation at the next token (it held the model's
-            # lock for the full max_tokens before, delaying every later request)
+            job = asyncio.get_running_loop().run_in_executor(executor, lambda: job_fn(cancel))
             while not (await asyncio.wait({job}, timeout=_DISCONNECT_POLL_S))[0]:
                 if await request.is_disconnected():
                     cancel.set()
@@ -224,6 +218,48 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
             log.warning("client went away; its generation was stopped (%d so far)", state["cancelled"])
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         state["served"] += 1
+        return out
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        parsed = await parse(request, ChatCompletionRequest)
+        if not isinstance(parsed, tuple):
+            return parsed
+        req, payload = parsed
+        max_tokens = req.requested_max_tokens() or cfg.default_max_tokens
+        if len(req.messages) > cfg.max_messages:
+            return err(
+                400,
+                f"{len(req.messages)} messages; at most {cfg.max_messages} (max_messages)",
+                param="messages",
+            )
+        refused = check_common(req, max_tokens)
+        if refused is not None:
+            return refused
+        top = req.top_logprobs or 0
+        if top and not req.logprobs:
+            return err(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+
+        def job(cancel: threading.Event) -> Completion:
+            prompt = model.render(req.messages)
+            model.check_prompt(prompt, max_tokens)
+            out = model.complete(
+                prompt,
+                n=req.n,
+                max_tokens=max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                stop=req.stop,
+                seed=req.seed,
+                cancel=cancel,
+            )
+            if req.logprobs and not cancel.is_set():
+                out = Completion(model.chat_logprobs(prompt, out.choices, top), out.prompt_tokens)
+            return out
+
+        out = await run_job(request, job)
+        if not isinstance(out, Completion):
+            return out
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if req.stream:
             include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
@@ -239,12 +275,107 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
                 {
                     "index": i,
                     "message": {"role": "assistant", "content": c.text},
+                    "logprobs": None if c.logprobs is None else {"content": c.logprobs},
                     "finish_reason": c.finish_reason,
                 }
                 for i, c in enumerate(out.choices)
             ],
             "usage": _usage(out),
         }
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        parsed = await parse(request, CompletionRequest)
+        if not isinstance(parsed, tuple):
+            return parsed
+        req = parsed[0]
+        if req.stream:
+            return err(400, "stream is not supported on /v1/completions", param="stream")
+        max_tokens = cfg.default_max_tokens if req.max_tokens is None else req.max_tokens
+        if max_tokens == 0 and not req.echo:
+            return err(400, "max_tokens 0 needs echo: true (nothing to return otherwise)", param="max_tokens")
+        refused = check_common(req, max_tokens)
+        if refused is not None:
+            return refused
+
+        def job(cancel: threading.Event) -> dict[str, Any]:
+            prompts = model.encode_prompts(req.prompt)
+            if len(prompts) > cfg.max_prompts:
+                raise RequestError(
+                    f"{len(prompts)} prompts; at most {cfg.max_prompts} per request (max_prompts)",
+                    param="prompt",
+                )
+            for ids in prompts:
+                model.check_prompt(ids, max_tokens, param="prompt")
+            choices = model.text_completions(
+                prompts,
+                n=req.n,
+                max_tokens=max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                stop=req.stop,
+                seed=req.seed,
+                echo=req.echo,
+                logprobs=req.logprobs,
+                cancel=cancel,
+            )
+            return {"choices": choices, "prompt_tokens": sum(len(p) for p in prompts)}
+
+        out = await run_job(request, job)
+        if not isinstance(out, dict):
+            return out
+        used = sum(c.pop("completion_tokens") for c in out["choices"])
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": cfg.model_id,
+            "choices": out["choices"],
+            "usage": {
+                "prompt_tokens": out["prompt_tokens"],
+                "completion_tokens": used,
+                "total_tokens": out["prompt_tokens"] + used,
+            },
+        }
+
+    # vLLM's tokenizer endpoints: lm-eval's `local-completions` finds them (tokenizer_backend=auto)
+    # and tokenizes through the server, so a model without a tokenizer on disk (a preset) works
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        tok = model.tokenizer
+        return {
+            "tokenizer_class": type(tok).__name__,
+            "eos_token": tok.eos_token,
+            "bos_token": tok.bos_token,
+            "pad_token": tok.pad_token,
+            "chat_template": getattr(tok, "chat_template", None),
+            "model_max_length": model.context,
+        }
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Any:
+        parsed = await parse(request, TokenizeRequest)
+        if not isinstance(parsed, tuple):
+            return parsed
+        req = parsed[0]
+        text = req.prompt
+        if req.messages is not None:
+            text = model.tokenizer.apply_chat_template(
+                [m.model_dump(exclude_none=True) for m in req.messages],
+                tokenize=False,
+                add_generation_prompt=req.add_generation_prompt,
+            )
+        if text is None:
+            return err(400, "give prompt (text) or messages", param="prompt")
+        ids = model.tokenizer(text, add_special_tokens=req.add_special_tokens)["input_ids"]
+        return {"tokens": list(ids), "count": len(ids), "max_model_len": model.context}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Any:
+        parsed = await parse(request, DetokenizeRequest)
+        if not isinstance(parsed, tuple):
+            return parsed
+        return {"prompt": model.tokenizer.decode(parsed[0].tokens, skip_special_tokens=False)}
 
     app.state.executor = executor
     app.state.counters = state

@@ -15,6 +15,7 @@ default_max_tokens         256      ``max_tokens`` when the request gives none
 max_n                      8        upper bound of ``n`` (completions per request)
 max_concurrent_requests    8        requests in flight (generating + waiting); more get 429
 max_messages               256      messages per request; more get 400
+max_prompts                64       prompts per ``/v1/completions`` request (a batch); more get 400
 device / dtype / seed      cpu / float32 / 0   where the model runs; sampling seed
 =========================  =======  ==============================================================
 """
@@ -41,6 +42,7 @@ class ServeConfig(StrictModel):
     max_n: int = Field(8, ge=1)
     max_concurrent_requests: int = Field(8, ge=1)
     max_messages: int = Field(256, ge=1)
+    max_prompts: int = Field(64, ge=1)
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
@@ -59,6 +61,9 @@ class ServeConfig(StrictModel):
 
 
 # ------------------------------------------------------------------------------------ requests
+MAX_LOGPROBS = 20
+"""Most alternatives per position a request may ask for (``logprobs`` / ``top_logprobs``), as OpenAI."""
+
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 
 
@@ -99,21 +104,84 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stop: str | list[str] | None = None
     seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> list[str] | None:
-        if v is None:
-            return None
-        stops = [v] if isinstance(v, str) else list(v)
-        if len(stops) > 4:
-            raise InvalidValueError(f"at most 4 stop sequences, got {len(stops)}")
-        if any(not s for s in stops):
-            raise InvalidValueError("stop sequences must be non-empty strings")
-        return stops
+        return _check_stops(v)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(BaseModel):
+    """The OpenAI legacy ``/v1/completions`` body (what lm-eval's ``local-completions`` sends).
+
+    ``prompt``: a string, a list of strings, a list of token ids or a list of token-id lists (a
+    batch: one choice per prompt and ``n``); ``echo``: the prompt's own tokens come first in the
+    text and the log-probs; ``logprobs``: how many alternatives per position (0 = the sampled token's
+    log-prob only); ``max_tokens: 0`` with ``echo`` scores the prompt without generating. Other
+    fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: Prompt
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v: str | list[str] | None) -> list[str] | None:
+        return _check_stops(v)
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not v or any(isinstance(p, list | str) and not p for p in v)):
+            raise InvalidValueError("prompt must be non-empty (and so must every prompt of a list)")
+        if isinstance(v, str) and not v:
+            raise InvalidValueError("prompt must be a non-empty string")
+        return v
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize`` body: ``prompt`` text (or chat ``messages``, templated first)."""
+
+    model_config = ConfigDict(extra="allow")
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = False
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's ``/detokenize`` body: token ids to turn back into text."""
+
+    model_config = ConfigDict(extra="allow")
+    tokens: list[int]
+
+
+def _check_stops(v: str | list[str] | None) -> list[str] | None:
+    if v is None:
+        return None
+    stops = [v] if isinstance(v, str) else list(v)
+    if len(stops) > 4:
+        raise InvalidValueError(f"at most 4 stop sequences, got {len(stops)}")
+    if any(not s for s in stops):
+        raise InvalidValueError("stop sequences must be non-empty strings")
+    return stops
 
 
 def error_body(

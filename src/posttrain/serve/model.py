@@ -30,6 +30,8 @@ class Choice:
     text: str
     completion_tokens: int
     finish_reason: str  # "stop" | "length"
+    token_ids: tuple[int, ...] = ()  # the sampled tokens (after a stop sequence cut: those kept)
+    logprobs: list[dict[str, Any]] | None = None  # chat ``logprobs.content`` entries, when asked
 
 
 @dataclass(frozen=True)
@@ -132,12 +134,13 @@ class ChatModel:
                 found.add(str(added.content))
         return sorted(s for s in found if s)
 
-    def check_prompt(self, prompt: list[int], max_tokens: int) -> None:
+    def check_prompt(self, prompt: list[int], max_tokens: int, *, param: str = "messages") -> None:
         if len(prompt) > self.max_prompt_tokens:
+            where = "after the chat template" if param == "messages" else "long"
             raise RequestError(
-                f"the prompt is {len(prompt)} tokens after the chat template; this server accepts at "
+                f"the prompt is {len(prompt)} tokens {where}; this server accepts at "
                 f"most {self.max_prompt_tokens} (max_prompt_tokens)",
-                param="messages",
+                param=param,
                 code="context_length_exceeded",
             )
         if len(prompt) + max_tokens > self.context:
@@ -179,8 +182,198 @@ class ChatModel:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             text, stopped = _cut_at_stop(text, stop)
             finish = "stop" if stopped or reason == FINISH_STOP else "length"
-            choices.append(Choice(text, len(ids), finish))
+            kept = ids[: self._tokens_within(ids, text)] if stopped else ids
+            choices.append(Choice(text, len(ids), finish, tuple(kept)))
         return Completion(choices, len(prompt))
+
+    # ------------------------------------------------------------------ log-probs, /v1/completions
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _tokens_within(self, ids: list[int], text: str) -> int:
+        """How many leading tokens of ``ids`` decode to a prefix of ``text`` (a stop-cut completion)."""
+        k = 0
+        while k < len(ids) and len(self.tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) <= len(
+            text
+        ):
+            k += 1
+        return k
+
+    def chat_logprobs(self, prompt: list[int], choices: list[Choice], top: int) -> list[Choice]:
+        """``choices`` with OpenAI's chat ``logprobs.content`` (one entry per kept completion token,
+        ``top`` alternatives each), scored by :func:`posttrain.serve.scoring.score_tokens`."""
+        from dataclasses import replace
+
+        from posttrain.serve.scoring import score_tokens
+
+        with self._lock:
+            scored = score_tokens(
+                self.model, [prompt + list(c.token_ids) for c in choices], top_k=top, pad_id=self.pad_id
+            )
+        out = []
+        for c, sc in zip(choices, scored, strict=True):
+            entries = []
+            for t in range(len(prompt), len(sc.ids)):
+                alts = sc.top[t] or []
+                entries.append(
+                    {
+                        **self._token_entry(sc.ids[t], sc.logprobs[t]),
+                        "top_logprobs": [self._token_entry(i, v) for i, v in alts],
+                    }
+                )
+            out.append(replace(c, logprobs=entries))
+        return out
+
+    def _token_entry(self, token_id: int, logprob: float | None) -> dict[str, Any]:
+        text = self.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id or 0)
+
+    def encode_prompts(self, prompt: Any) -> list[list[int]]:
+        """A ``/v1/completions`` prompt (string, strings, token ids, token-id lists) as token-id lists
+        (text is tokenized without special tokens, as lm-eval's ``tok_encode`` does); ids outside the
+        vocabulary are a :class:`RequestError`."""
+        if isinstance(prompt, str):
+            prompts: list[Any] = [prompt]
+        elif prompt and all(isinstance(x, int) for x in prompt):
+            prompts = [prompt]
+        else:
+            prompts = list(prompt)
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        out = []
+        for i, p in enumerate(prompts):
+            ids = self._encode(p, split_special=False) if isinstance(p, str) else [int(x) for x in p]
+            bad = [x for x in ids if not 0 <= x < vocab]
+            if bad:
+                raise RequestError(
+                    f"prompt {i}: token id {bad[0]} is outside this model's vocabulary [0, {vocab})",
+                    param="prompt",
+                    code="invalid_value",
+                )
+            if not ids:
+                raise RequestError(f"prompt {i} is empty after tokenization", param="prompt")
+            out.append(ids)
+        return out
+
+    def text_completions(
+        self,
+        prompts: list[list[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: list[str] | None,
+        seed: int | None,
+        echo: bool,
+        logprobs: int | None,
+        cancel: Any = None,
+    ) -> list[dict[str, Any]]:
+        """OpenAI ``/v1/completions`` choices (index = prompt * n + sample) for token-id ``prompts``.
+
+        ``max_tokens`` 0 generates nothing (with ``echo``: the prompt scored). One greedy token
+        (``temperature`` 0, ``max_tokens`` 1: lm-eval's log-likelihood request) is read from the same
+        forward that scores the prompt; otherwise the engine samples and prompt + completion are
+        scored afterwards. ``logprobs`` (None = none) are the trainer's token log-probs at
+        temperature 1 (:mod:`posttrain.serve.scoring`)."""
+        from posttrain.rollout.base import FINISH_STOP, SamplingParams
+        from posttrain.serve.scoring import score_tokens
+
+        eos = set(self.engine_eos_ids())
+        rows: list[tuple[int, list[int], str]] = []  # (prompt index, completion ids, finish reason)
+        scored = None
+        top = logprobs or 0
+        if max_tokens == 0:
+            rows = [(i, [], "length") for i in range(len(prompts)) for _ in range(n)]
+        elif max_tokens == 1 and temperature == 0:
+            with self._lock:
+                scored = score_tokens(self.model, prompts, top_k=top, with_next=True, pad_id=self.pad_id)
+            for i, sc in enumerate(scored):
+                nxt = sc.next_top[0][0]
+                rows += [(i, [nxt], FINISH_STOP if nxt in eos else "length")] * n
+        else:
+            params = SamplingParams(
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_tokens,
+                seed=seed,
+                logprobs=False,
+                cancel=cancel,
+            )
+            with self._lock:
+                batch = self.engine.generate(prompts, [n] * len(prompts), params)
+            groups = batch.group_ids.tolist()
+            rows = [
+                (int(g), ids, reason)
+                for g, ids, reason in zip(groups, batch.completion_lists(), batch.finish_reasons, strict=True)
+            ]
+        choices = []
+        texts = []
+        for i, ids, reason in rows:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            text, stopped = _cut_at_stop(text, stop)
+            kept = ids[: self._tokens_within(ids, text)] if stopped else ids
+            texts.append((text, kept, "stop" if stopped or reason == FINISH_STOP else "length"))
+            choices.append((i, kept))
+        seq_scores = None
+        if logprobs is not None:
+            if scored is not None and all(len(k) <= 1 for _, k in choices):
+                seq_scores = [self._extend(scored[i], kept, top) for i, kept in choices]
+            else:
+                with self._lock:
+                    seq_scores = score_tokens(
+                        self.model, [prompts[i] + kept for i, kept in choices], top_k=top, pad_id=self.pad_id
+                    )
+        out = []
+        for j, ((i, _), (text, _, finish)) in enumerate(zip(choices, texts, strict=True)):
+            start = 0 if echo else len(prompts[i])
+            body: dict[str, Any] = {
+                "index": j,
+                "text": (self.tokenizer.decode(prompts[i], skip_special_tokens=False) if echo else "") + text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "completion_tokens": len(rows[j][1]),
+            }
+            if seq_scores is not None:
+                body["logprobs"] = self._legacy_logprobs(seq_scores[j], start)
+            out.append(body)
+        return out
+
+    @staticmethod
+    def _extend(sc: Any, kept: list[int], top: int) -> Any:
+        """A prompt's scores plus its one greedy token (read from ``next_top``; ``top`` alternatives)."""
+        from posttrain.serve.scoring import TokenScores
+
+        if not kept:
+            return sc
+        value = next(v for i, v in sc.next_top if i == kept[0])
+        return TokenScores(sc.ids + kept, [*sc.logprobs, value], [*sc.top, sc.next_top[:top] or None])
+
+    def _legacy_logprobs(self, sc: Any, start: int) -> dict[str, Any]:
+        """OpenAI's completions ``logprobs`` object for tokens ``start:`` of a scored sequence."""
+        tokens, offsets, top, offset = [], [], [], 0
+        for t in range(start, len(sc.ids)):
+            piece = self.token_text(sc.ids[t])
+            tokens.append(piece)
+            offsets.append(offset)
+            offset += len(piece)
+            alts: dict[str, float] = {}
+            for i, v in sc.top[t] or []:
+                alts.setdefault(self.token_text(i), v)  # most likely first: keep the larger on a clash
+            top.append(alts if sc.top[t] is not None else None)
+        return {
+            "tokens": tokens,
+            "token_logprobs": sc.logprobs[start:],
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
+
+    def engine_eos_ids(self) -> list[int]:
+        eos = self.tokenizer.eos_token_id
+        return [] if eos is None else [int(eos)]
 
     def describe(self) -> dict[str, Any]:
         return {"context": self.context, "max_prompt_tokens": self.max_prompt_tokens}
