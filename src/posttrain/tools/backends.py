@@ -74,12 +74,14 @@ class SandboxWarning(PosttrainWarning, RuntimeWarning):
 class Launch:
     """How to start one sandboxed interpreter: ``argv``, the environment of the started process
     (``env``), its working folder (``cwd``) and the uid the program drops to before it reads its
-    code (``uid``; None: it stays the trainer's user)."""
+    code (``uid``; None: it stays the trainer's user); ``processes``: how many processes ``RLIMIT_NPROC``
+    already counts when the program starts (itself, and bubblewrap's init in a user namespace)."""
 
     argv: list[str]
     env: dict[str, str]
     cwd: str
     uid: int | None = None
+    processes: int = 1
 
 
 class SandboxBackend(ABC):
@@ -182,7 +184,7 @@ class BwrapBackend(SandboxBackend):
         if root:
             uid = SANDBOX_UID_BASE + random.randrange(1 << 20)
             os.chown(work, uid, uid)
-        return Launch(args + list(python), {}, work, uid)
+        return Launch(args + list(python), {}, work, uid, processes=1 if root else 2)
 
     def exit_status(self, returncode: int) -> int:
         """bwrap exits 128 + N when the program died of signal N; its own death stays negative."""

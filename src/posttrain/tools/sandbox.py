@@ -300,6 +300,33 @@ def _read_tail(path: str, limit: int) -> tuple[str, int]:
     return data.decode("utf-8", "replace")[-limit:], size
 
 
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux ``/proc/<pid>/task/*/children``; [] elsewhere)."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    return out
+
+
+def _wait_gone(pids: list[int], limit_s: float = 2.0) -> None:
+    """Wait (at most ``limit_s``) until each of ``pids`` has exited. For the init of a PID namespace
+    that means every process in it is gone: the kernel kills them all and reaps them before init
+    becomes a zombie, so a call returns only once nothing of the program runs."""
+    end = time.monotonic() + limit_s
+    for pid in pids:
+        while time.monotonic() < end:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rpartition(")")[2].split()[0]
+            except OSError:
+                break
+            if state in ("Z", "X"):
+                break
+            time.sleep(0.005)
+
+
 def _remove_tree(path: str) -> None:
     def retry(func, p, _exc):  # a folder the code made read-only
         try:
@@ -329,7 +356,7 @@ def run_sandboxed(
         "cpu": int(limits.cpu_seconds),
         "fsize": int(limits.max_file_mb) * MIB,
         "nofile": int(limits.max_open_files),
-        "nproc": 0 if isinstance(box, GuardBackend) else int(limits.max_processes) + 2,
+        "nproc": 0,
         "uid": None,
         "cwd": work,
     }
@@ -352,6 +379,8 @@ def run_sandboxed(
                 python = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP]
                 launch = box.launch(python, work, env)
                 cfg["uid"] = launch.uid
+                if not isinstance(box, GuardBackend):
+                    cfg["nproc"] = int(limits.max_processes) + launch.processes
                 proc = subprocess.Popen(
                     [*launch.argv, json.dumps(cfg)],
                     stdin=subprocess.PIPE,
@@ -369,9 +398,11 @@ def run_sandboxed(
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
+                inner = _children(proc.pid)  # bwrap: the init of the sandbox's PID namespace
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)  # the whole group: anything it started goes too
                 proc.wait()
+                _wait_gone(inner)
             returncode = box.exit_status(proc.returncode)
         elapsed = time.monotonic() - start
         max_chars = max(int(limits.max_output_chars), 1)
