@@ -106,6 +106,21 @@ def test_a_completion_without_a_verdict_keeps_its_base_reward():
     assert sb.components["judge_failed"][0] == 1.0  # the judge's own components pass through
 
 
+def test_a_verdict_from_any_sample_counts():
+    """A judge that scores each completion several times reports ``judge_verdicts`` (how many samples
+    gave a score): one is a verdict, whatever ``judge_parsed`` (every sample parsed) and
+    ``judge_failed`` (some call failed) say; none is no verdict."""
+    comps = {
+        "judge_failed": {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0, "e": 0.0},
+        "judge_parsed": {"a": 0.0, "b": 0.0, "c": 1.0, "d": 1.0, "e": 1.0},
+        "judge_verdicts": {"a": 1.0, "b": 0.0, "c": 2.0, "d": 2.0, "e": 2.0},
+    }
+    sb = _gate("reject", judge_components=comps).score(TEXTS, [EX] * 5)
+    assert sb.components["judge_verdict"] == [1.0, 0.0, 1.0, 1.0, 1.0]
+    assert sb.components["judge_flagged"] == [1.0, 0.0, 0.0, 1.0, 0.0]
+    assert sb.rewards == pytest.approx([-1.0, 0.0, 1.0, -1.0, 0.5])
+
+
 def test_both_sources_are_submitted_before_either_result_is_awaited():
     log: list[str] = []
     gate = JudgeGatedRewardSource(_Table(BASE, log=log, name="base"), _Table(JUDGE, log=log, name="judge"))

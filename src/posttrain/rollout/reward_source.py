@@ -128,9 +128,12 @@ class JudgeGatedRewardSource(RewardSource):
     reward. posttrain's design (no paper gives this rule): the judge can only lower a reward, so a
     judge that likes a hack cannot raise it above the checker's verdict.
 
-    A completion without a verdict (the judge's components say ``judge_failed`` = 1 or
-    ``judge_parsed`` = 0) keeps its base reward and is not flagged; ``judge_verdict`` (1 when the
-    judge gave one) counts them. Components: the base's, the judge's, ``judge_reward`` (the judge's
+    A completion without a verdict keeps its base reward and is not flagged; ``judge_verdict`` (1 when
+    the judge gave one) counts them. The verdict is decided per sample: a judge that scores each
+    completion ``samples`` times reports ``judge_verdicts``, how many of them gave a score, and one is
+    enough (its reward is then the mean of the scores given, so one unparsable judgment no longer hides
+    the other low scores); a judge without that component has a verdict unless ``judge_failed`` = 1 or
+    ``judge_parsed`` = 0. Components: the base's, the judge's, ``judge_reward`` (the judge's
     reward), ``judge_verdict`` and ``judge_flagged``; the step logs their means (``reward/judge_flagged``
     is the share the gate acted on). ``timeouts`` / ``errors`` / ``failures`` are the base's: a judge's
     failures never zero a reward (they show as ``judge_verdict`` < 1)."""
@@ -179,11 +182,14 @@ class JudgeGatedRewardSource(RewardSource):
                 f"reward source judged: component(s) {', '.join(clash)} reported twice (by the base and the "
                 f"judge, or by a source and the gate, which adds {', '.join(added)})"
             )
-        failed = judge.components.get("judge_failed", [0.0] * n)
-        parsed = judge.components.get("judge_parsed", [1.0] * n)
+        if "judge_verdicts" in judge.components:  # per sample: any sample's score is a verdict
+            has_verdict = [v > 0 for v in judge.components["judge_verdicts"]]
+        else:
+            failed = judge.components.get("judge_failed", [0.0] * n)
+            parsed = judge.components.get("judge_parsed", [1.0] * n)
+            has_verdict = [not f and bool(p) for f, p in zip(failed, parsed, strict=True)]
         rewards, verdict, flagged = [], [], []
-        for r, s, f, p in zip(base.rewards, judge.rewards, failed, parsed, strict=True):
-            has = not f and bool(p)
+        for r, s, has in zip(base.rewards, judge.rewards, has_verdict, strict=True):
             flag = has and s < self.threshold
             rewards.append(flagged_score(r, self.mode, self.penalty) if flag else r)
             verdict.append(float(has))

@@ -24,7 +24,9 @@ call that exceeds ``timeout_s`` or raises is retried up to ``max_retries`` times
 the failure reward (the scale minimum, i.e. 0) and are counted (``ScoredBatch.timeouts`` /
 ``errors``). A judgment without a parsable score is re-asked once (``retry_unparsable``), then scored
 as the scale minimum. Per-completion components: ``judge_score`` (mean raw score, scale minimum when
-none), ``judge_parsed`` (1 when every judgment parsed), ``judge_failed`` (1 when the call failed),
+none), ``judge_parsed`` (1 when every judgment parsed), ``judge_verdicts`` (how many of the ``samples``
+judgments gave a score: the reward source ``judged`` counts a verdict from any one of them),
+``judge_failed`` (1 when the call failed),
 ``judge_cached`` (1 when served from the cache). Nothing a judge does stops training.
 """
 
@@ -423,13 +425,14 @@ class JudgeRewardSource(RewardSource):
         ]
         judged = self.judge_scores(items)
         lo = self.scale[0]
-        rewards, raw, parsed, failed, cached = [], [], [], [], []
+        rewards, raw, parsed, verdicts, failed, cached = [], [], [], [], [], []
         for j in judged:
             vals = [v for v in j.scores if v is not None]
             mean = sum(vals) / len(vals) if vals else lo
             rewards.append(normalise_score(mean, self.scale))
             raw.append(mean)
             parsed.append(float(bool(vals) and len(vals) == len(j.scores)))
+            verdicts.append(float(len(vals)))
             failed.append(float(j.failed))
             cached.append(float(j.cached))
         return ScoredBatch(
@@ -439,6 +442,7 @@ class JudgeRewardSource(RewardSource):
             components={
                 "judge_score": raw,
                 "judge_parsed": parsed,
+                "judge_verdicts": verdicts,
                 "judge_failed": failed,
                 "judge_cached": cached,
             },

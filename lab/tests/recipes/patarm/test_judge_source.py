@@ -301,6 +301,35 @@ def test_judge_gates_the_guarded_instruction_reward():
     assert res.components["judge_score"] == [9.0, 9.0, 2.0, 9.0, 9.0] and len(srv.requests) == 5
 
 
+def test_the_gate_decides_per_sample_when_one_judgment_is_unparsable():
+    """Issue 58 item 15: with ``samples: 2`` one unparsable judgment made the whole item "no verdict",
+    so the other sample's low score was ignored and the base reward kept. A verdict from any sample
+    counts: the low score flags the answer; an item whose every judgment is unparsable has none."""
+    from posttrain.rollout import FunctionRewardSource, JudgeGatedRewardSource
+
+    calls = []
+
+    def outputs(prompts):  # the first call scores, every later one (the second sample, its retry) not
+        calls.append(len(prompts))
+        return ["<score>2</score>" if len(calls) == 1 else "I cannot rate this."] * len(prompts)
+
+    judge = JudgeRewardSource(GarbageJudge(outputs), rubric_style="none", samples=2, cache_size=0)
+    gate = JudgeGatedRewardSource(
+        FunctionRewardSource(lambda c, e: 1.0, num_workers=0), judge, threshold=0.5, mode="reject"
+    )
+    res = gate.score(["an answer"], [_ex("q", "chat")])
+    assert len(calls) == 3  # sample 1, sample 2, sample 2 re-asked
+    assert res.rewards == [-1.0] and res.components["judge_reward"] == pytest.approx([1 / 9])
+    assert res.components["judge_verdict"] == [1.0] and res.components["judge_flagged"] == [1.0]
+    assert res.components["judge_parsed"] == [0.0] and res.components["judge_verdicts"] == [1.0]
+    never = JudgeRewardSource(GarbageJudge(lambda p: ["no score"] * len(p)), rubric_style="none", samples=2)
+    res = JudgeGatedRewardSource(FunctionRewardSource(lambda c, e: 1.0, num_workers=0), never).score(
+        ["an answer"], [_ex("q", "chat")]
+    )
+    assert res.components["judge_verdicts"] == [0.0] and res.components["judge_verdict"] == [0.0]
+    assert res.rewards == [1.0]
+
+
 # --------------------------------------------------------------------------------------- PAR source
 def test_par_reward_source_pairs_sides():
     from posttrain_lab.recipes.patarm.par_rl import PARRewardSource
