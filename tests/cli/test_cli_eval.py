@@ -280,6 +280,27 @@ def test_options_never_replace_a_key_the_user_set(run_dir):
         assert "the override" in res.output
 
 
+def test_an_option_wins_over_the_config_files_value(tmp_path):
+    """Issue 58 item 5: `eval --config tool-calling.yaml --n 4` was refused as contradicting the file's
+    `eval.n: 100`; an option given explicitly is the user's latest word (an override on the same line
+    that disagrees is still refused, above)."""
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(
+        "task: {params: {digits: 1, n_train: 20, n_heldout: 8}}\neval: {n: 100, temperature: 0.5}\n"
+        "rollout: {max_new_tokens: 9}\n",
+        encoding="utf-8",
+    )
+    args = ["eval", "--model", "tiny", "--config", cfg, "--n", "3", "--max-new-tokens", "2"]
+    res = _invoke([*args, "--temperature", "0.7", "--task-params", '{"n_heldout": 6}'])
+    assert res.exit_code == 0, res.output
+    out = _last_json(res)
+    assert out["n_requested"] == 3 and out["max_new_tokens"] == 2
+    assert out["settings"]["temperature"] == 0.7 and out["settings"]["task_params"]["n_heldout"] == 6
+    assert out["settings"]["task_params"]["digits"] == 1  # the file's other keys are kept
+    helptext = " ".join(_invoke(["eval", "--help"]).output.split())
+    assert "An option you give wins over the --config file's value of its key" in helptext
+
+
 # --------------------------------------------------------------- lengths (issue 41 item 16)
 def test_eval_refuses_prompts_longer_than_the_context_as_rl_does(tmp_path):
     rows = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(4)]

@@ -272,6 +272,29 @@ def _write_out(out: Path, res: dict[str, Any]) -> None:
         fail(f"could not write --out {out} ({e.strerror or e}); the result is the JSON line above")
 
 
+def _options_over_the_config_file(
+    options: dict[str, Any], config: Path | None, overrides: list[str]
+) -> list[str]:
+    """``overrides`` with each option given (``{"eval.n": 4}`` for ``--n 4``) whose key the ``--config``
+    file sets appended as ``key=value``: an option given explicitly is the user's latest word and wins
+    over the file's value. An option whose key a ``key=value`` override on the same command line also
+    sets is not appended, so a disagreement between the two is refused (by ``evaluate_cli_settings``)."""
+    from posttrain.train.run_dir import flatten
+    from posttrain.utils.config import ConfigError, load_yaml, parse_override
+
+    try:
+        in_file = flatten(load_yaml(config)) if config is not None else {}
+        on_line = [parse_override(ov)[0] for ov in overrides]
+    except ConfigError as e:
+        fail(str(e))
+    out = list(overrides)
+    for key, value in options.items():
+        if value is None or key not in in_file or any(key == k or key.startswith(k + ".") for k in on_line):
+            continue
+        out.append(f"{key}={json.dumps(value)}")
+    return out
+
+
 @app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def eval_cmd(
     overrides: list[str] | None = typer.Argument(
@@ -304,14 +327,24 @@ def eval_cmd(
         help="default: the run's rollout.max_new_tokens; for another task, its own length (ifbench: 256), else 16",
     ),
     out: Optional[Path] = typer.Option(None, "--out", help="write the result JSON here"),  # noqa: UP045
+    harness: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--harness", help="lm-eval: score lm-evaluation-harness --tasks instead (docs/lm-eval.md)"
+    ),
+    tasks: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--tasks", help="with --harness: lm-eval tasks, comma-separated (--n: documents per task)"
+    ),
+    include_path: Optional[Path] = typer.Option(  # noqa: UP045
+        None, "--include-path", help="with --harness: a folder of more lm-eval task YAMLs"
+    ),
 ) -> None:
     """Greedy pass@1 (and sampled pass@k) on a task's held-out split.
 
     A run directory is evaluated with the run's own settings (task and params, prompt template,
     reward, max_new_tokens, engine, runner, reward source); --config, key=value overrides and the
-    options above override them, in that order. Every key you set is used or refused: an option
-    that contradicts a key set in --config or an override is an error, and another task drops only
-    the run's task params and reward."""
+    options listed below override them, in that order. An option you give wins over the --config
+    file's value of its key (--n 4 over eval.n: 100); an option that contradicts a key=value override
+    on the same command line, or --task another task.name, is an error. Another task drops only the
+    run's task params and reward."""
     from posttrain.train.evaluate import (
         evaluate_cli_settings,
         evaluate_run,
@@ -324,6 +357,27 @@ def eval_cmd(
     problem = _out_problem(out) if out is not None else None
     if problem:
         fail(problem)
+    if harness is not None or tasks is not None:
+        from posttrain.cli.harness import harness_eval
+
+        own = {"--task": task, "--task-params": task_params, "--config": config, "key=value": overrides}
+        own |= {
+            "--k": k,
+            "--samples": samples,
+            "--temperature": temperature,
+            "--max-new-tokens": max_new_tokens,
+        }
+        harness_eval(
+            model,
+            harness or "lm-eval",
+            tasks,
+            limit=n,
+            include_path=include_path,
+            out=out,
+            conflicting=own,
+            write_out=_write_out,
+        )
+        return
     flags: dict[str, object] = {}
     if task_params is not None:
         try:
@@ -348,8 +402,12 @@ def eval_cmd(
         loc = locate_model(model)
     except (FileNotFoundError, ValueError) as e:
         fail(str(e))
+    keys = {"eval.n": n, "eval.k": k, "eval.samples": samples, "eval.temperature": temperature}
+    keys["rollout.max_new_tokens"] = max_new_tokens
+    keys |= {f"task.params.{name}": v for name, v in (flags.get("task_params") or {}).items()}
+    overrides = _options_over_the_config_file(keys, config, overrides or [])
     try:
-        cfg = evaluate_cli_settings(loc, config, overrides or [], n=n, **flags)
+        cfg = evaluate_cli_settings(loc, config, overrides, n=n, **flags)
     except (ConfigError, ValueError) as e:
         fail(str(e))
     try:
