@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 
 from posttrain.cli import export as _export  # noqa: F401
 from posttrain.cli import models as _models  # noqa: F401
+from posttrain.cli import preference as _preference  # noqa: F401
 from posttrain.cli import samples as _samples  # noqa: F401
 from posttrain.cli import serve as _serve  # noqa: F401
 from posttrain.cli import tasks as _tasks  # noqa: F401

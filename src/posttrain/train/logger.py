@@ -23,6 +23,10 @@ def eval_line(step: int, ev: dict[str, Any]) -> str | None:
     if isinstance(ev.get("accuracy"), numbers.Real):
         where = ev.get("split", "held-out")  # SFT's calibration set (sft_warm_start(stop_at=...))
         parts.append(f"{where} accuracy {ev['accuracy']:.3f} (greedy pass@1, n={ev.get('n', '?')})")
+    if isinstance(ev.get("preference_accuracy"), numbers.Real):  # posttrain dpo (train/preference.py)
+        parts.append(
+            f"held-out preference accuracy {ev['preference_accuracy']:.3f} (n={ev.get('n', '?')} pairs)"
+        )
     for k in sorted(k for k in ev if k.startswith("pass@")):
         parts.append(f"{k} {ev[k]:.3f}")
     if isinstance(ev.get("loss"), numbers.Real):
