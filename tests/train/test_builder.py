@@ -60,8 +60,11 @@ def test_rl_parts_are_complete_and_wired_to_each_other(tmp_path):
         missing = [f.name for f in fields(p) if getattr(p, f.name) is None]
         assert missing == ["checkpoint"]
         c = p.collector
-        assert c.formatter is p.formatter and c.engine is p.engine and c.tokenizer is p.lm.tokenizer
-        assert c.runner.engine is p.engine and c.runner.formatter is p.formatter
+        src = c.source  # synchronous: the local runner over the trainer's engine
+        assert src.formatter is p.formatter and src.pad_token_id == p.engine.pad_token_id
+        assert c.runner is src.runner and c.runner.engine is p.engine and c.runner.formatter is p.formatter
+        assert p.spec.precision == p.precision and p.formatter.template == p.spec.template
+        assert type(p.weight_sync).__name__ == "SharedWeights"  # the engine generates with the module
         assert c.sampler.examples == p.train_examples and c.group_filter is None  # 'none' is inactive
         assert c.warn is p.warn
         assert p.train_lm is p.lm and p.ref_lm.model is not p.lm.model  # one process: no wrapper
@@ -80,7 +83,7 @@ def test_the_trainer_keeps_the_parts_as_plain_attributes(tmp_path):
         tr = RLTrainer(cfg)
     try:
         assert tr.model is tr.lm.model and tr.tokenizer is tr.lm.tokenizer
-        assert tr.collector.engine is tr.engine and tr.collector.formatter is tr.formatter
+        assert tr.collector.source.formatter is tr.formatter and tr.collector.runner.engine is tr.engine
         assert tr.hooks()[:3] == [tr.collector.sampler, tr.collector.group_filter, tr.collector.replay]
         assert tr.is_weights[0].replay() is tr.collector.replay  # swapping the buffer reaches the weights
     finally:

@@ -124,15 +124,16 @@ def test_posttrain_eval_generates_in_the_runs_precision(precision, monkeypatch):
     (config_eval_runner): the run's model.precision reaches the engine. Before, it dropped the precision,
     so a bf16 run was evaluated in fp32, unlike its own in-run evaluations."""
     import posttrain.train.evaluate as ev
+    from posttrain.rollout.spec import RolloutSpec
 
     seen = []
-    real = ev.eval_runner
+    real = RolloutSpec.build
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("precision", "fp32"))
-        return real(*args, **kwargs)
+    def spy(self, *args, **kwargs):
+        seen.append(self.precision)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(ev, "eval_runner", spy)
+    monkeypatch.setattr(RolloutSpec, "build", spy)
     loc = ev.locate_model("tiny")
     cfg = ev.evaluate_cli_settings(loc, None, [f"model.precision={precision}"], n=2, max_new_tokens=2)
     res = ev.evaluate_run(loc, cfg)

@@ -4,9 +4,11 @@
 
 * ``auto`` (default): ``bf16`` where the hardware computes it natively (a CUDA GPU with bf16 support;
   a CPU with AVX512-BF16 or AMX), ``fp32`` elsewhere — on a CPU without native bf16 (AVX2 only) a bf16
-  matmul runs several times *slower* than fp32 (measured 8x at 576x576 on an AMD EPYC). Resolved when
-  the config is validated (:func:`resolve_precision`); the resolved value is what a run's
-  ``config.yaml`` records, and the choice and its reason are printed once per process.
+  matmul runs several times *slower* than fp32 (measured 8x at 576x576 on an AMD EPYC). Resolved
+  where the model is built (:func:`run_precision`, called by the trainers' builders), not when the
+  config is validated: importing or validating a config probes nothing and prints nothing. The
+  config keeps the setting (``auto``); what the run computes in, and why, is printed once per run
+  and recorded in the run folder's ``run.json``.
 * ``fp32``: every matmul in float32.
 * ``bf16``: the weights, their gradients and the AdamW state stay float32 (``model.dtype`` must be
   float32); the rollout and the training forward/backward run under ``torch.autocast(device,
@@ -40,7 +42,6 @@ SETTINGS = ("auto", *PRECISIONS)
 _NATIVE_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 #: environment variable that, when set, fixes what ``auto`` resolves to
 AUTO_ENV = "POSTTRAIN_AUTO_PRECISION"
-_announced: set[tuple[str, str]] = set()
 
 
 def check_precision(value: str, *, allow_auto: bool = False) -> str:
@@ -117,13 +118,19 @@ def resolve_precision(
     return ("bf16" if ok else "fp32"), why
 
 
-def announce_precision(setting: str, resolved: str, why: str) -> None:
-    """Print ``note: model.precision auto -> fp32 (reason)`` once per process and choice (stderr)."""
+def run_precision(
+    setting: str, device: Any, dtype: str = "float32", *, quiet: bool = False
+) -> tuple[str, str]:
+    """What a run computes in for ``model.precision`` ``setting`` on ``device`` with weights stored in
+    ``dtype`` (:func:`resolve_precision`), and why; printed on stderr as ``note: computing in bf16
+    (model.precision auto: CPU with avx512_bf16)`` unless ``quiet``. The trainers' builders call it once
+    per run, when the model is built, so the note names what the run really uses."""
     import sys
 
-    if setting == "auto" and (resolved, why) not in _announced:
-        _announced.add((resolved, why))
-        print(f"note: model.precision auto -> {resolved} ({why})", file=sys.stderr)
+    resolved, why = resolve_precision(setting, device, dtype)
+    if not quiet:
+        print(f"note: computing in {resolved} (model.precision {setting}: {why})", file=sys.stderr)
+    return resolved, why
 
 
 def _device_type(device: Any) -> str:

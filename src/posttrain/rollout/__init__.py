@@ -30,6 +30,7 @@ from posttrain.rollout.reward_source import (
     RewardSource,
     ScoredBatch,
 )
+from posttrain.rollout.spec import Rollout, RolloutSpec
 
 __all__ = [
     "ENGINES",
@@ -48,8 +49,10 @@ __all__ = [
     "RewardHandle",
     "RewardSource",
     "RewardSourceContext",
+    "Rollout",
     "RolloutBatch",
     "RolloutEngine",
+    "RolloutSpec",
     "RunnerContext",
     "SamplingParams",
     "ScoredBatch",

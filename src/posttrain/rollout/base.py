@@ -368,7 +368,13 @@ class RolloutEngine(ABC):
     that cannot record sampling log-probs returns ``logprobs=None`` even when asked; the trainer then
     refuses the hooks and losses that need them (``ReplayBuffer.needs_logprobs``, loss input
     ``rollout_logp``).
+
+    ``shares_model``: True when the engine generates with the trainer's module itself (HF, fast), so
+    nothing needs syncing after an update; an engine holding its own copy (vLLM) sets it False and
+    implements ``sync_weights`` (:mod:`posttrain.train.weight_sync` calls it once per step).
     """
+
+    shares_model: bool = True
 
     @property
     @abstractmethod

@@ -319,6 +319,8 @@ _DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 class VLLMEngine(RolloutEngine):
     """vLLM generation for the policy ``model``, in the trainer's process (see the module docstring)."""
 
+    shares_model = False  # vLLM holds its own copy: reloaded after each update (sync_weights)
+
     def __init__(
         self,
         model: torch.nn.Module,

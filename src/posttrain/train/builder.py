@@ -8,14 +8,17 @@ only what is above it):
 2. the task and its training split (checked before any model loads), the checkpoint to resume;
 3. the policy (model adapter, LoRA adapters) and its tokenizer;
 4. the reward function, the reward source that scores it, the reward-failure monitor;
-5. the prompt formatter, the training prompts bounded by the context, the rollout engine, the
-   episode runner;
+5. the compute precision (``model.precision`` resolved for the loaded model's device and printed,
+   once per run), the run's :class:`~posttrain.rollout.RolloutSpec`, the prompt formatter, the
+   training prompts bounded by the context, the rollout engine and episode runner built from the spec
+   (synchronous runs; asynchronous ones build theirs in the generation workers);
 6. the policy loss, the advantage estimator, the reference policy, the adapter that runs forwards
    with gradient (DDP / FSDP2), the optimizer (after FSDP2 shards the parameters);
 7. the hooks (sampler, controllers, replay buffer, group filter: bound to the run's
-   :class:`~posttrain.hooks.RunInfo`; shapers), the :class:`~posttrain.train.collector.RolloutCollector`
-   that runs them with the runner and reward source (with ``rollout.max_staleness`` > 0 the
-   asynchronous one, :mod:`posttrain.train.async_rollout`), the importance-weight providers;
+   :class:`~posttrain.hooks.RunInfo`; shapers), the group source (the local runner, or with
+   ``rollout.max_staleness`` > 0 the generation workers of :mod:`posttrain.train.async_rollout`), the
+   :class:`~posttrain.train.collector.RolloutCollector` that runs the hooks over it with the reward
+   source, the weight transport (:mod:`posttrain.train.weight_sync`), the importance-weight providers;
 8. config checks that need the parts (batch splits, multi-process limits).
 
 :func:`build_sft_parts` does the same for supervised fine-tuning (:class:`SFTParts`). Each part may be
@@ -48,39 +51,37 @@ from posttrain.hooks import (
     Controller,
     GroupFilter,
     GroupRewardShaper,
-    NoReplay,
     PromptSampler,
     ReplayBuffer,
     RunInfo,
 )
 from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
 from posttrain.models.lora import AdapterDisabledLM, is_lora, prepare_model
+from posttrain.models.precision import run_precision
 from posttrain.rewards import get_reward
 from posttrain.rewards.callables import as_reward_fn
 from posttrain.rewards.failures import RewardFailureMonitor
 from posttrain.rollout import (
-    EngineContext,
     EpisodeRunner,
     PromptFormatter,
     RewardSource,
     RewardSourceContext,
     RolloutEngine,
-    RunnerContext,
-    build_engine,
+    RolloutSpec,
     build_reward_source,
-    build_runner,
 )
 from posttrain.tasks import get_task
 from posttrain.tasks.inputs import as_task
 from posttrain.train import dist
 from posttrain.train.checkpoint import resolve_checkpoint
-from posttrain.train.collector import (
+from posttrain.train.collector import GroupSource, LocalSource, RolloutCollector
+from posttrain.train.config import RLConfig, TaskConfig
+from posttrain.train.correction import (
+    BehaviourWeights,
     EngineMismatchWeights,
     ImportanceWeights,
     ReplayWeights,
-    RolloutCollector,
 )
-from posttrain.train.config import RLConfig, TaskConfig
 from posttrain.train.lengths import (
     bound_examples,
     bound_prompts,
@@ -90,11 +91,12 @@ from posttrain.train.lengths import (
 )
 from posttrain.train.optim import build_adamw
 from posttrain.train.sft_data import SFTDataError, SFTExample, encode_rows, iter_rows, read_sft_file
+from posttrain.train.weight_sync import WeightSync, choose_weight_sync
 from posttrain.utils.data import EpochShuffler
 from posttrain.utils.errors import InvalidTypeError, InvalidValueError, PosttrainWarning
 
 if TYPE_CHECKING:
-    from posttrain.train.sft import SFTConfig
+    from posttrain.train.config import SFTConfig
 
 
 class DegenerateSettingWarning(PosttrainWarning, RuntimeWarning):
@@ -142,21 +144,28 @@ class RLParts:
 
     ``lm`` is the policy's model adapter (``lm.model``, ``lm.tokenizer``); ``ref_lm`` the frozen
     reference (None without a KL term or a loss input that needs it); ``train_lm`` the adapter the
-    forwards with gradient go through (``lm`` itself in one process). The collector holds the
-    sampler, replay buffer, group filter (None: one round), runner and reward source;
+    forwards with gradient go through (``lm`` itself in one process). ``precision`` is what the run
+    computes in (``model.precision`` resolved, and why); ``spec`` how its rollout is built; ``engine``
+    the trainer's own engine (None under asynchronous rollout: the workers hold theirs);
+    ``weight_sync`` publishes the weights once per step. The collector holds the sampler, replay
+    buffer, group filter (None: one round), group source and reward source;
     ``owns_reward_source`` says whether the trainer built (and closes) it. ``checkpoint`` is the
     checkpoint to restore once the trainer exists (``resume=True``), else None."""
 
     cfg: RLConfig
     device: Any
+    precision: str
+    precision_reason: str
     task: Any
     train_examples: list[Any]
     checkpoint: Path | None
     lm: ModelAdapter
     ref_lm: ModelAdapter | None
     train_lm: Any
+    spec: RolloutSpec
     formatter: PromptFormatter
-    engine: RolloutEngine
+    engine: RolloutEngine | None
+    weight_sync: WeightSync
     reward_fn: Callable[[str, Any], float]
     owns_reward_source: bool
     reward_failures: RewardFailureMonitor
@@ -204,11 +213,14 @@ def build_rl_parts(
     ckpt = resolve_checkpoint(Path(cfg.out_dir)) if resume else None
     lm = load_policy(cfg, model, tokenizer, ckpt, device)
     device = next(lm.model.parameters()).device
+    precision, why = resolve_run_precision(cfg, lm)
     reward_fn, source, owns_source = build_reward(cfg, task, lm.tokenizer, reward, reward_source)
     failures = RewardFailureMonitor(cfg.reward.max_failed_frac)  # shown once, counted
-    formatter = build_formatter(cfg.task, lm.tokenizer)
+    spec = cfg.rollout_spec(precision)
+    formatter = spec.formatter(lm.tokenizer)
     train_examples = bound_train_prompts(cfg, train_examples, formatter, lm)
-    engine, runner = build_rollout(cfg, lm, formatter, runner)  # asynchronous: the trainer's side
+    asynchronous = cfg.rollout.max_staleness > 0
+    engine, runner = (None, None) if asynchronous else build_rollout(cfg, spec, lm, formatter, runner)
     loss_fn, adv_fn = get_policy_loss(cfg.objective.name), get_advantage(cfg.advantage.name)
     needs_ref = cfg.kl.coef > 0 or "ref_logp" in loss_fn.inputs
     ref_lm = reference_policy(cfg, lm, ckpt, device) if needs_ref else None
@@ -221,9 +233,11 @@ def build_rl_parts(
     run = run_info(cfg, lm, formatter, task)
     hooks = build_hooks(cfg, train_examples, run, sampler, controllers, replay, group_filter)
     warn = StepWarnings()
-    collector = build_collector(cfg, hooks, runner, source, formatter, engine, warn)
-    if cfg.rollout.max_staleness > 0:  # generation workers beside the trainer (train/async_rollout.py)
-        collector = build_async_collector(cfg, collector, lm.model, train_examples)
+    if asynchronous:  # generation workers beside the trainer (train/async_rollout.py)
+        group_source, weight_sync = build_worker_source(cfg, spec, lm, train_examples, hooks)
+    else:
+        group_source, weight_sync = LocalSource(runner, formatter, engine.pad_token_id), choose_weight_sync(engine)
+    collector = build_collector(cfg, hooks, group_source, source, warn)
     is_weights = importance_weights(cfg, collector, engine)
     shaper_list, shaper_names = build_shapers(cfg, shapers)
     warn_batch_split(cfg, warn)
@@ -238,14 +252,18 @@ def build_rl_parts(
     return RLParts(
         cfg=cfg,
         device=device,
+        precision=precision,
+        precision_reason=why,
         task=task,
         train_examples=train_examples,
         checkpoint=ckpt,
         lm=lm,
         ref_lm=ref_lm,
         train_lm=train_lm,
+        spec=spec,
         formatter=formatter,
         engine=engine,
+        weight_sync=weight_sync,
         reward_fn=reward_fn,
         owns_reward_source=owns_source,
         reward_failures=failures,
@@ -327,27 +345,28 @@ def build_reward(
     return reward, build_reward_source(cfg.reward.source.name, cfg.reward.source.params, ctx), True
 
 
+def resolve_run_precision(cfg: Any, lm: ModelAdapter) -> tuple[str, str]:
+    """What the run computes in (``model.precision`` resolved for the device the model was loaded on
+    and the dtype its weights are stored in) and why, printed once per run (rank 0)."""
+    device = next(lm.model.parameters()).device
+    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+    return run_precision(cfg.model.precision, device, dtype, quiet=not dist.is_main())
+
+
 def build_rollout(
-    cfg: RLConfig, lm: ModelAdapter, formatter: PromptFormatter, runner: EpisodeRunner | None
+    cfg: RLConfig, spec: RolloutSpec, lm: ModelAdapter, formatter: PromptFormatter, runner: EpisodeRunner | None
 ) -> tuple[RolloutEngine, EpisodeRunner]:
-    """The rollout engine (``rollout.engine``, sampling seed ``seed + 1``) and the episode runner over
-    it (``rollout.runner``, or the passed one)."""
-    ctx = EngineContext(
+    """The trainer's rollout engine (sampling seed ``seed + 1``) and the episode runner over it (or the
+    passed one), built from the run's ``spec``."""
+    built = spec.build(
         lm.model,
         lm.tokenizer,
         seed=dist.rank_seed(cfg.seed + 1),
-        max_batch_size=cfg.rollout.max_batch_size,
-        precision=cfg.model.precision,
+        runner_seed=dist.rank_seed(cfg.seed),
+        runner=runner,
+        formatter=formatter,
     )
-    name, params = cfg.rollout.engine.name, cfg.rollout.engine.params
-    if cfg.rollout.max_staleness > 0 and name == "vllm":
-        # asynchronous rollout: vLLM runs in the generation workers; the trainer's engine only pads
-        name, params = "hf", {}
-    engine = build_engine(name, params, ctx)
-    if runner is None:
-        run_ctx = RunnerContext(engine, formatter, lm.tokenizer, seed=dist.rank_seed(cfg.seed))
-        runner = build_runner(cfg.rollout.runner.name, cfg.rollout.runner.params, run_ctx)
-    return engine, runner
+    return built.engine, built.runner
 
 
 def bound_train_prompts(
@@ -379,25 +398,16 @@ def run_info(cfg: RLConfig, lm: ModelAdapter, formatter: PromptFormatter, task: 
 
 
 def build_collector(
-    cfg: RLConfig,
-    hooks: RLHooks,
-    runner: EpisodeRunner,
-    reward_source: RewardSource,
-    formatter: PromptFormatter,
-    engine: RolloutEngine,
-    warn: StepWarnings,
+    cfg: RLConfig, hooks: RLHooks, source: GroupSource, reward_source: RewardSource, warn: StepWarnings
 ) -> RolloutCollector:
-    """The step's rollout, complete: the sampler, replay buffer and group filter of ``hooks``, the
-    runner, the reward source, and what rebuilds replayed rows."""
+    """The step's rollout, complete: the sampler, replay buffer and group filter of ``hooks`` over the
+    group ``source``, scored by ``reward_source``."""
     return RolloutCollector(
+        source=source,
         sampler=hooks.sampler,
         replay=hooks.replay,
         group_filter=hooks.group_filter,
-        runner=runner,
         reward_source=reward_source,
-        formatter=formatter,
-        tokenizer=formatter.tokenizer,
-        engine=engine,
         prompts_per_step=cfg.rollout.prompts_per_step,
         group_size=cfg.rollout.group_size,
         success_threshold=cfg.reward.success_threshold,
@@ -405,47 +415,33 @@ def build_collector(
     )
 
 
-def build_async_collector(
-    cfg: RLConfig, collector: RolloutCollector, model: Any, train_examples: list[Any]
-) -> RolloutCollector:
-    """``rollout.max_staleness`` > 0: the same parts as ``collector``, with Ray generation workers
-    (:class:`~posttrain.train.async_rollout.AsyncRolloutCollector`; Ray is imported only here)."""
-    from posttrain.train.async_rollout import AsyncRolloutCollector, require_ray
+def build_worker_source(
+    cfg: RLConfig, spec: RolloutSpec, lm: ModelAdapter, train_examples: list[Any], hooks: RLHooks
+) -> tuple[GroupSource, WeightSync]:
+    """``rollout.max_staleness`` > 0: generation workers as the group source, and the object-store
+    weight transport they read (Ray is imported only here)."""
+    from posttrain.train.async_rollout import worker_source
 
-    require_ray()
     if dist.world_size() > 1:
         raise InvalidValueError(
             f"rollout.max_staleness={cfg.rollout.max_staleness}: asynchronous rollout runs in one trainer "
             "process; under torchrun use rollout.max_staleness=0"
         )
-    if not isinstance(collector.replay, NoReplay):
-        raise InvalidValueError(
-            f"rollout.max_staleness={cfg.rollout.max_staleness} with a replay buffer "
-            f"({type(collector.replay).__name__}): not supported by asynchronous rollout yet; use "
-            "rollout.max_staleness=0"
-        )
-    c = collector
-    return AsyncRolloutCollector(
-        model=model,
-        cfg=cfg,
-        train_examples=train_examples,
-        sampler=c.sampler,
-        replay=c.replay,
-        group_filter=c.group_filter,
-        runner=c.runner,
-        reward_source=c.reward_source,
-        formatter=c.formatter,
-        tokenizer=c.tokenizer,
-        engine=c.engine,
-        prompts_per_step=c.prompts_per_step,
-        group_size=c.group_size,
-        success_threshold=c.success_threshold,
-        warn=c.warn,
+    over = hooks.group_filter.oversample if hooks.group_filter is not None else 1.0
+    return worker_source(
+        cfg.rollout,
+        spec,
+        lm.model,
+        lm.tokenizer,
+        train_examples,
+        seed=cfg.seed,
+        oversample=over,
+        lora=is_lora(lm.model),
     )
 
 
 def importance_weights(
-    cfg: RLConfig, collector: RolloutCollector, engine: RolloutEngine
+    cfg: RLConfig, collector: RolloutCollector, engine: RolloutEngine | None
 ) -> list[ImportanceWeights]:
     """The per-token importance-weight providers, multiplied: replayed rows (the buffer's weights),
     and on fresh rows the engine's sampler/trainer-mismatch correction, or under asynchronous rollout
@@ -456,8 +452,6 @@ def importance_weights(
         return [*out, EngineMismatchWeights(lambda: engine)]
     si = cfg.rollout.staleness_is
     if si.mode is not None:
-        from posttrain.train.async_rollout import BehaviourWeights
-
         out.append(BehaviourWeights(si.mode, si.cap, si.floor))
     return out
 
@@ -465,12 +459,9 @@ def importance_weights(
 def build_formatter(task_cfg: TaskConfig, tokenizer: Any) -> PromptFormatter:
     """Prompt text -> token ids with the task's template, chat template and assistant prefix: the one
     formatter rollout, SFT and evaluation share."""
-    return PromptFormatter(
-        tokenizer,
-        template=task_cfg.prompt_template,
-        chat=task_cfg.chat_template,
-        assistant_prefix=task_cfg.assistant_prefix,
-    )
+    return RolloutSpec(
+        template=task_cfg.prompt_template, chat=task_cfg.chat_template, assistant_prefix=task_cfg.assistant_prefix
+    ).formatter(tokenizer)
 
 
 class RLHooks(NamedTuple):
@@ -581,6 +572,8 @@ class SFTParts:
     restore once the trainer exists."""
 
     device: Any
+    precision: str
+    precision_reason: str
     checkpoint: Path | None
     lm: ModelAdapter
     formatter: PromptFormatter
@@ -625,6 +618,7 @@ def build_sft_parts(
     adapter.model = prepare_model(adapter.model, cfg, resumed=ckpt is not None)
     if cfg.model.gradient_checkpointing:
         adapter.model.gradient_checkpointing_enable()
+    precision, why = resolve_run_precision(cfg, adapter)
     formatter = build_formatter(cfg.task, adapter.tokenizer)
     task, parsed, source = sft_rows(cfg, pairs, rows)
     examples = bound_sft_rows(cfg, parsed, source, adapter, formatter)
@@ -637,6 +631,8 @@ def build_sft_parts(
     train_lm = dist.wrap_adapter(adapter, batch_size=cfg.batch_size, strategy=cfg.distributed.strategy)
     return SFTParts(
         device=adapter.device,
+        precision=precision,
+        precision_reason=why,
         checkpoint=ckpt,
         lm=adapter,
         formatter=formatter,

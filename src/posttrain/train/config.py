@@ -16,12 +16,17 @@ against what the named target accepts, also at config time.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
+from posttrain.train.sft_data import DataFields
 from posttrain.utils.config import StrictModel, check_choice
 from posttrain.utils.errors import InvalidValueError, PosttrainWarning
+
+if TYPE_CHECKING:
+    from posttrain.rollout.spec import RolloutSpec
 
 
 class ComponentSpec(StrictModel):
@@ -140,8 +145,8 @@ class ModelConfig(StrictModel):
     dtype: str = "float32"
     precision: str = "auto"
     """Compute precision: "auto" (default: bf16 where the hardware has it natively — a CUDA GPU, a CPU
-    with AVX512-BF16 or AMX — else fp32; resolved when the config is validated, so a run's config.yaml
-    records what ran), "fp32", or "bf16" = bf16 autocast for the rollout and the training
+    with AVX512-BF16 or AMX — else fp32; resolved when the model is built, printed once per run and
+    recorded in the run folder's ``run.json``; ``config.yaml`` keeps ``auto``), "fp32", or "bf16" = bf16 autocast for the rollout and the training
     forward/backward over fp32 master weights and AdamW state, log-softmax and losses in fp32
     (needs ``dtype: float32``; docs/precision.md). Same meaning on CPU and GPU."""
     device: str = "auto"
@@ -184,24 +189,7 @@ class ModelConfig(StrictModel):
     def _precision(cls, v: str) -> str:
         from posttrain.models.precision import check_precision
 
-        return check_precision(v)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _resolve_auto_precision(cls, data: Any) -> Any:
-        """``precision: auto`` (or unset) becomes fp32 or bf16 for this machine, printed once."""
-        if not isinstance(data, dict) or str(data.get("precision", "auto")).lower() != "auto":
-            return data
-        from posttrain.models.precision import announce_precision, resolve_precision
-
-        try:
-            resolved, why = resolve_precision(
-                "auto", data.get("device", "auto"), data.get("dtype", "float32")
-            )
-        except (RuntimeError, ValueError, TypeError):  # a bad device name: model.device's own check says so
-            return {**data, "precision": "fp32"}
-        announce_precision("auto", resolved, why)
-        return {**data, "precision": resolved}
+        return check_precision(v, allow_auto=True)
 
     @model_validator(mode="after")
     def _precision_needs_fp32_weights(self) -> ModelConfig:
@@ -741,6 +729,26 @@ class RLConfig(StrictModel):
     hooks: HooksConfig = HooksConfig()
     distributed: DistributedConfig = DistributedConfig()
 
+    def rollout_spec(self, precision: str) -> RolloutSpec:
+        """How this run builds rollout (``rollout.engine``, ``rollout.runner``, the task's prompt format,
+        ``rollout.max_batch_size``) at the compute ``precision`` resolved where the model was built: the
+        one :class:`~posttrain.rollout.RolloutSpec` the trainer, its evaluator and every generation
+        worker build from."""
+        from posttrain.rollout.spec import RolloutSpec
+
+        t, r = self.task, self.rollout
+        return RolloutSpec(
+            engine=r.engine.name,
+            engine_params=r.engine.params,
+            runner=r.runner.name,
+            runner_params=r.runner.params,
+            template=t.prompt_template,
+            chat=t.chat_template,
+            assistant_prefix=t.assistant_prefix,
+            precision=precision,
+            max_batch_size=r.max_batch_size,
+        )
+
     @model_validator(mode="after")
     def _groups_of_one(self) -> RLConfig:
         """Group-relative advantages (GRPO, Dr.GRPO, RLOO) compare a completion with the others of its
@@ -874,3 +882,103 @@ def load_rl_config(path: str | None = None, overrides: list[str] | None = None) 
     from posttrain.utils.config import build_config
 
     return build_config(RLConfig, path, overrides)
+
+
+# ------------------------------------------------------------------------------------------ SFT
+_LEGACY_OPTIMIZER_KEYS = ("lr", "weight_decay", "warmup_steps", "schedule", "grad_clip")
+
+
+class SFTOptimizerConfig(OptimizerConfig):
+    """RL's ``OptimizerConfig`` with SFT's default learning rate (1e-3, the value SFT always had)."""
+
+    lr: float = Field(1e-3, gt=0)
+
+
+class SFTEvalConfig(EvalConfig):
+    """RL's ``EvalConfig`` without the evaluation before the first step by default."""
+
+    at_start: bool = False
+
+
+class SFTConfig(StrictModel):
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    """Source of reference completions (when ``data`` is None) and of the held-out evaluation."""
+    data: str | None = None
+    """Prompt/completion, text or messages rows (TRL's SFT formats; overrides the task's completions):
+    a JSONL / JSON / parquet / arrow file or a ``datasets`` ``save_to_disk`` directory."""
+    data_fields: DataFields = DataFields()
+    """Column names in ``data`` / ``eval_data``, e.g. ``{prompt: question, completion: answer}``."""
+    eval_data: str | None = None
+    """JSONL file (same formats) whose token-mean loss is the held-out metric (``eval.*``)."""
+    style: Literal["short", "long"] = "short"
+    max_examples: int | None = Field(None, ge=1)
+    max_length: int | None = Field(None, ge=2)
+    """Longest training sequence in tokens (prompt + completion, text, or conversation); None = the
+    model's context. Longer rows are handled by ``overlong``."""
+    overlong: Literal["error", "truncate", "skip"] = "error"
+    """A row longer than ``max_length``: an error naming its file and line, or keep its first
+    ``max_length`` tokens, or leave it out (both counted and reported when the data loads)."""
+    steps: int = Field(200, ge=0)
+    schedule_steps: int | None = Field(None, ge=1)
+    """Length of the lr schedule (cosine horizon) when it differs from ``steps`` (e.g. DSMT fine-tuning
+    runs ``steps`` of a cosine over 1.2 × steps); None = ``steps``."""
+    batch_size: int = Field(32, ge=1)
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Sequences per forward/backward (gradient accumulation); None = the whole batch at once. The
+    loss is normalised by the batch's total target-token count, so the gradient does not change."""
+    optimizer: SFTOptimizerConfig = Field(default_factory=SFTOptimizerConfig)
+    """lr, betas, eps, weight_decay, grad_clip, schedule, warmup_steps, min_lr_ratio (as in RL). The
+    old top-level keys ``lr``, ``weight_decay``, ``warmup_steps``, ``schedule``, ``grad_clip`` are
+    still accepted and moved here."""
+    logprob_chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1)
+    seed: int = 0
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op CPU threads (None = torch's default); see ``RLConfig.threads``."""
+    out_dir: str = "runs/sft"
+    eval: SFTEvalConfig = Field(default_factory=SFTEvalConfig)
+    """every, n, at_start (default False), at_end; held-out = the task or ``eval_data``."""
+    max_new_tokens: int = Field(16, ge=1)
+    """Generation length for the held-out evaluation."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    save: bool = True
+    """Write the run folder (metrics.jsonl, config.yaml, checkpoints, model/); False writes nothing."""
+    progress: bool | None = None
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """``strategy``: ``ddp`` or ``fsdp`` (FSDP2) under ``torchrun`` (docs/distributed.md)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shared_sections(cls, data: Any) -> Any:
+        """RL's ``OptimizerConfig`` / ``EvalConfig`` objects are accepted as they are (all their
+        values); the old top-level optimizer keys are moved under ``optimizer``."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key, parent, own in (
+            ("optimizer", OptimizerConfig, SFTOptimizerConfig),
+            ("eval", EvalConfig, SFTEvalConfig),
+        ):
+            if isinstance(data.get(key), parent) and not isinstance(data[key], own):
+                data[key] = data[key].model_dump()
+        if not any(k in data for k in _LEGACY_OPTIMIZER_KEYS):
+            return data
+        opt = dict(data.get("optimizer") or {})
+        for k in _LEGACY_OPTIMIZER_KEYS:
+            if k in data:
+                if k in opt:
+                    raise InvalidValueError(
+                        f"both {k} and optimizer.{k} are set; {k} is the old name, keep only optimizer.{k}"
+                    )
+                opt[k] = data.pop(k)
+        data["optimizer"] = opt
+        return data
+
+    @model_validator(mode="after")
+    def _heldout_exists(self) -> SFTConfig:
+        if self.data is not None and self.eval_data is None and (self.eval.every or self.eval.at_start):
+            raise InvalidValueError(
+                "eval.every / eval.at_start need held-out data: training from `data`, set `eval_data` "
+                "(a JSONL file in the same formats) or leave eval.every at 0"
+            )
+        return self

@@ -27,8 +27,8 @@ import numpy as np
 from posttrain.hooks import GROUP_SHAPERS, Hook, hook_metrics
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, PromptFormatter
-from posttrain.rollout.registry import EngineContext, RunnerContext, build_engine, build_runner
 from posttrain.rollout.reward_source import RewardSource
+from posttrain.rollout.spec import RolloutSpec
 from posttrain.train.config import EVAL_MAX_BATCH_SIZE
 from posttrain.utils.errors import InvalidValueError
 
@@ -159,13 +159,20 @@ def eval_runner(
     precision: str = "fp32",
     seed: int = EVAL_SEED,
 ) -> EpisodeRunner:
-    """The engine and episode runner an evaluation generates with, built from their registries like
-    training's (``rollout.engine``, ``rollout.runner``) but with their own sampling generator seeded
-    with ``seed``, so evaluating never perturbs a training run's RNG streams. ``max_batch_size`` is the
-    evaluation batch cap (``EvalConfig.batch_cap``; None = no limit)."""
-    ctx = EngineContext(model, tokenizer, seed=seed, max_batch_size=max_batch_size, precision=precision)
-    eng = build_engine(engine, engine_params or {}, ctx)
-    return build_runner(runner, runner_params or {}, RunnerContext(eng, formatter, tokenizer, seed=seed))
+    """The engine and episode runner an evaluation generates with, built by a
+    :class:`~posttrain.rollout.RolloutSpec` like training's (``rollout.engine``, ``rollout.runner``) but
+    with their own sampling generator seeded with ``seed``, so evaluating never perturbs a training
+    run's RNG streams. ``max_batch_size`` is the evaluation batch cap (``EvalConfig.batch_cap``; None =
+    no limit)."""
+    spec = RolloutSpec(
+        engine=engine,
+        engine_params=engine_params or {},
+        runner=runner,
+        runner_params=runner_params or {},
+        precision=precision,
+        max_batch_size=max_batch_size,
+    )
+    return spec.build(model, tokenizer, seed=seed, formatter=formatter).runner
 
 
 def config_eval_runner(
@@ -175,22 +182,27 @@ def config_eval_runner(
     formatter: PromptFormatter,
     *,
     runner_params: dict[str, Any] | None = None,
+    precision: str | None = None,
 ) -> EpisodeRunner:
     """:func:`eval_runner` as a run config sets it (``RLTrainer.eval_runner`` and the drivers that
-    evaluate arms of a config): its engine and runner (``runner_params`` replaces the runner's
-    parameters, e.g. without tools), the evaluation batch cap ``eval.batch_cap(rollout.max_batch_size)``
-    and the model's compute precision."""
-    return eval_runner(
-        model,
-        tokenizer,
-        formatter,
-        max_batch_size=cfg.eval.batch_cap(cfg.rollout.max_batch_size),
-        engine=cfg.rollout.engine.name,
-        engine_params=cfg.rollout.engine.params,
-        runner=cfg.rollout.runner.name,
-        runner_params=cfg.rollout.runner.params if runner_params is None else runner_params,
-        precision=cfg.model.precision,
-    )
+    evaluate arms of a config): the run's :class:`~posttrain.rollout.RolloutSpec`
+    (``RLConfig.rollout_spec``) with the evaluation batch cap ``eval.batch_cap(rollout.max_batch_size)``
+    (``runner_params`` replaces the runner's parameters, e.g. without tools), at ``precision`` (the
+    trainer's resolved one; None: ``model.precision`` resolved for ``model``, quietly)."""
+    if precision is None:
+        precision = config_precision(cfg, model)
+    spec = cfg.rollout_spec(precision).replace(max_batch_size=cfg.eval.batch_cap(cfg.rollout.max_batch_size))
+    if runner_params is not None:
+        spec = spec.replace(runner_params=runner_params)
+    return spec.build(model, tokenizer, seed=EVAL_SEED, formatter=formatter).runner
+
+
+def config_precision(cfg: Any, model: Any) -> str:
+    """``model.precision`` of ``cfg`` resolved for ``model``'s device and weight dtype (no note printed)."""
+    from posttrain.models.precision import resolve_precision
+
+    param = next(model.parameters())
+    return resolve_precision(cfg.model.precision, param.device, str(param.dtype).removeprefix("torch."))[0]
 
 
 def evaluate(
@@ -519,7 +531,8 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
         where=f"task {cfg.task.name!r}: held-out split",
     )
     # the trainer's evaluation runner (RLTrainer.eval_runner): engine, runner, batch cap and precision
-    runner = config_eval_runner(cfg, model, tok, formatter)
+    precision = config_precision(cfg, model)
+    runner = config_eval_runner(cfg, model, tok, formatter, precision=precision)
     source = build_reward_source(
         cfg.reward.source.name,
         cfg.reward.source.params,
@@ -563,7 +576,7 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
         "temperature": cfg.eval.temperature,
         "engine": cfg.rollout.engine.model_dump(mode="json"),
         "runner": cfg.rollout.runner.model_dump(mode="json"),
-        "precision": cfg.model.precision,
+        "precision": precision,
         "reward_source": cfg.reward.source.model_dump(mode="json"),
     }
     return res

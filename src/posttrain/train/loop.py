@@ -9,7 +9,8 @@ owns:
 * **the run folder**: :func:`~posttrain.train.run_dir.start_run` before the first step (the folder's
   lock, a fresh run refuses a previous run unless ``overwrite``, a resumed run refuses breaking config
   changes unless ``allow_config_change``, ``config.yaml``) and :func:`~posttrain.train.run_dir.end_run`
-  after the last, also when a step raises;
+  after the last, also when a step raises; ``run.json`` records what the configuration left to the
+  machine (:func:`write_run_info`: the compute precision ``auto`` resolved to, and why; the CPU);
 * **the step loop** with a progress bar (rich, or plain ``step/total … elapsed … ETA`` lines when
   stderr is not a terminal) showing the trainer's live metrics;
 * **logging**: every step's metrics and every evaluation to ``metrics.jsonl`` (TensorBoard / W&B when
@@ -174,6 +175,7 @@ class RunLoop:
                     **spec.logging,
                 )
             )
+            dist.on_main(lambda: write_run_info(t))
         t0 = time.perf_counter()
         start = t.step_idx
         summary: dict[str, Any] = {"start_step": start}
@@ -283,3 +285,26 @@ class RunLoopTrainer:
         if opt is not None and hasattr(opt, "state"):
             opt.state.clear()  # the run is over: its moments are not needed (checkpoints hold them)
         gc.collect()  # free earlier trainers' cycles now, not at the next full collection
+
+
+def write_run_info(trainer: Any) -> None:
+    """``run.json`` in the run folder: what the run resolved at start that ``config.yaml`` leaves to the
+    machine: ``precision`` (what ``model.precision`` resolved to) and ``precision_reason``, the CPU's
+    kernel level and bf16 flags, torch's version. Rewritten at every (re)start: a resumed run on
+    another machine records that machine. Trainers without a resolved precision write none."""
+    import torch
+
+    if getattr(trainer, "precision", None) is None:
+        return
+    from posttrain.models.precision import cpu_capability
+    from posttrain.utils.io import atomic_write_json
+
+    info = {
+        "precision": trainer.precision,
+        "precision_reason": getattr(trainer, "precision_reason", None),
+        "precision_setting": trainer.cfg.model.precision,
+        "cpu": cpu_capability(),
+        "torch": torch.__version__,
+        "start_step": trainer.step_idx,
+    }
+    atomic_write_json(Path(trainer.run_dir) / "run.json", info)

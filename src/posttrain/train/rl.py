@@ -72,8 +72,8 @@ from posttrain.rollout import EpisodeRunner, Episodes, RewardSource, RolloutBatc
 from posttrain.rollout.reward_source import RewardHandle
 from posttrain.train import dist
 from posttrain.train.builder import DegenerateSettingWarning, build_rl_parts
-from posttrain.train.collector import combine_weights
 from posttrain.train.config import RLConfig
+from posttrain.train.correction import combine_weights
 from posttrain.train.loop import LoopSpec, RunLoop, RunLoopTrainer
 from posttrain.train.optim import clip_and_step, scheduled_lr, set_lr
 from posttrain.utils.errors import InvalidValueError
@@ -274,10 +274,12 @@ class RLTrainer(RunLoopTrainer):
         objects.update(group_filter=group_filter, replay=replay, shapers=shapers, controllers=controllers)
         p = build_rl_parts(cfg, model=model, tokenizer=tokenizer, resume=resume, **objects)
         self.cfg, self.run_dir, self.device = cfg, Path(cfg.out_dir), p.device
+        self.precision, self.precision_reason, self.spec = p.precision, p.precision_reason, p.spec
         self.task, self.train_examples, self.reward_fn = p.task, p.train_examples, p.reward_fn
         self.lm, self.ref_lm, self.train_lm = p.lm, p.ref_lm, p.train_lm
         self.model, self.tokenizer = p.lm.model, p.lm.tokenizer  # everything that scores tokens uses lm
         self.formatter, self.engine, self.collector = p.formatter, p.engine, p.collector
+        self.weight_sync = p.weight_sync
         self.loss_fn, self.adv_fn, self.optimizer = p.loss_fn, p.adv_fn, p.optimizer
         self.controllers, self.shapers, self.shaper_names = p.controllers, p.shapers, p.shaper_names
         self.is_weights, self.reward_failures, self.warn = p.is_weights, p.reward_failures, p.warn
@@ -316,7 +318,9 @@ class RLTrainer(RunLoopTrainer):
             min_new_tokens=cfg.rollout.min_new_tokens,
             suppress_eos=cfg.rollout.suppress_eos,
         )
-        with precision_autocast(self.device, cfg.model.precision):  # model.precision bf16: autocast
+        # the generators sample from this step's policy version (one publication per step)
+        self.weight_sync.publish(self.model, self.step_idx)
+        with precision_autocast(self.device, self.precision):  # model.precision bf16: autocast
             episodes, handle, rounds = self.collector.collect(self.step_idx, params)
         self._check_logprobs(episodes)
         batch = episodes.batch.to(self.device)
@@ -369,7 +373,7 @@ class RLTrainer(RunLoopTrainer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logp, entropy) (len(rows), T) over the completion positions at temperature τ; 0 except on
         action tokens (environment tokens are attended to, not scored)."""
-        with torch.set_grad_enabled(grad), precision_autocast(self.device, self.cfg.model.precision):
+        with torch.set_grad_enabled(grad), precision_autocast(self.device, self.precision):
             lp, ent = lm.logprobs(
                 ro.input_ids[rows],
                 ro.attention_mask[rows],
@@ -455,7 +459,6 @@ class RLTrainer(RunLoopTrainer):
                     self._micro_step(micro, adv[rows], g_tokens, g_seqs, sums, first_epoch=epoch == 0)
                 grad_norms.append(clip_and_step(self.model, self.optimizer, cfg.optimizer.grad_clip))
         seconds = time.perf_counter() - t0
-        self.engine.sync_weights(self.model)  # (engines that sync weights are refused under FSDP2)
         n_updates = cfg.ppo_epochs * len(ro.minibatches)
         sums.all_reduce()  # distributed: the ranks' shares and token sums add up (no-op in one process)
         return StepUpdate(lr, sums.result(n_updates), grad_norms, seconds)
@@ -659,7 +662,8 @@ class RLTrainer(RunLoopTrainer):
         collector = self.collector.state_dict()  # asynchronous: the groups dispatched, not consumed
         if collector:
             state["collector"] = collector
-        extra = {f"engine.{k}": v for k, v in self.engine.state_dict().items()}
+        engine_state = self.engine.state_dict() if self.engine is not None else {}
+        extra = {f"engine.{k}": v for k, v in engine_state.items()}
         dist.add_rank_states(state, extra)  # distributed: every rank's sampling RNG (nothing in one process)
         return self.loop.save_checkpoint(state, extra)
 
@@ -676,9 +680,8 @@ class RLTrainer(RunLoopTrainer):
         if "collector" in state:
             self.collector.load_state_dict(state["collector"])
         ext = dist.restore_rank_state(state)  # this rank's RNG and extra tensors (rank 0: the saved ones)
-        self.engine.load_state_dict(
-            {k[len("engine.") :]: v for k, v in ext.items() if k.startswith("engine.")}
-        )
+        if self.engine is not None:
+            self.engine.load_state_dict({k[len("engine.") :]: v for k, v in ext.items() if k.startswith("engine.")})
 
     # ------------------------------------------------------------------------------- evaluation
     def eval_runner(self) -> EpisodeRunner:
@@ -688,7 +691,7 @@ class RLTrainer(RunLoopTrainer):
         and the run's compute precision."""
         from posttrain.train.evaluate import config_eval_runner
 
-        return config_eval_runner(self.cfg, self.model, self.tokenizer, self.formatter)
+        return config_eval_runner(self.cfg, self.model, self.tokenizer, self.formatter, precision=self.precision)
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out accuracy (and pass@k) of the current policy, with an engine and runner built from
@@ -770,7 +773,9 @@ class RLTrainer(RunLoopTrainer):
 
     def close(self) -> None:
         self.collector.close()  # asynchronous: the generation workers
-        self.engine.close()
+        self.weight_sync.close()
+        if self.engine is not None:
+            self.engine.close()
         if self._owns_reward_source:
             self.collector.reward_source.close()
         dist.teardown()  # leaves the process group only if setup() joined it

@@ -38,24 +38,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
 
-from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE
 from posttrain.models.precision import precision_autocast
 from posttrain.tasks import get_task
 from posttrain.train import dist
 from posttrain.train.builder import build_sft_parts, task_pairs
-from posttrain.train.config import (
-    CheckpointConfig,
-    DistributedConfig,
-    EvalConfig,
-    ModelConfig,
-    OptimizerConfig,
-    TaskConfig,
-)
+from posttrain.train.config import SFTConfig, SFTEvalConfig, SFTOptimizerConfig
 from posttrain.train.loop import LoopSpec, RunLoop, RunLoopTrainer
 from posttrain.train.sft_data import DataFields, SFTDataError, SFTExample, read_sft_file
-from posttrain.utils.config import StrictModel
 from posttrain.utils.errors import InvalidValueError
 
 __all__ = [
@@ -71,105 +61,6 @@ __all__ = [
 
 load_sft_jsonl = read_sft_file
 """Parsed rows of an SFT JSONL file (any of the three formats); errors name the file and line."""
-
-_LEGACY_OPTIMIZER_KEYS = ("lr", "weight_decay", "warmup_steps", "schedule", "grad_clip")
-
-
-class SFTOptimizerConfig(OptimizerConfig):
-    """RL's ``OptimizerConfig`` with SFT's default learning rate (1e-3, the value SFT always had)."""
-
-    lr: float = Field(1e-3, gt=0)
-
-
-class SFTEvalConfig(EvalConfig):
-    """RL's ``EvalConfig`` without the evaluation before the first step by default."""
-
-    at_start: bool = False
-
-
-class SFTConfig(StrictModel):
-    model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig()
-    """Source of reference completions (when ``data`` is None) and of the held-out evaluation."""
-    data: str | None = None
-    """Prompt/completion, text or messages rows (TRL's SFT formats; overrides the task's completions):
-    a JSONL / JSON / parquet / arrow file or a ``datasets`` ``save_to_disk`` directory."""
-    data_fields: DataFields = DataFields()
-    """Column names in ``data`` / ``eval_data``, e.g. ``{prompt: question, completion: answer}``."""
-    eval_data: str | None = None
-    """JSONL file (same formats) whose token-mean loss is the held-out metric (``eval.*``)."""
-    style: Literal["short", "long"] = "short"
-    max_examples: int | None = Field(None, ge=1)
-    max_length: int | None = Field(None, ge=2)
-    """Longest training sequence in tokens (prompt + completion, text, or conversation); None = the
-    model's context. Longer rows are handled by ``overlong``."""
-    overlong: Literal["error", "truncate", "skip"] = "error"
-    """A row longer than ``max_length``: an error naming its file and line, or keep its first
-    ``max_length`` tokens, or leave it out (both counted and reported when the data loads)."""
-    steps: int = Field(200, ge=0)
-    schedule_steps: int | None = Field(None, ge=1)
-    """Length of the lr schedule (cosine horizon) when it differs from ``steps`` (e.g. DSMT fine-tuning
-    runs ``steps`` of a cosine over 1.2 × steps); None = ``steps``."""
-    batch_size: int = Field(32, ge=1)
-    micro_batch_size: int | None = Field(None, ge=1)
-    """Sequences per forward/backward (gradient accumulation); None = the whole batch at once. The
-    loss is normalised by the batch's total target-token count, so the gradient does not change."""
-    optimizer: SFTOptimizerConfig = Field(default_factory=SFTOptimizerConfig)
-    """lr, betas, eps, weight_decay, grad_clip, schedule, warmup_steps, min_lr_ratio (as in RL). The
-    old top-level keys ``lr``, ``weight_decay``, ``warmup_steps``, ``schedule``, ``grad_clip`` are
-    still accepted and moved here."""
-    logprob_chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1)
-    seed: int = 0
-    threads: int | None = Field(None, ge=1)
-    """torch intra-op CPU threads (None = torch's default); see ``RLConfig.threads``."""
-    out_dir: str = "runs/sft"
-    eval: SFTEvalConfig = Field(default_factory=SFTEvalConfig)
-    """every, n, at_start (default False), at_end; held-out = the task or ``eval_data``."""
-    max_new_tokens: int = Field(16, ge=1)
-    """Generation length for the held-out evaluation."""
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    save: bool = True
-    """Write the run folder (metrics.jsonl, config.yaml, checkpoints, model/); False writes nothing."""
-    progress: bool | None = None
-    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
-    """``strategy``: ``ddp`` or ``fsdp`` (FSDP2) under ``torchrun`` (docs/distributed.md)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shared_sections(cls, data: Any) -> Any:
-        """RL's ``OptimizerConfig`` / ``EvalConfig`` objects are accepted as they are (all their
-        values); the old top-level optimizer keys are moved under ``optimizer``."""
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        for key, parent, own in (
-            ("optimizer", OptimizerConfig, SFTOptimizerConfig),
-            ("eval", EvalConfig, SFTEvalConfig),
-        ):
-            if isinstance(data.get(key), parent) and not isinstance(data[key], own):
-                data[key] = data[key].model_dump()
-        if not any(k in data for k in _LEGACY_OPTIMIZER_KEYS):
-            return data
-        opt = dict(data.get("optimizer") or {})
-        for k in _LEGACY_OPTIMIZER_KEYS:
-            if k in data:
-                if k in opt:
-                    raise InvalidValueError(
-                        f"both {k} and optimizer.{k} are set; {k} is the old name, keep only optimizer.{k}"
-                    )
-                opt[k] = data.pop(k)
-        data["optimizer"] = opt
-        return data
-
-    @model_validator(mode="after")
-    def _heldout_exists(self) -> SFTConfig:
-        if self.data is not None and self.eval_data is None and (self.eval.every or self.eval.at_start):
-            raise InvalidValueError(
-                "eval.every / eval.at_start need held-out data: training from `data`, set `eval_data` "
-                "(a JSONL file in the same formats) or leave eval.every at 0"
-            )
-        return self
-
 
 def _fingerprint(examples: list[SFTExample]) -> str:
     """SHA-256 over every example's token ids and loss mask, in order (stored in checkpoints)."""
@@ -212,6 +103,7 @@ class SFTTrainer(RunLoopTrainer):
         self.cfg, self.extra_loss, self.run_dir, self.device = cfg, extra_loss, Path(cfg.out_dir), p.device
         self.lm, self.model, self.tokenizer = p.lm, p.lm.model, p.lm.tokenizer
         self.formatter, self._task = p.formatter, p.task
+        self.precision, self.precision_reason = p.precision, p.precision_reason
         self.examples, self.eval_examples = p.examples, p.eval_examples
         self.train_lm, self.optimizer, self.shuffler = p.train_lm, p.optimizer, p.shuffler
         self.step_idx = 0
@@ -253,7 +145,7 @@ class SFTTrainer(RunLoopTrainer):
         """(log π, target mask), each (B, T), of the rows ``idx``: one forward through ``adapter``, in
         ``model.precision`` (bf16: autocast over the fp32 weights; log-softmax in fp32, as in RL)."""
         ids, am, lm = self.collate(idx, examples)
-        with precision_autocast(self.device, self.cfg.model.precision):
+        with precision_autocast(self.device, self.precision):
             logp, _ = (adapter or self.lm).logprobs(ids, am, lm, chunk_size=self.cfg.logprob_chunk_size)
         return logp, lm
 
@@ -322,7 +214,7 @@ class SFTTrainer(RunLoopTrainer):
                 formatter=self.formatter,
                 max_new_tokens=self.cfg.max_new_tokens,
                 batch_size=self.cfg.eval.batch_cap(),  # eval.max_batch_size, as in RL
-                precision=self.cfg.model.precision,
+                precision=self.precision,
             )
         finally:
             src.close()
