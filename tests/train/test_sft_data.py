@@ -162,6 +162,28 @@ def test_bad_rows_are_named_by_file_and_line(tmp_path, row, needle):
     assert str(f) in str(e.value) and needle in str(e.value)
 
 
+@pytest.mark.parametrize("end", ["\n", "\r\n"])
+def test_a_truncated_line_is_reported_at_its_column_as_the_rl_reader_does(tmp_path, end):
+    """Issue 58 item 6: SFT read the line with its newline, so a line cut short was "invalid JSON
+    (Expecting ',' delimiter, column 1)" (column 1 of the next line); the RL dataset reader said column
+    37. One line reader for both now: the same message, the column on the line itself."""
+    from posttrain.tasks import get_task
+    from posttrain.tasks.jsonl import DatasetError
+
+    cut = '{"prompt": "2+2=", "completion": "4"'  # the closing brace lost
+    f = tmp_path / "x.jsonl"
+    f.write_text(f'{{"prompt": "1+1=", "completion": "2"}}{end}{cut}{end}', encoding="utf-8", newline="")
+    problem = f"invalid JSON (Expecting ',' delimiter at column {len(cut) + 1})"
+    with pytest.raises(SFTDataError) as sft:
+        read_sft_file(f)
+    assert str(sft.value) == f"{f}: line 2: {problem}"
+    rl = tmp_path / "rl.jsonl"
+    rl.write_text(f'{{"question": "1+1=", "answer": "2"}}{end}{cut}{end}', encoding="utf-8", newline="")
+    with pytest.raises(DatasetError) as err:
+        get_task("jsonl", path=rl, heldout_fraction=0.0)
+    assert f"{rl}: row 2: {problem}" in str(err.value)
+
+
 def test_non_utf8_bom_and_directories(tmp_path):
     f = tmp_path / "x.jsonl"
     f.write_bytes(b'{"text": "ok"}\n\n{"text": "\xff"}\n')

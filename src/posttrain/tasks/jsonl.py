@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.tasks.base import DEFAULT_MARKER, ChatPrompt, Example, Task, chat_prompt, register_task
+from posttrain.utils.data import jsonl_lines
 from posttrain.utils.errors import InvalidValueError, PosttrainError, PosttrainWarning
 
 _EXTRACT = ("gsm8k", "boxed", "none")
@@ -143,22 +144,11 @@ def read_raw_rows(path: Path) -> list[tuple[int, Any]]:
         if not isinstance(data, list):
             raise DatasetError(f"{path}: expected a JSON array of row objects, got {_type_name(data)}")
         return list(enumerate(data, start=1))
-    rows: list[tuple[int, Any]] = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            try:
-                # a UTF-8 byte-order mark opening the file is accepted, as the SFT reader does
-                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                rows.append((n, DatasetError(f"{path}: row {n}: not valid UTF-8 ({e.reason})")))
-                continue
-            if not line.strip():
-                continue
-            try:
-                rows.append((n, json.loads(line.rstrip("\r\n"))))
-            except json.JSONDecodeError as e:
-                rows.append((n, DatasetError(f"{path}: row {n}: invalid JSON ({e.msg} at column {e.colno})")))
-    return rows
+    # the SFT data's line reader: the same messages (the byte not UTF-8, the JSON error's column)
+    return [
+        (n, DatasetError(f"{path}: row {n}: {problem}") if problem else row)
+        for n, row, problem in jsonl_lines(path)
+    ]
 
 
 def _lookup(path: Path, n: int, row: dict[str, Any], field: str) -> Any:

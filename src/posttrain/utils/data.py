@@ -112,36 +112,49 @@ class DataFileError(PosttrainError, ValueError):
     """A data file that cannot be read as expected; the message names the file and line."""
 
 
-def iter_jsonl(path: str | Path, *, what: str = "JSON objects") -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line of a JSONL file.
-
-    Errors (:class:`DataFileError`) name the file and line: missing file, a directory, bytes that are
-    not UTF-8 (with the offending byte and column), invalid JSON, a value that is not an object.
-    A UTF-8 byte-order mark at the start of the file is accepted. ``what`` describes the expected rows
-    in the messages."""
-    path = Path(path)
-    if not path.exists():
-        raise DataFileError(f"{path}: file not found (expected a JSONL file of {what})")
-    if not path.is_file():
-        raise DataFileError(f"{path}: is a directory, not a file (expected a JSONL file of {what})")
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any, str | None]]:
+    """``(line number, parsed value, None)`` for every non-blank line of a JSONL file, or ``(line
+    number, None, problem)`` for a line that cannot be read: bytes that are not UTF-8 (the offending
+    byte and where) or invalid JSON (what and the column on that line). The one line reader of the SFT
+    data (:func:`iter_jsonl`) and the dataset task (``tasks.jsonl``). A UTF-8 byte-order mark at the
+    start of the file is accepted; the line's own end (``\\n``, ``\\r\\n``) is not part of the JSON, so a
+    line cut short is reported at its column, not at column 1 of a next line."""
     with open(path, "rb") as f:
         for i, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 bad = raw[e.start : e.start + 1].hex()
-                raise DataFileError(
-                    f"{path}: line {i}: not valid UTF-8 (byte 0x{bad} at byte {e.start + 1} of the line); "
-                    "save the file as UTF-8"
-                ) from None
+                yield (
+                    i,
+                    None,
+                    f"not valid UTF-8 (byte 0x{bad} at byte {e.start + 1} of the line); save the file as UTF-8",
+                )
+                continue
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield i, json.loads(line.rstrip("\r\n")), None
             except json.JSONDecodeError as e:
-                raise DataFileError(f"{path}: line {i}: invalid JSON ({e.msg}, column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise DataFileError(
-                    f"{path}: line {i}: expected a JSON object ({what}), got {type(row).__name__}"
-                )
-            yield i, row
+                yield i, None, f"invalid JSON ({e.msg} at column {e.colno})"
+
+
+def iter_jsonl(path: str | Path, *, what: str = "JSON objects") -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-blank line of a JSONL file (read by :func:`jsonl_lines`).
+
+    Errors (:class:`DataFileError`) name the file and line: missing file, a directory, bytes that are
+    not UTF-8 (with the offending byte and column), invalid JSON, a value that is not an object.
+    ``what`` describes the expected rows in the messages."""
+    path = Path(path)
+    if not path.exists():
+        raise DataFileError(f"{path}: file not found (expected a JSONL file of {what})")
+    if not path.is_file():
+        raise DataFileError(f"{path}: is a directory, not a file (expected a JSONL file of {what})")
+    for i, row, problem in jsonl_lines(path):
+        if problem is not None:
+            raise DataFileError(f"{path}: line {i}: {problem}")
+        if not isinstance(row, dict):
+            raise DataFileError(
+                f"{path}: line {i}: expected a JSON object ({what}), got {type(row).__name__}"
+            )
+        yield i, row
