@@ -1,11 +1,13 @@
 """A deadline on a tool call: :func:`call_with_deadline` runs a tool function and gives up at ``timeout_s``.
 
 * A tool function that can be pickled by reference (a module-level function: every registered tool and
-  every ``package.module:function``) runs in a **worker process** (``forkserver`` where the platform has
-  it, else ``spawn``). Workers are reused between calls; at the deadline the worker is killed
-  (``SIGKILL``) and the call raises :class:`DeadlineExceeded`, so a tool that hangs costs its deadline
-  and one worker, never the run. A worker ignores ``SIGINT`` (Ctrl-C in a terminal reaches the whole
-  process group: the trainer decides) and dies with the trainer (daemon processes, killed at exit).
+  every ``package.module:function``) runs in a **worker process**: a fresh ``sys.executable`` that
+  imports the function's module by name with the caller's ``sys.path`` (never the trainer's
+  ``__main__``). Workers are reused between calls; at the deadline the worker is killed (``SIGKILL``)
+  and the call raises :class:`DeadlineExceeded`, so a tool that hangs costs its deadline and one
+  worker, never the run. A worker is in its own session (Ctrl-C at a terminal does not reach it: the
+  trainer decides) and is killed when the trainer exits (``atexit``). A function the worker cannot
+  import (defined in ``__main__`` of a script run as a file) falls back to a thread, as below.
 * A function that cannot be pickled (a closure, a lambda) runs in a daemon **thread**: the call still
   returns at the deadline, but the thread cannot be killed and runs on in the background.
 * ``inline`` (the built-in ``calculator`` and ``python``, which bound themselves: the calculator refuses
@@ -18,14 +20,17 @@ is never held up by a tool call; :func:`cancel_calls` kills every busy worker (t
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
-import multiprocessing
+import os
 import pickle
-import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
 from typing import Any
 
 __all__ = [
@@ -64,50 +69,68 @@ def as_text(out: Any) -> str:
     return out if isinstance(out, str) else json.dumps(out, default=str)
 
 
-def _worker_main(conn: Any) -> None:
-    """A worker's loop: receive (the caller's sys.path, the pickled function, kwargs), send ("ok",
-    text), ("raised", kind, message) or ("unpicklable", message) when it cannot load the function."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
-        try:
-            path, blob, kwargs = conn.recv()
-        except (EOFError, OSError):
-            return
-        sys.path[:] = path  # the caller's (a test's rootdir, a script's folder) to import the function
-        try:
-            fn = pickle.loads(blob)
-        except Exception as e:
-            conn.send(("unpicklable", f"{type(e).__name__}: {e}"))
-            continue
-        try:
-            msg: tuple[Any, ...] = ("ok", as_text(fn(**kwargs)))
-        except BaseException as e:
-            msg = ("raised", type(e).__name__, str(e))
-        try:
-            conn.send(msg)
-        except (pickle.PicklingError, TypeError) as e:
-            conn.send(("raised", type(e).__name__, str(e)))
-
-
-def _context() -> Any:
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+# A worker: a fresh interpreter running this loop (it imports nothing of posttrain, and not the
+# trainer's __main__). Each message: (the caller's sys.path, the pickled function, kwargs); each
+# answer: ("ok", text), ("raised", kind, message) or ("unpicklable", message).
+_WORKER = r"""
+import json, pickle, signal, sys
+from multiprocessing.connection import Connection
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+inbox, outbox = Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)
+while True:
+    try:
+        path, blob, kwargs = inbox.recv()
+    except (EOFError, OSError):
+        break
+    sys.path[:] = path
+    try:
+        fn = pickle.loads(blob)
+    except Exception as e:
+        outbox.send(("unpicklable", "%s: %s" % (type(e).__name__, e)))
+        continue
+    try:
+        out = fn(**kwargs)
+        msg = ("ok", out if isinstance(out, str) else json.dumps(out, default=str))
+    except BaseException as e:
+        msg = ("raised", type(e).__name__, str(e))
+    try:
+        outbox.send(msg)
+    except Exception as e:
+        outbox.send(("raised", type(e).__name__, str(e)))
+"""
 
 
 class _Worker:
     def __init__(self) -> None:
-        ctx = _context()
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="posttrain-tool-worker")
-        self.proc.start()
-        child.close()
+        to_child, self._child_in = _pipe()
+        self._child_out, from_child = _pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(to_child), str(from_child)],
+            pass_fds=(to_child, from_child),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C at a terminal does not reach it; the trainer decides
+        )
+        os.close(to_child)
+        os.close(from_child)
+        self.send = Connection(self._child_in, readable=False)
+        self.recv = Connection(self._child_out, writable=False)
         self.cancelled = False
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        self.proc.wait()
+        self.send.close()
+        self.recv.close()
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    return r, w
 
 
 _LOCK = threading.Lock()
@@ -119,7 +142,7 @@ def _take() -> _Worker:
     with _LOCK:
         while _IDLE:
             w = _IDLE.pop()
-            if w.proc.is_alive():
+            if w.alive():
                 _BUSY.add(w)
                 return w
             w.kill()
@@ -144,14 +167,14 @@ def _in_worker(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s: flo
     healthy = False
     try:
         deadline = time.monotonic() + timeout_s
-        w.conn.send((list(sys.path), pickle.dumps(fn), dict(kwargs)))
+        w.send.send((list(sys.path), pickle.dumps(fn), dict(kwargs)))
         while True:  # short polls: a worker killed by cancel_calls is noticed at once
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded(timeout_s)
             try:
-                if w.conn.poll(min(left, 0.25)):
-                    msg = w.conn.recv()
+                if w.recv.poll(min(left, 0.25)):
+                    msg = w.recv.recv()
                     break
             except (EOFError, OSError):
                 msg = None
@@ -161,8 +184,7 @@ def _in_worker(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s: flo
         if msg is None:
             if w.cancelled:
                 raise DeadlineExceeded(timeout_s, cancelled=True)
-            w.proc.join(timeout=1)
-            raise ToolRaised("WorkerDied", f"the tool's worker process ended (exit status {w.proc.exitcode})")
+            raise ToolRaised("WorkerDied", f"the tool's worker process ended (exit status {w.proc.wait()})")
         healthy = True
         if msg[0] == "ok":
             return str(msg[1])
@@ -231,8 +253,9 @@ def cancel_calls() -> int:
         busy = list(_BUSY)
     for w in busy:
         w.cancelled = True
-        if w.proc.is_alive():
-            w.proc.kill()
+        if w.alive():
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
     return len(busy)
 
 
@@ -242,3 +265,6 @@ def shutdown_workers() -> None:
         idle, _IDLE[:] = list(_IDLE), []
     for w in idle:
         w.kill()
+
+
+atexit.register(lambda: (cancel_calls(), shutdown_workers()))
