@@ -87,7 +87,7 @@ def test_sft_bad_dataset_row_gives_clear_error(tmp_path):
     data.write_text('{"prompt": "1+1=", "completion": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
     res = _invoke(["sft", "model.name=tiny", f"data={data}", "steps=1", f"out_dir={tmp_path / 's'}"])
     assert res.exit_code == 2
-    assert f"{data}: line 2: missing key 'completion'" in res.output
+    assert f"{data}: line 2: missing column 'completion'" in res.output
 
 
 @pytest.mark.parametrize(("role", "hint"), [("assitant", " (did you mean 'assistant'?)"), ("wizard", "")])

@@ -146,7 +146,7 @@ def test_checkpoint_atomic_layout_optimizer_roundtrip_and_pruning(tmp_path):
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
-        ('{"prompt": "a", "completion": "b"}\n{"prompt": "c"}\n', "line 2: missing key 'completion'"),
+        ('{"prompt": "a", "completion": "b"}\n{"prompt": "c"}\n', "line 2: missing column 'completion'"),
         ('{"prompt": 1, "completion": "b"}\n', "line 1: 'prompt' must be a string, got int"),
         ('{"prompt": "a", "completion": "b"}\nnot json\n', "line 2: invalid JSON"),
         ("[1, 2]\n", "line 1: expected a JSON object"),

@@ -125,7 +125,7 @@ def test_data_fields_map_other_column_names(tmp_path, tok):
     tr = SFTTrainer(cfg, *_tiny())
     assert len(tr.examples) == 3
     # a mapped key that is missing is named with its mapping
-    with pytest.raises(SFTDataError, match=r"line 1: missing key 'reply' \(data_fields\.completion\)"):
+    with pytest.raises(SFTDataError, match=r"line 1: missing column 'reply' \(data_fields\.completion\)"):
         read_sft_file(f, DataFields(prompt="question", completion="reply"))
 
 
@@ -182,6 +182,25 @@ def test_a_truncated_line_is_reported_at_its_column_as_the_rl_reader_does(tmp_pa
     with pytest.raises(DatasetError) as err:
         get_task("jsonl", path=rl, heldout_fraction=0.0)
     assert f"{rl}: row 2: {problem}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "prompt", ['"1+1="', '[{"role": "user", "content": "1+1?"}]'], ids=["text", "conversational"]
+)
+def test_a_prompt_solution_file_names_the_missing_column_and_the_mapping(tmp_path, prompt):
+    """Issue 58 item 7: a prompt/solution file said "'completion' must be a list of messages ... got
+    NoneType" (a chat prompt) or "missing key 'completion'"; now: the column is missing, the columns
+    the row has, and the data_fields mapping that uses the other one."""
+    f = tmp_path / "ps.jsonl"
+    f.write_text(f'{{"prompt": {prompt}, "solution": "2"}}\n', encoding="utf-8")
+    with pytest.raises(SFTDataError) as err:
+        read_sft_file(f)
+    assert str(err.value) == (
+        f"{f}: line 1: missing column 'completion'; it has columns: prompt, solution; if 'solution' "
+        "holds it, map it with data_fields.completion=solution"
+    )
+    if prompt.startswith('"'):  # the mapping it names reads the file
+        assert read_sft_file(f, DataFields(completion="solution"))[0].completion == "2"
 
 
 def test_non_utf8_bom_and_directories(tmp_path):

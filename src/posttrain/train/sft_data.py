@@ -94,12 +94,28 @@ class SFTExample:
 
 
 # ---------------------------------------------------------------------------------------- parsing
-def _string(row: dict[str, Any], key: str, where: str, canonical: str) -> str:
+def _missing(row: dict[str, Any], key: str, where: str, canonical: str, f: DataFields) -> SFTDataError:
+    """A row without the column ``key`` (the field ``canonical``): the columns it has, and the
+    ``data_fields`` mapping that names one of the others (``data_fields.completion=solution``)."""
     mapped = "" if key == canonical else f" (data_fields.{canonical})"
+    noun = "key" if canonical in ("role", "content") else "column"  # inside a message, or of the row
+    used = {f.prompt, f.completion, f.text, f.messages, f.role, f.content}
+    others = sorted(str(k) for k in row if k not in used)
+    if len(others) == 1:
+        hint = f"if {others[0]!r} holds it, map it with data_fields.{canonical}={others[0]}"
+    elif others:
+        hint = f"map the {noun} that holds it with data_fields.{canonical}=<one of: {', '.join(others)}>"
+    else:
+        hint = f"map the {noun} that holds it with data_fields.{canonical}=<{noun}>"
+    return SFTDataError(
+        f"{where}: missing {noun} {key!r}{mapped}; it has {noun}s: "
+        f"{', '.join(sorted(map(str, row))) or 'none'}; {hint}"
+    )
+
+
+def _string(row: dict[str, Any], key: str, where: str, canonical: str, f: DataFields) -> str:
     if key not in row:
-        raise SFTDataError(
-            f"{where}: missing key {key!r}{mapped} (got keys: {', '.join(sorted(row)) or 'none'})"
-        )
+        raise _missing(row, key, where, canonical, f)
     if not isinstance(row[key], str):
         raise SFTDataError(f"{where}: {key!r} must be a string, got {type(row[key]).__name__}")
     return row[key]
@@ -108,22 +124,24 @@ def _string(row: dict[str, Any], key: str, where: str, canonical: str) -> str:
 def _parse_prompt_completion(row: dict[str, Any], where: str, f: DataFields) -> Row:
     if isinstance(row.get(f.prompt), list) or isinstance(row.get(f.completion), list):
         # TRL's conversational prompt-completion: both lists of messages -> one conversation
-        for key in (f.prompt, f.completion):
+        for key, canonical in ((f.prompt, "prompt"), (f.completion, "completion")):
+            if key not in row:
+                raise _missing(row, key, where, canonical, f)
             if not isinstance(row.get(key), list):
                 raise SFTDataError(
                     f"{where}: {key!r} must be a list of messages like the other of "
                     f"{f.prompt!r}/{f.completion!r} (conversational format), got {type(row.get(key)).__name__}"
                 )
         return _parse_messages({f.messages: row[f.prompt] + row[f.completion]}, where, f)
-    prompt = _string(row, f.prompt, where, "prompt")
-    completion = _string(row, f.completion, where, "completion")
+    prompt = _string(row, f.prompt, where, "prompt", f)
+    completion = _string(row, f.completion, where, "completion", f)
     if not completion:
         raise SFTDataError(f"{where}: {f.completion!r} is empty")
     return PromptCompletion(prompt, completion, where)
 
 
 def _parse_text(row: dict[str, Any], where: str, f: DataFields) -> Row:
-    text = _string(row, f.text, where, "text")
+    text = _string(row, f.text, where, "text", f)
     if not text:
         raise SFTDataError(f"{where}: {f.text!r} is empty")
     return Text(text, where)
@@ -155,9 +173,9 @@ def _parse_messages(row: dict[str, Any], where: str, f: DataFields) -> Row:
         at = f"{where}: {f.messages}[{j}]"
         if not isinstance(m, dict):
             raise SFTDataError(f"{at}: expected an object with keys {f.role!r}, {f.content!r}")
-        role = _string(m, f.role, at, "role")
+        role = _string(m, f.role, at, "role", f)
         _check_role(role, at, f)
-        out.append((role, _string(m, f.content, at, "content")))
+        out.append((role, _string(m, f.content, at, "content", f)))
     if not any(role == "assistant" for role, _ in out):
         raise SFTDataError(f"{where}: no message with role 'assistant' (nothing to train on)")
     return Chat(tuple(out), where)
