@@ -147,7 +147,7 @@ def test_a_step_takes_only_groups_within_the_bound_oldest_first(tmp_path):
     from posttrain.train.async_rollout import _Group
 
     tr = RLTrainer(_cfg(tmp_path))
-    c = tr.collector
+    c = tr.collector.source
     batch = RolloutBatch.from_token_lists(
         [[1]], [[2]], pad_token_id=0, group_ids=[0], finish_reasons=["stop"]
     )
@@ -158,8 +158,9 @@ def test_a_step_takes_only_groups_within_the_bound_oldest_first(tmp_path):
     got = c._take(3, need=2)
     assert [(g.gid, g.version) for g in got] == [(2, 2), (4, 2)]
     assert sorted(p.gid for p in c._redo) == [1, 3] and c._stats["stale_regenerated"] == 2
+    assert c.bound.stale == 2
     assert [g.gid for g in c._buffer] == [0]
-    assert c._ray is None  # nothing started
+    assert not c.started  # nothing started
     tr.close()
 
 
@@ -203,7 +204,7 @@ def test_bound_holds_with_two_workers_one_slow(tmp_path, local_ray, monkeypatch)
     _slow_updates(tr, monkeypatch, 0.3)
     with tr:
         ms = _steps(tr, 8)
-        gids = [g for _, gs in tr.collector.history for g in gs]
+        gids = [g for _, gs in tr.collector.source.history for g in gs]
     assert all(m["staleness_max"] <= 1 for m in ms), [m["staleness_max"] for m in ms]
     assert ms[-1]["stale_regenerated_total"] > 0
     assert len(gids) == len(set(gids)) == 8 * 4  # regenerated groups keep their id; none used twice
@@ -271,7 +272,7 @@ def test_importance_weights_are_pi_theta_over_pi_behaviour(tmp_path, local_ray, 
 
 def test_behaviour_weights_truncate_at_the_cap_and_leave_replayed_rows_alone():
     from posttrain.rollout import Episodes, RolloutBatch
-    from posttrain.train.async_rollout import BehaviourWeights
+    from posttrain.train.correction import BehaviourWeights
 
     old = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]], dtype=torch.float64)
     mu = torch.tensor([[-1.5, -1.0, 0.0], [-2.0, -0.1, -0.5]], dtype=torch.float64)
@@ -315,14 +316,14 @@ def test_group_filter_applies_to_async_groups(tmp_path, local_ray):
 def test_kill_and_resume_lose_no_group_and_train_none_twice(tmp_path, local_ray, monkeypatch):
     extra = ["steps=4", "checkpoint.every=1", "eval.at_end=false"]
     tr = RLTrainer(_cfg(tmp_path, *extra))
-    assert tr.collector._workers == []  # workers start inside the run, under the run folder's lock
+    assert not tr.collector.source.started  # workers start inside the run, under the run folder's lock
     kill_at_step(monkeypatch, RLTrainer, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         with pytest.raises(KeyboardInterrupt):
             tr.train()
-    assert tr.collector._workers == []  # stopped before the lock was released
-    pre = tr.collector.history
+    assert not tr.collector.source.started  # stopped before the lock was released
+    pre = tr.collector.source.history
     tr.close()
     monkeypatch.undo()
     state = json.loads((tmp_path / "run" / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
@@ -332,7 +333,7 @@ def test_kill_and_resume_lose_no_group_and_train_none_twice(tmp_path, local_ray,
     with tr2, warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateSettingWarning)
         tr2.train()
-        post = tr2.collector.history
+        post = tr2.collector.source.history
     assert [s for s, _ in pre] == [0, 1] and [s for s, _ in post] == [2, 3]
     used_pre = {g for _, gs in pre for g in gs}
     used_post = [g for _, gs in post for g in gs]
@@ -351,7 +352,7 @@ def test_a_dead_worker_is_restarted_once(tmp_path, local_ray):
     assert marker.exists()
     assert ms[-1]["worker_restarts"] == 1
     assert all(m["staleness_max"] <= 1 and m["num_groups"] == 4 for m in ms)
-    gids = [g for _, gs in tr.collector.history for g in gs]
+    gids = [g for _, gs in tr.collector.source.history for g in gs]
     assert len(gids) == len(set(gids)) == 16
 
 

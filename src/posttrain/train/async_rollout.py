@@ -316,8 +316,10 @@ class WorkerSource:
         prompts_per_call: int,
         num_workers: int,
         max_restarts: int,
+        metrics_runner: Any = None,
     ) -> None:
         self.pool, self.model, self.weights, self.bound = pool, model, weights, bound
+        self._metrics_runner = metrics_runner
         self.examples = examples
         self._index = {id(ex): i for i, ex in enumerate(examples)}
         self.prompts_per_call, self.num_workers, self.max_restarts = prompts_per_call, num_workers, max_restarts
@@ -527,6 +529,16 @@ class WorkerSource:
         g.scores.counted = True
         return True
 
+    def step_metrics(self, episodes: Episodes) -> dict[str, float]:
+        """The episode runner's own numbers about the trained episodes (tool calls, multi-agent
+        metrics), computed from the rows' ``row_stats`` by the runner ``metrics_runner()`` builds in
+        this process (it never generates: the workers do)."""
+        if self._metrics_runner is None:
+            return {}
+        if callable(self._metrics_runner) and not hasattr(self._metrics_runner, "step_metrics"):
+            self._metrics_runner = self._metrics_runner()
+        return self._metrics_runner.step_metrics(episodes)
+
     def kept(self, n: int) -> None:
         """The collector trained on ``n`` of the groups of the last draw; the rest were rejected."""
         self.bound.on_accepted(n)
@@ -641,6 +653,8 @@ def worker_source(
         prompts_per_call=gen.prompts_per_call or math.ceil(rollout.prompts_per_step / gen.num),
         num_workers=gen.num,
         max_restarts=gen.max_restarts,
+        # the runner's step metrics read the rows' row_stats; this copy over an HF engine never generates
+        metrics_runner=lambda: spec.replace(engine="hf", engine_params={}).build(model, tokenizer, seed=seed).runner,
     )
     holder.append(source)
     return source, weights

@@ -60,7 +60,7 @@ class GroupSource(Protocol):
     plan) and the handle on their rewards; a source calls ``plan(k)`` for the prompts it generates (when it generates them) and
     ``score(episodes)`` on what it generated. ``supports_replay``: whether replayed trajectories can join
     its groups. ``kept(n)``: the collector trained on ``n`` of the groups drawn this step (the filter's
-    verdict). ``metrics``, ``state_dict`` / ``load_state_dict`` and ``close`` as the collector's."""
+    verdict). ``step_metrics(episodes)``: the episode runner's own numbers about the trained episodes. ``metrics``, ``state_dict`` / ``load_state_dict`` and ``close`` as the collector's."""
 
     supports_replay: bool
 
@@ -69,6 +69,8 @@ class GroupSource(Protocol):
     ) -> tuple[PromptPlan, Episodes, RewardHandle]: ...
 
     def kept(self, n: int) -> None: ...
+
+    def step_metrics(self, episodes: Episodes) -> dict[str, float]: ...
 
     def metrics(self) -> dict[str, float]: ...
 
@@ -121,6 +123,10 @@ class LocalSource:
 
     def kept(self, n: int) -> None:
         """Nothing to account for: a synchronous round leaves nothing generated and unconsumed."""
+
+    def step_metrics(self, episodes: Episodes) -> dict[str, float]:
+        """The runner's own numbers about the step's episodes (tool calls, multi-agent metrics)."""
+        return self.runner.step_metrics(episodes)
 
     def metrics(self) -> dict[str, float]:
         return {}

@@ -560,7 +560,7 @@ class RLTrainer(RunLoopTrainer):
             metrics.update({f"filter/{k}": v for k, v in c.group_filter.metrics().items()})
         metrics.update({f"replay/{k}": v for k, v in c.replay.metrics().items()})
         metrics.update(scores.shaping)
-        metrics.update(c.runner.step_metrics(ro.episodes))  # the runner's own (tool calls, ...)
+        metrics.update(c.source.step_metrics(ro.episodes))  # the runner's own (tool calls, ...)
         metrics.update(c.metrics())  # the collector's own (asynchronous: staleness, queue, utilisation)
         # the hooks' own numbers (Hook.step_metrics): a method's metric comes from its hook, not the loop
         metrics.update(hook_metrics(self.hooks(), ro.episodes, kind="step", reserved=metrics))
