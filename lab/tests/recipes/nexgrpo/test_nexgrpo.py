@@ -389,6 +389,19 @@ def test_a_negligible_similarity_gap_does_not_decide_the_draw():
         share[min_std] = sum(buf.pick("q0", 1, rng)[0]["seq"] == 1 for _ in range(400)) / 400
     assert 0.4 < share[1e-3] < 0.6
     assert share[0.0] > 0.99  # without the floor: top-1 by rank, whatever the gap
+    # the default floor is that 1e-3 (issue 58 item 17: every line above passes it explicitly). A buffer
+    # built without it draws two candidates 2e-4 apart in cosine with odds e^2 (z = ±0.1, T = 0.1):
+    # 0.881 for the closer; a floor of 0 or 1e-12 would give e^20 (1.0), one of 1e-2 e^0.2 (0.55)
+    default = REPLAY_BUFFERS.get("nexgrpo")()
+    assert default.p["zscore_min_std"] == 1e-3
+    b2 = [math.cos(0.02), math.sin(0.02)]  # cosine 1 - 2.0e-4 against the correct solution
+    default.records = {
+        "q0": {**rec, "fail": [_entry(0.5, emb=b2, seq=1), _entry(0.5, emb=a, seq=2)]},
+        "q1": other,
+    }
+    rng = random.Random(0)
+    closer = sum(default.pick("q0", 1, rng)[0]["seq"] == 2 for _ in range(2000)) / 2000
+    assert closer == pytest.approx(math.exp(2.0) / (1 + math.exp(2.0)), abs=0.03)
     # the odds of the higher of two candidates grow with the gap below the floor: z = ±gap / (2·1e-3)
     for gap, odds in ((1e-6, math.exp(1e-2)), (2e-4, math.exp(2.0)), (2e-3, math.exp(20.0))):
         z = standardise([0.9, 0.9 + gap], 1e-3)
