@@ -211,6 +211,9 @@ def _format_error(
             )
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             lines.append(f"unknown key '{loc}'{hint}{_origin(loc, source, cli)}")
+        elif not loc:  # a check of the whole config: its message names the keys it is about
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{msg}{_origin(loc, source, cli)}")
         else:
             got = e.get("input")
             shown = "" if isinstance(got, dict) else f" (got {got!r})"  # a section: the message says it
