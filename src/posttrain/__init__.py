@@ -20,6 +20,8 @@ _API: dict[str, str] = {
     "RLConfig": "posttrain.train.config",
     "SFTTrainer": "posttrain.train.sft",
     "SFTConfig": "posttrain.train.sft",
+    "PreferenceTrainer": "posttrain.train.preference",
+    "PreferenceConfig": "posttrain.train.preference",
     "load_rl_config": "posttrain.train.config",
     "Task": "posttrain.tasks.base",
     "Example": "posttrain.tasks.base",
@@ -41,6 +43,8 @@ __all__ = [
     "GroupRewardShaper",
     "PosttrainError",
     "PosttrainWarning",
+    "PreferenceConfig",
+    "PreferenceTrainer",
     "PromptSampler",
     "RLConfig",
     "RLTrainer",
@@ -84,5 +88,6 @@ if TYPE_CHECKING:
     from posttrain.rewards.base import register_reward
     from posttrain.tasks.base import Example, Task, register_task
     from posttrain.train.config import RLConfig, load_rl_config
+    from posttrain.train.preference import PreferenceConfig, PreferenceTrainer
     from posttrain.train.rl import RLTrainer
     from posttrain.train.sft import SFTConfig, SFTTrainer

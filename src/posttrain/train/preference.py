@@ -35,7 +35,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from posttrain.algos import PreferenceInputs, get_preference_loss, list_preference_losses
+from posttrain.algos import PreferenceInputs, get_preference_loss
 from posttrain.models.logprobs import DEFAULT_CHUNK_SIZE, pad_right
 from posttrain.models.precision import precision_autocast
 from posttrain.train.config import CheckpointConfig, ModelConfig, OptimizerConfig
@@ -72,7 +72,7 @@ class PreferenceLossConfig(StrictModel):
             loss.check_params(dict(self.params))
         except (KeyError, TypeError, ValueError) as e:
             msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-            raise InvalidValueError(f"loss: {msg} (losses: {', '.join(list_preference_losses())})") from None
+            raise InvalidValueError(f"loss: {msg}") from None
         return self
 
 
