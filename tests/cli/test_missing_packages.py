@@ -157,17 +157,7 @@ EXTRAS = [
     ),
     ("serve", ("fastapi", "uvicorn"), ["serve", "tiny", "--port", "0"], '".[serve]"'),
     ("data", ("pyarrow", "pyarrow.parquet"), _parquet_task, "pyarrow"),
-    pytest.param(
-        "vllm",
-        ("vllm",),
-        ["rl", *CLI_TINY, "rollout.engine.name=vllm", "steps=1"],
-        '".[vllm]"',
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="rollout/vllm.py _import_vllm raises a bare ImportError (a traceback on the command "
-            "line); it should raise posttrain.utils.errors.MissingPackageError",
-        ),
-    ),
+    ("vllm", ("vllm",), ["rl", *CLI_TINY, "rollout.engine.name=vllm", "steps=1"], '".[vllm]"'),
 ]
 
 

@@ -24,8 +24,7 @@ def export(
     reads Hugging Face models (``from_pretrained``, vLLM, ``posttrain serve``) without peft."""
     if not merge:
         fail("posttrain export needs --merge (the only export so far): posttrain export --merge RUN OUT")
-    from posttrain.models.loading import ModelSpecError
-    from posttrain.models.lora import merged_model
+    from posttrain.models.loading import ModelSpecError, merged_model
     from posttrain.models.saving import save_model_dir
 
     try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from posttrain.models.loading import ModelSpecError
+from posttrain.models.errors import ModelSpecError
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from posttrain.models.loading import ModelSpecError
+from posttrain.models.errors import ModelSpecError
 from posttrain.utils.io import default_dir_mode
 
 GGUF_MAGIC = b"GGUF"

