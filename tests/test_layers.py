@@ -112,3 +112,104 @@ def test_import_linter_contracts_hold():
     text = " ".join(out.stdout.split())  # contract names wrap across lines
     assert ", 0 broken." in text, text[-1500:]
     assert "the library never imports the lab KEPT" in text, text[-1500:]
+
+
+# ------------------------------------------------------------------------------ no import cycles
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the posttrain modules it imports, at the top level, inside functions and under
+    TYPE_CHECKING alike (``from pkg import name`` counts as the submodule ``pkg.name`` when it is one)."""
+    import ast
+
+    src = ROOT / "src"
+    mods = {}
+    for p in (src / "posttrain").rglob("*.py"):
+        name = ".".join(p.relative_to(src).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = p
+
+    def known(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        deps: set[str] = set()
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join([*parts, *([node.module] if node.module else [])])
+                names = [f"{base}.{a.name}" for a in node.names] + [base]
+            else:
+                continue
+            deps.update(k for k in map(known, names) if k and k.startswith("posttrain") and k != mod)
+        graph[mod] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_among_modules_or_packages():
+    """No module of src/posttrain imports, directly or through others, a module that imports it back
+    (function-level imports included); no package of it (models, rollout, tasks, rewards, train ...)
+    imports one that imports it back. A package's __init__ re-exporting its own submodules is not an
+    edge between packages."""
+    graph = _import_graph()
+
+    def strip_own_package(mod: str, deps: set[str]) -> set[str]:  # a package -> its submodules: re-exports
+        return {d for d in deps if not d.startswith(mod + ".")}
+
+    modules = {m: strip_own_package(m, d) for m, d in graph.items()}
+    assert _cycles(modules) == []
+
+    def package(mod: str) -> str:
+        return ".".join(mod.split(".")[:2])
+
+    packages: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        packages.setdefault(package(m), set()).update(package(d) for d in deps if package(d) != package(m))
+    packages = {p: d - {"posttrain"} for p, d in packages.items() if p != "posttrain"}
+    assert _cycles(packages) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    """The checker itself: a planted cycle of three modules is found (so an empty answer means none)."""
+    planted = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(planted) == [["a", "b", "c"]]
