@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+from posttrain.utils.errors import PosttrainError
+
 __all__ = [
     "DeadlineExceeded",
     "ToolRaised",
@@ -46,7 +48,7 @@ __all__ = [
 MAX_IDLE_WORKERS = 8
 
 
-class DeadlineExceeded(Exception):
+class DeadlineExceeded(PosttrainError, TimeoutError):
     """The call did not finish within its deadline (or was cancelled: ``cancelled``)."""
 
     def __init__(self, timeout_s: float, cancelled: bool = False) -> None:
@@ -55,7 +57,7 @@ class DeadlineExceeded(Exception):
         self.cancelled = cancelled
 
 
-class ToolRaised(Exception):
+class ToolRaised(PosttrainError, RuntimeError):
     """The tool raised in its worker: ``kind`` (the exception's class name) and ``message``."""
 
     def __init__(self, kind: str, message: str) -> None:
@@ -195,7 +197,7 @@ def _in_worker(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s: flo
         _give_back(w, healthy)
 
 
-class _NotInWorker(Exception):
+class _NotInWorker(PosttrainError, RuntimeError):
     """The worker could not load the function (it ran nowhere): run it in a thread instead."""
 
 
