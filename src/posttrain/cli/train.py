@@ -34,7 +34,9 @@ def _check_device(device: str) -> None:
         fail(f"model.device: {e}")
 
 
-_RESUME = typer.Option(False, "--resume", help="continue from <out_dir>/checkpoints/latest")
+_RESUME = typer.Option(
+    False, "--resume", help="continue from the last checkpoint in out_dir (its checkpoints/latest)"
+)
 _OVERWRITE = typer.Option(
     False, "--overwrite", help="out_dir holds a previous run: delete its run files and start again"
 )
