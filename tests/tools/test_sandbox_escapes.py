@@ -15,6 +15,7 @@ never touches, ptrace seizes without stopping.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -37,8 +38,19 @@ def _has_cap_sys_resource() -> bool:
     return bool(eff >> 24 & 1)  # CAP_SYS_RESOURCE
 
 
+def _ptrace_scope() -> int:
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read())
+    except OSError:
+        return 0  # no Yama: classic rules, a process may trace others of its user
+
+
 # a root that may raise its own hard limits (a container's or a VM's root may lack the capability)
 FULL_ROOT = ROOT and _has_cap_sys_resource()
+# whether a child may ptrace its parent: root, or Yama off (scope 0); scope 1 allows only descendants
+PTRACE_PARENT = (ROOT and _ptrace_scope() < 3) or _ptrace_scope() == 0
+WHEN = {True: ROOT, "full": FULL_ROOT, "ptrace": PTRACE_PARENT}
 LIMITS = SandboxLimits(timeout_s=3, max_processes=8)
 
 # The issue's first escape: the guard's re-entry flag is reachable from the PermissionError it raises.
@@ -83,12 +95,12 @@ CSocket = [c for c in type.mro(socket.socket) if c.__module__ == "_socket"][0]
 """
 
 
-def _case(name, code, *, guard=None, root_only=False, check=None, bwrap_only=None):
+def _case(name, code, *, guard=None, root_only=False, check=None, bwrap_only=None, timeout_s=None):
     """A program (``$sentinel``, ``$trainer``, ``$tcp``, ``$udp``, ``$unix``, ``$token``, ``$python``
     substituted); ``guard``: why the guard cannot hold it (an expected failure under the guard), only
-    when running as root if ``root_only`` is True, or as a root with CAP_SYS_RESOURCE if it is
-    ``"full"``; ``check``: a further check of the result; ``bwrap_only``: why it is not run under the
-    guard."""
+    when running as root if ``root_only`` is True, as a root with CAP_SYS_RESOURCE if it is
+    ``"full"``, where a child may trace its parent if it is ``"ptrace"``; ``check``: a further check of the result; ``bwrap_only``: why it is not run under the
+    guard; ``timeout_s``: the call's time limit, if not :data:`LIMITS`'."""
     return {
         "name": name,
         "code": code,
@@ -96,6 +108,7 @@ def _case(name, code, *, guard=None, root_only=False, check=None, bwrap_only=Non
         "root_only": root_only,
         "check": check,
         "skip": bwrap_only,
+        "limits": LIMITS if timeout_s is None else dataclasses.replace(LIMITS, timeout_s=timeout_s),
     }
 
 
@@ -224,8 +237,8 @@ CASES = [
         "PTRACE_SEIZE = 0x4206\nfor pid in {$trainer, os.getppid()} - {1}:\n"
         "    print('ptrace', libc.ptrace(PTRACE_SEIZE, pid, 0, 0))",
         guard="with the guard switched off ctypes loads and ptrace attaches to the trainer (PTRACE_SEIZE, "
-        "which does not stop it)",
-        root_only=True,
+        "which does not stop it); as root, or as a user where Yama's ptrace_scope is 0",
+        root_only="ptrace",
         check=_ptrace_refused,
     ),
     _case(
@@ -251,6 +264,7 @@ CASES = [
         GUARD_OFF + "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
         bwrap_only="not run under the guard: an unbounded fork bomb on the host; fork_bomb shows the guard does "
         "not bound processes as root",
+        timeout_s=1.5,  # it spins until the deadline
     ),
 ]
 
@@ -262,11 +276,7 @@ def _params():
             marks = []
             if backend == "guard" and case["skip"]:
                 marks.append(pytest.mark.skip(reason=case["skip"]))
-            elif (
-                backend == "guard"
-                and case["guard"]
-                and {True: ROOT, "full": FULL_ROOT}.get(case["root_only"], True)
-            ):
+            elif backend == "guard" and case["guard"] and WHEN.get(case["root_only"], True):
                 marks.append(pytest.mark.xfail(strict=True, reason=case["guard"]))
             out.append(pytest.param(case, backend, id=f"{case['name']}-{backend}", marks=marks))
     return out
@@ -384,14 +394,14 @@ def test_escape_fails_and_the_trainer_is_unharmed(case, backend, trainer):
         python=sys.executable,
     )
     start = time.monotonic()
-    res = run_sandboxed(code, LIMITS, backend=backend)
+    res = run_sandboxed(code, case["limits"], backend=backend)
     elapsed = time.monotonic() - start
     time.sleep(0.05)  # a signal or a datagram in flight arrives
     stray = _pids_with(trainer["token"])
     for pid in stray:  # clean up whatever escaped before asserting
         os.kill(pid, signal.SIGKILL)
 
-    assert elapsed < LIMITS.timeout_s + 2, elapsed
+    assert elapsed < case["limits"].timeout_s + 2, elapsed
     assert _snapshot(trainer["sentinel"]) == before, "a file outside the sandbox's folder changed"
     assert trainer["received"] == [], f"the trainer received signal(s) {trainer['received']}"
     assert not _accepted(trainer["tcp"]), "a TCP connection reached the trainer's listener"
