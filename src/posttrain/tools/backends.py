@@ -164,13 +164,12 @@ class BwrapBackend(SandboxBackend):
             args += ["--setenv", key, val]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         binds = ["/usr", *_python_paths()]
-        ancestors = sorted(
-            {os.path.dirname(p.rstrip("/")) for p in [*binds, work, "/etc/ld.so.cache"]} - {"/", ""}
-        )
-        for d in ancestors:  # intermediate folders readable by the program's uid
-            parts = d.strip("/").split("/")
-            for i in range(1, len(parts) + 1):
-                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
+        folders: set[str] = set()  # every folder above a mount point, readable by the program's uid
+        for p in [*binds, work, "/etc/ld.so.cache"]:
+            parts = os.path.dirname(p.rstrip("/")).strip("/").split("/")
+            folders.update("/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[0])
+        for d in sorted(folders, key=lambda f: (f.count("/"), f)):
+            args += ["--perms", "0755", "--dir", d]
         for p in binds:
             args += ["--ro-bind", p, p]
         for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
