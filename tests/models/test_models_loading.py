@@ -150,3 +150,34 @@ def test_corrupt_tokenizer_config_names_the_file(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(ModelSpecError, match=r"tokenizer_config\.json: not valid JSON"):
         load_model_and_tokenizer(str(tmp_path))
+
+
+@pytest.fixture
+def transformers_warnings():
+    """The messages transformers' tokenizer logger emits while the test runs."""
+    import logging
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    log = logging.getLogger("transformers.tokenization_utils_base")
+    handler = Keep(level=logging.WARNING)
+    log.addHandler(handler)
+    yield seen
+    log.removeHandler(handler)
+
+
+def test_a_loaded_tokenizer_leaves_overlong_inputs_to_posttrains_own_check(transformers_warnings):
+    """Issue 58 item 9: transformers' "Token indices sequence length is longer than ... indexing errors"
+    printed before posttrain's own refusal of an overlong prompt (rl, eval, serve); the tokenizers
+    load_model_and_tokenizer gives are marked as having warned (posttrain checks lengths itself)."""
+    text = "9" * 5000  # the character tokenizer's model_max_length is 4096
+    build_char_tokenizer().encode(text)  # a bare tokenizer warns: the capture works
+    assert any("Token indices sequence length is longer" in m for m in transformers_warnings)
+    transformers_warnings.clear()
+    _, tok = load_model_and_tokenizer("tiny")
+    assert len(tok.encode(text)) == 5000
+    assert not transformers_warnings, transformers_warnings

@@ -23,7 +23,7 @@ from posttrain.models.errors import ModelSpecError
 from posttrain.models.lora import ADAPTER_CONFIG, is_adapter_dir, is_lora, read_base_file, require_peft
 from posttrain.models.presets import PRESETS, build_preset_model, list_presets
 from posttrain.models.resolve import resolve_model_dir
-from posttrain.models.tokenizer import build_char_tokenizer
+from posttrain.models.tokenizer import build_char_tokenizer, quiet_length_warning
 from posttrain.utils.errors import InvalidValueError
 
 
@@ -162,6 +162,7 @@ def load_model_and_tokenizer(
             model, tokenizer = _load_local_dir(local, torch_dtype)
         check_tokenizer_matches(model, tokenizer, spec)
     ensure_pad_token(tokenizer, model)
+    quiet_length_warning(tokenizer)  # posttrain refuses overlong inputs itself, naming the row
     if padding_side is not None:
         if padding_side not in ("left", "right"):
             raise InvalidValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")

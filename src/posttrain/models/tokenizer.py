@@ -15,7 +15,7 @@ completions yourself, as the RL tasks do).
 from __future__ import annotations
 
 import string
-from typing import Literal
+from typing import Any, Literal
 
 from posttrain.utils.errors import InvalidValueError
 
@@ -40,6 +40,23 @@ def char_vocab() -> dict[str, int]:
         if tok not in vocab:
             vocab[tok] = len(vocab)
     return vocab
+
+
+LENGTH_WARNING = "sequence-length-is-longer-than-the-specified-maximum"
+"""The key under which a transformers tokenizer records that it gave its too-long-input warning."""
+
+
+def quiet_length_warning(tokenizer: Any) -> None:
+    """Silence the tokenizer's "Token indices sequence length is longer than the specified maximum
+    sequence length for this model (N > M). Running this sequence through the model will result in
+    indexing errors": transformers logs it (once per tokenizer) when a text encodes to more than
+    ``model_max_length`` tokens, and it printed before posttrain's own refusal of the same input.
+    posttrain checks every length itself (``train.lengths``: SFT rows, RL and evaluation prompts;
+    ``posttrain serve``: its prompt limit) and names the row and what to do, so the tokenizers it loads
+    are marked as having warned already. A tokenizer without that record is left as it is."""
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned[LENGTH_WARNING] = True
 
 
 def build_char_tokenizer(padding_side: Literal["left", "right"] = "right", model_max_length: int = 4096):
