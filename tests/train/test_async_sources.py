@@ -258,3 +258,45 @@ def test_the_behaviour_weight_uses_pi_old_not_pi_theta():
     w = BehaviourWeights("token_truncate", 10.0, None)(torch.arange(1), cur, old, torch.ones(1, 2), eps, batch)
     assert torch.allclose(w.double(), torch.exp(old - mu.double()), atol=1e-6)
     assert not torch.allclose(w.double(), torch.exp(cur - mu.double()), atol=1e-2)
+
+
+def test_a_local_ray_starts_without_dashboard_on_loopback_and_is_shut_down(monkeypatch):
+    """The local Ray a run starts listens on loopback only and has no dashboard (they outlived killed
+    runs on the machine's address), and the pool that started it shuts it down on close."""
+    calls = {}
+
+    class FakeRay:
+        def is_initialized(self):
+            return "init" in calls
+
+        def init(self, **kw):
+            calls["init"] = kw
+
+        def put(self, obj):
+            return obj
+
+        def remote(self, cls):
+            class Actor:
+                def options(self, **kw):
+                    return self
+
+                def remote(self, *args):
+                    return ("actor", args[0])
+
+            return Actor()
+
+        def kill(self, actor, no_restart=True):
+            calls.setdefault("killed", []).append(actor)
+
+        def shutdown(self):
+            calls["shutdown"] = True
+
+    monkeypatch.setattr(ar, "require_ray", lambda: FakeRay())
+    gen = load_rl_config(None, [*RL_BASE, *ASYNC, "rollout.generators.num=2"]).rollout.generators
+    pool = ar.RayPool(gen, lambda i, inc, ref: (i,))
+    pool.start(torch.nn.Linear(1, 1))
+    kw = calls["init"]
+    assert kw["include_dashboard"] is False and kw["_node_ip_address"] == "127.0.0.1"
+    assert kw["num_cpus"] == 2 and pool.workers == [("actor", 0), ("actor", 1)]
+    pool.close()
+    assert calls["shutdown"] and calls["killed"] == [("actor", 0), ("actor", 1)]

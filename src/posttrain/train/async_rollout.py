@@ -176,6 +176,10 @@ class RayPool:
 
     def start(self, model: Any) -> None:
         ray = self.ray = require_ray()
+        with _quiet_ray():
+            self._start(ray, model)
+
+    def _start(self, ray: Any, model: Any) -> None:
         if not ray.is_initialized():
             g = self.gen
             if g.ray_address is None:  # a local Ray; its workers import what this process imports
@@ -200,7 +204,8 @@ class RayPool:
     def _new(self, i: int) -> Any:
         g = self.gen
         actor = self.ray.remote(GenerationWorker).options(num_cpus=g.threads, num_gpus=g.num_gpus, max_restarts=0)
-        return actor.remote(*self.make_args(i, self.incarnation[i], self.model_ref))
+        with _quiet_ray():
+            return actor.remote(*self.make_args(i, self.incarnation[i], self.model_ref))
 
     def submit(self, worker: int, *args: Any) -> Any:
         return self.workers[worker].generate.remote(*args)
@@ -237,6 +242,15 @@ class RayPool:
         if self.owns_ray:
             self.ray.shutdown()
         self.ray, self.owns_ray = None, False
+
+
+@contextlib.contextmanager
+def _quiet_ray() -> Any:
+    """Ray's FutureWarning "Tip: In future versions of Ray ..." about accelerator environment variables,
+    printed at every start and actor creation, says nothing about the run: not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Tip: In future versions of Ray", category=FutureWarning)
+        yield
 
 
 # ------------------------------------------------------------------------------ the source's parts
