@@ -191,11 +191,18 @@ def run_cmd(
         "--token-counter",
         help="tokens of agents that report no usage: regex | chars | hf:<preset or local tokenizer dir>",
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="continue a sweep in --out: skip the cases in its results.jsonl, run the rest (and retry errors)",
+    ),
 ) -> None:
-    """Run a sweep (resumable: cases already in DIR/results.jsonl are skipped)."""
+    """Run a sweep: one progress line per case, each finished case appended to DIR/results.jsonl at
+    once (Ctrl-C or SIGTERM keeps every finished case); --resume continues it."""
+    from posttrain.cli.train import Terminated, _sigterm_as_interrupt
     from posttrain_lab.benchmarks.silo.agents import make_agent
     from posttrain_lab.benchmarks.silo.prompts import PROMPT_SETS, SCAFFOLDS
-    from posttrain_lab.benchmarks.silo.runner import AgentSpec, SweepConfig, run_sweep
+    from posttrain_lab.benchmarks.silo.runner import AgentSpec, SweepConfig, load_rows, run_sweep
 
     if prompt_set not in PROMPT_SETS:
         raise typer.BadParameter(f"--prompt-set: unknown {prompt_set!r}; known: {', '.join(PROMPT_SETS)}")
@@ -250,11 +257,29 @@ def run_cmd(
         scoring=_scoring(scoring),
         token_counter=token_counter,
     )
+    results = out / "results.jsonl"
     try:
-        s = run_sweep(cfg, specs)
+        finished = len(load_rows(results))
+        if finished and not resume:
+            raise ValueError(
+                f"{out} holds {finished} finished case(s) of an earlier sweep: --resume skips them and runs "
+                "the rest; or choose another --out"
+            )
+        with _sigterm_as_interrupt():
+            s = run_sweep(cfg, specs)
     except ValueError as e:  # bad results.jsonl rows, bad case files, bad options: no traceback
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (SweepInterrupted; Terminated before the sweep)
+        terminated = isinstance(e, Terminated) or getattr(e, "signal", None) == "SIGTERM"
+        kept = len(load_rows(results))
+        typer.secho(
+            f"{'SIGTERM received' if terminated else 'interrupted'}: {kept} finished case(s) kept in "
+            f"{results} (and results.csv); rerun the same command with --resume to run the rest",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        raise typer.Exit(143 if terminated else 130) from None
     sr = sum(bool(r["success"]) for r in s.rows) / max(1, len(s.rows))
     typer.echo(
         f"{s.total} cases in grid: {s.skipped} already done, {s.ran} run, {s.errors} errors "
@@ -265,7 +290,7 @@ def run_cmd(
         sr1 = sum(bool(r["success"]) for r in oracle_rows) / len(oracle_rows)
         typer.echo(f"of which {len(oracle_rows)} N = 1 oracle cases, success rate {sr1:.3f}")
     if s.errors:
-        typer.echo(f"see {out / 'errors.jsonl'}; rerun the same command to retry them", err=True)
+        typer.echo(f"see {out / 'errors.jsonl'}; rerun the same command with --resume to retry them", err=True)
         raise typer.Exit(1)
 
 

@@ -3,7 +3,7 @@
 Layout of an output directory::
 
     DIR/results.jsonl          one row per finished case (flat metrics; see `CaseResult.row`)
-    DIR/results.csv            the same rows as CSV (rewritten atomically at the end of a sweep)
+    DIR/results.csv            the same rows as CSV (rewritten atomically after every case)
     DIR/errors.jsonl           cases that raised (e.g. an LLM endpoint after its retry cap); retried next run
     DIR/cases/<agent>/<protocol>/<TASK>_n<N>_s<seed>/{results.json, transcript.jsonl}   (save_cases)
 
@@ -11,7 +11,11 @@ Resume: a case is identified by (task_id, num_agents, protocol, agent, seed) and
 baseline (``oracle=True``, `posttrain_lab.benchmarks.silo.oracle`), the N = k it is the oracle of (``oracle_of``). A rerun reads
 ``results.jsonl`` and skips every key already there; a torn last line (a killed writer) is cut off
 first so the file stays valid JSONL. Rows are appended with fsync, one per finished case, so a kill loses
-at most the cases in flight.
+at most the cases in flight; an interrupted sweep (Ctrl-C, SIGTERM) also leaves ``results.csv`` of the
+finished ones. ``posttrain silo run --resume`` continues it.
+
+Progress: one line per finished case (which case, its outcome, done/total, elapsed, ETA) on stderr when
+it is not a terminal, a bar that names the last case on one; the first line says where results go.
 
 Concurrency: up to ``concurrency`` cases run at once on one asyncio loop (useful with LLM endpoints,
 whose own client semaphore bounds requests; scripted agents are CPU-bound and gain nothing).
@@ -264,6 +268,13 @@ def plan(cfg: SweepConfig, agents: Sequence[AgentSpec], source: CaseSource) -> l
     return jobs
 
 
+def _job_label(job: tuple) -> str:
+    """``I-01 N=2 p2p scripted seed 42`` (an oracle job: ``N=1 (oracle of 2)``)."""
+    task_id, n, proto, spec, seed, oracle = job
+    size = f"N=1 (oracle of {n})" if oracle else f"N={n}"
+    return f"{task_id} {size} {proto} {spec.label} seed {seed}"
+
+
 async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> SweepSummary:
     ecfg = EngineConfig(  # bad options fail before anything is written
         max_rounds=cfg.max_rounds,
@@ -299,7 +310,11 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
     stats = {"ran": 0, "ok": 0, "errors": 0}
     t0 = time.perf_counter()
 
-    with progress_bar("silo", total=len(jobs), completed=skipped, enabled=cfg.progress) as bar:
+    with progress_bar("silo", total=len(jobs), completed=skipped, enabled=cfg.progress, log_every=1) as bar:
+        bar.log(
+            f"silo: {len(jobs)} cases, {skipped} already done, {len(todo)} to run; each finished case "
+            f"is appended to {results_path}"
+        )
 
         async def one(job: tuple) -> None:
             task_id, n, proto, spec, seed, oracle = job
@@ -321,7 +336,7 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
                             "at": datetime.now(timezone.utc).isoformat(),
                         },
                     )
-                    bar.advance(errors=stats["errors"])
+                    bar.advance(case=f"{_job_label(job)} error", errors=stats["errors"])
                     return
                 row = res.row()
                 row["seed"] = seed
@@ -330,12 +345,20 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
                     res.save(out / case_dir_name(row))
                 append_jsonl(results_path, row)
                 rows.append(row)
+                write_csv(rows, out / "results.csv")
                 stats["ran"] += 1
                 stats["ok"] += bool(row["success"])
-                bar.advance(sr=stats["ok"] / stats["ran"], errors=stats["errors"])
+                outcome = "success" if row["success"] else "failed"
+                bar.advance(
+                    case=f"{_job_label(job)} {outcome} ({row['rounds']} rounds, {row['wall_s']:.1f}s)",
+                    sr=stats["ok"] / stats["ran"],
+                    errors=stats["errors"],
+                )
 
-        await asyncio.gather(*(one(j) for j in todo))
-    write_csv(rows, out / "results.csv")
+        try:
+            await asyncio.gather(*(one(j) for j in todo))
+        finally:  # interrupted too: the CSV holds every finished case
+            write_csv(rows, out / "results.csv")
     return SweepSummary(
         total=len(jobs),
         skipped=skipped,
@@ -346,15 +369,51 @@ async def run_sweep_async(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> Swee
     )
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by Ctrl-C or SIGTERM (``signal``: ``"SIGINT"`` or ``"SIGTERM"``) after the cases
+    in flight were cancelled; every finished case is on disk."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal = signal_name
+
+
 def run_sweep(cfg: SweepConfig, agents: Sequence[AgentSpec]) -> SweepSummary:
-    """Synchronous entry point; closes the agents' connections at the end."""
+    """Synchronous entry point; closes the agents' connections at the end. Ctrl-C or SIGTERM (in the
+    main thread) cancels the cases in flight and raises :class:`SweepInterrupted` once the results of
+    the finished ones are written (not a traceback from inside the event loop)."""
+    import signal
+    import threading
+
+    received: list[str] = []
 
     async def main() -> SweepSummary:
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, lambda s=sig: (received.append(s.name), task.cancel()))
+                installed.append(sig)
+            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or Windows
+                pass
         try:
             return await run_sweep_async(cfg, agents)
         finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
             for a in agents:
                 if a._agent is not None:
                     await a._agent.aclose()
 
-    return asyncio.run(main())
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if received:
+            raise SweepInterrupted(received[0]) from None
+        raise
+    finally:  # the loop leaves the default handlers behind: put the caller's back
+        if threading.current_thread() is threading.main_thread():
+            for s, h in previous.items():
+                if h is not None:
+                    signal.signal(s, h)

@@ -292,7 +292,7 @@ def test_cli_run_oracle_then_report_shows_table2(tmp_path):
     csv_text = (out / "results.csv").read_text()
     assert csv_text.splitlines()[0].split(",")[3:5] == ["num_agents", "oracle_of"]
     assert (out / "cases" / "scripted" / "bp" / "II-11_n1_oracle2_s42" / "results.json").exists()
-    r = runner.invoke(app, args)
+    r = runner.invoke(app, [*args, "--resume"])
     assert "4 already done, 0 run" in r.output
     r = runner.invoke(app, ["silo", "report", str(out), "--no-plots"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output

@@ -85,6 +85,61 @@ def test_resume_after_kill_with_torn_tail_redoes_nothing(tmp_path):
     assert (case_dir / "transcript.jsonl").stat().st_size > 0
 
 
+#: `posttrain silo run` in a child process whose scripted agent takes 50 ms a reply (5-7 replies a case)
+SLOW_SILO = """
+import asyncio, sys
+from posttrain_lab.benchmarks.silo.agents import ScriptedAgent
+real = ScriptedAgent.reply
+async def reply(self, messages):
+    await asyncio.sleep(0.05)
+    return await real(self, messages)
+ScriptedAgent.reply = reply
+from posttrain.cli import app
+app(sys.argv[1:], prog_name="posttrain")
+"""
+
+
+def test_sigterm_mid_run_keeps_the_finished_cases_and_resume_runs_the_rest(tmp_path):
+    """Issue 58 item 10: `silo run` showed no progress and a SIGTERM left the folder empty. SIGTERM to
+    a running sweep once two cases are done: exit 143, the finished cases in results.jsonl, results.csv
+    and cases/, one progress line per finished case; a rerun is refused without --resume; --resume
+    runs the rest. (A child process: a signal handled in pytest's own process can leave CPython 3.11's
+    AST state broken for the rest of the session.)"""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    args = ["silo", "run", "--agents", "2", "--tasks", "I-01", "II-11", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SILO, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = []
+    for line in proc.stdout:  # the progress line of a case comes once its row is written
+        lines.append(line)
+        if line.startswith("silo 2/6"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    output = "".join(lines) + proc.communicate(timeout=60)[0]
+    text = " ".join(output.split())
+    assert proc.returncode == 143, output
+    rows = load_rows(out / "results.jsonl")
+    assert 2 <= len(rows) < 6, output
+    assert f"SIGTERM received: {len(rows)} finished case(s) kept in" in text and "with --resume" in text
+    assert "silo 1/6 (17%) case=I-01 N=2 p2p scripted seed 42 success" in text
+    assert "silo 2/6 (33%) case=I-01 N=2 bp scripted seed 42 success" in text and "6/6" not in text
+    assert "Traceback" not in output and "never retrieved" not in output
+    with open(out / "results.csv") as f:
+        assert [x["protocol"] for x in csv.DictReader(f)] == [x["protocol"] for x in rows]
+    assert (out / "cases" / "scripted" / "bp" / "I-01_n2_s42" / "results.json").exists()
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and f"holds {len(rows)} finished case(s)" in " ".join(r.output.split())
+    r = CliRunner().invoke(app, [*args, "--resume"])
+    assert r.exit_code == 0, r.output
+    assert f"6 cases in grid: {len(rows)} already done, {6 - len(rows)} run, 0 errors" in r.output
+    assert len(load_rows(out / "results.jsonl")) == 6
+
+
 def test_failed_cases_are_logged_and_retried(tmp_path):
     c = cfg(tmp_path, tasks=["I-01", "II-11"], agent_counts=[2], protocols=["bp"])
     s = run_sweep(c, [AgentSpec("scripted", lambda: Counting(fail_task="Prefix Sum"))])
@@ -185,7 +240,7 @@ def test_cli_generate_run_report_and_bench(tmp_path):
     assert all(x["success"] for x in load_rows(out2 / "results.jsonl"))
     # scaffolds (arXiv 2603.01045 App. H) are a separate population in the results
     r = runner.invoke(app, ["silo", "run", "--agents", "2", "--tasks", "I-01", "--protocols", "p2p",
-                            "--scaffold", "reminder", "planning", "--out", str(out2)])  # fmt: skip
+                            "--scaffold", "reminder", "planning", "--out", str(out2), "--resume"])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert {x["agent"] for x in load_rows(out2 / "results.jsonl")} == {
         "scripted",
