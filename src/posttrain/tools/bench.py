@@ -2,16 +2,17 @@
 
     python -m posttrain.tools.bench --n 50
 
-Runs ``n`` calls of each (after one warm-up call) and prints the median and the 90th percentile in
+Runs ``n`` calls of each, interleaved (after one warm-up call each), and prints the median and the 90th percentile in
 milliseconds, with the CPU: the ``python`` tool's sandbox running ``print(1)`` under ``guard`` and
 under ``bwrap`` (where it runs), and a custom tool (a module-level function returning its argument) in
-its worker process; the calculator inline for scale. docs/tools.md quotes the numbers.
+its worker process, warm and freshly started; the calculator inline for scale. docs/tools.md quotes the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import platform
 import statistics
 import time
@@ -22,7 +23,7 @@ from posttrain.tools.deadline import call_with_deadline, shutdown_workers
 from posttrain.tools.registry import get_tool
 from posttrain.tools.sandbox import SandboxLimits, run_sandboxed
 
-__all__ = ["cpu_name", "echo", "main", "measure"]
+__all__ = ["cpu_name", "echo", "fresh_worker_call", "main", "measure"]
 
 
 def echo(text: str) -> str:
@@ -42,16 +43,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def measure(fn: Callable[[], object], n: int) -> tuple[float, float]:
-    """(median, 90th percentile) in ms of ``n`` calls of ``fn`` after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
+def measure(fns: list[Callable[[], object]], n: int) -> list[tuple[float, float]]:
+    """(median, 90th percentile) in ms of ``n`` calls of each of ``fns``, after one warm-up call each;
+    the calls are interleaved (one of each, ``n`` times), so a change of the machine's load during the
+    run weighs on all of them alike."""
+    for fn in fns:
         fn()
-        times.append((time.perf_counter() - t) * 1000)
-    times.sort()
-    return statistics.median(times), times[min(n - 1, int(0.9 * n))]
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(n):
+        for fn, out in zip(fns, times, strict=True):
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1000)
+    return [(statistics.median(ts), sorted(ts)[min(n - 1, int(0.9 * n))]) for ts in times]
+
+
+def fresh_worker_call(tool: Callable[..., str]) -> str:
+    """One call in a worker started for it (the idle workers are shut down first)."""
+    shutdown_workers()
+    return call_with_deadline(tool, {"text": "x"}, 10.0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,12 +84,17 @@ def main(argv: list[str] | None = None) -> None:
     tool = importlib.import_module("posttrain.tools.bench").echo
     rows += [
         ("custom tool in its worker (warm)", lambda: call_with_deadline(tool, {"text": "x"}, 10.0)),
+        ("custom tool in a fresh worker (its first call)", lambda: fresh_worker_call(tool)),
         ("calculator, inline", lambda: get_tool("calculator").call({"expression": "6*7"})),
     ]
-    print(f"CPU: {cpu_name()}; Python {platform.python_version()}; n = {args.n} calls per row")
+    load = (
+        f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        if hasattr(os, "getloadavg")
+        else ""
+    )
+    print(f"CPU: {cpu_name()}; Python {platform.python_version()}; n = {args.n} calls per row{load}")
     print("| call | median ms | p90 ms |\n|---|---|---|")
-    for name, fn in rows:
-        med, p90 = measure(fn, args.n)
+    for (name, _), (med, p90) in zip(rows, measure([fn for _, fn in rows], args.n), strict=True):
         print(f"| {name} | {med:.1f} | {p90:.1f} |")
     if problem is not None:
         print(f"(bwrap not measured: {problem})")
