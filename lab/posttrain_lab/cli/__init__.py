@@ -4,6 +4,7 @@ this package registers them): `posttrain demo`, `posttrain rm`, `posttrain silo`
 
 from posttrain_lab.cli import analyze as _analyze  # noqa: F401
 from posttrain_lab.cli import bench_ablation as _bench_ablation  # noqa: F401
+from posttrain_lab.cli import bench_dpo as _bench_dpo  # noqa: F401
 from posttrain_lab.cli import bench_generate as _bench_generate  # noqa: F401
 from posttrain_lab.cli import bench_losses as _bench_losses  # noqa: F401
 from posttrain_lab.cli import bench_reward_pool as _bench_reward_pool  # noqa: F401
