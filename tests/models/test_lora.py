@@ -222,3 +222,22 @@ def test_cli_rl_with_lora_then_eval_and_resume(tmp_path):
     res = CliRunner().invoke(app, [*args, "steps=2", "--resume"])
     assert res.exit_code == 0, res.output
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
+
+
+def test_lora_and_export_merge_show_no_transformers_deprecation(tmp_path):
+    """Issue 58 item 12: `export --merge` (and every LoRA run) printed transformers' "`is_gradient_
+    checkpointing` is deprecated and will be removed in v6", raised inside peft when it wraps a model."""
+    from posttrain.models.lora import apply_lora, write_base_file
+    from posttrain.train.config import LoRAConfig
+
+    model, _ = load_model_and_tokenizer("tiny", seed=0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        lora = apply_lora(model, LoRAConfig(rank=2), base={"model": "tiny", "seed": 0, "dtype": "float32"})
+        lora.save_pretrained(tmp_path / "adapter")
+        write_base_file(lora, tmp_path / "adapter")
+        res = CliRunner().invoke(app, ["export", "--merge", str(tmp_path / "adapter"), str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    deprecations = [str(w.message) for w in seen if "deprecated" in str(w.message)]
+    assert not deprecations, deprecations
+    assert "deprecated" not in res.output

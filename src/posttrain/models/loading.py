@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.models.errors import ModelSpecError
-from posttrain.models.lora import ADAPTER_CONFIG, is_adapter_dir, is_lora, read_base_file, require_peft
+from posttrain.models.lora import (
+    ADAPTER_CONFIG,
+    is_adapter_dir,
+    is_lora,
+    quiet_peft,
+    read_base_file,
+    require_peft,
+)
 from posttrain.models.presets import PRESETS, build_preset_model, list_presets
 from posttrain.models.resolve import resolve_model_dir
 from posttrain.models.tokenizer import build_char_tokenizer, quiet_length_warning
@@ -301,7 +308,8 @@ def load_adapter_dir(
     )
     if is_lora(model):
         model = model.merge_and_unload()
-    peft_model = peft.PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
+    with quiet_peft():
+        peft_model = peft.PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
     peft_model.posttrain_base = base
     return peft_model.to(device), tokenizer
 

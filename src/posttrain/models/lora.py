@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,6 @@ BASE_FILE = "posttrain_base.json"
 """Sidecar of an adapter directory: ``{"model": spec, "seed": int, "dtype": str}`` of the base model."""
 
 
-
 def require_peft() -> Any:
     """The ``peft`` module, or a :class:`MissingPackageError` that says how to install it."""
     try:
@@ -48,6 +50,19 @@ def require_peft() -> Any:
             'model.lora needs the `peft` package: pip install -e ".[lora]" (or pip install peft)'
         ) from e
     return peft
+
+
+@contextmanager
+def quiet_peft() -> Iterator[None]:
+    """Around posttrain's calls of peft that wrap a model (``get_peft_model``,
+    ``PeftModel.from_pretrained``): peft 0.21 reads transformers 5's deprecated
+    ``is_gradient_checkpointing`` there, and the FutureWarning it raises ("... is deprecated and will be
+    removed in v6") is for peft's maintainers, not for whoever trains or exports a LoRA model."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
 
 
 def is_lora(model: Any) -> bool:
@@ -91,7 +106,8 @@ def apply_lora(model: torch.nn.Module, cfg: Any, *, base: dict[str, Any], seed: 
     )
     with torch.random.fork_rng(devices=[]):  # adapter init from the run's seed, global RNG untouched
         torch.manual_seed(seed)
-        peft_model = peft.get_peft_model(model, lcfg)
+        with quiet_peft():
+            peft_model = peft.get_peft_model(model, lcfg)
     peft_model.posttrain_base = dict(base)
     return peft_model
 
