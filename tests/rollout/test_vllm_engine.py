@@ -1,6 +1,6 @@
 """The vLLM rollout engine's parts that need no vLLM (the main suite): registration and config-time
-parameter checks, the missing-extra error, the truncated-importance-sampling math, the trainer applying an
-engine's ``rollout_is_weights``, the deadline wrapper and the KV-cache sizing. vLLM itself runs in
+parameter checks, the missing-extra error, the truncated-importance-sampling math, the trainer applying the
+run's one correction (``rollout.is_correction``) to a mismatched sampler, the deadline wrapper and the KV-cache sizing. vLLM itself runs in
 tests_vllm/ (``make test-vllm``)."""
 
 from __future__ import annotations
@@ -11,16 +11,15 @@ import sys
 import pytest
 import torch
 
+from posttrain.algos.importance import TIS_MODES, truncated_is_weights
 from posttrain.rollout import ENGINES, EngineContext, HFEngine, build_engine
 from posttrain.rollout.registry import check_component_params
-from posttrain.rollout.vllm import TIS_MODES, truncated_is_weights, vllm_engine
+from posttrain.rollout.vllm import vllm_engine
 
 
 def test_vllm_engine_is_registered_with_checked_params():
     assert ENGINES.get("vllm") is vllm_engine
-    check_component_params(
-        ENGINES, "vllm", {"gpu_memory_utilization": 0.4, "sleep_level": 2, "tis_mode": "token_truncate"}
-    )
+    check_component_params(ENGINES, "vllm", {"gpu_memory_utilization": 0.4, "sleep_level": 2})
     with pytest.raises(Exception, match="gpu_mem"):
         check_component_params(ENGINES, "vllm", {"gpu_mem": 0.4})
 
@@ -33,10 +32,8 @@ def test_building_without_vllm_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=r'pip install -e "\.\[vllm\]"'):
         build_engine("vllm", {}, EngineContext(model, tok, seed=0))
     for bad, match in (
-        ({"tis_mode": "tis"}, "tis_mode must be"),
         ({"sleep_level": 3}, "sleep_level"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
-        ({"tis_mode": "token_mask", "tis_cap": 2.0, "tis_min": 3.0}, "tis_min"),
     ):
         with pytest.raises(ValueError, match=match):  # checked before vLLM is imported
             build_engine("vllm", bad, EngineContext(model, tok, seed=0))
@@ -73,23 +70,22 @@ def test_truncated_is_weights_by_hand():
 
 class _MismatchedSampler(HFEngine):
     """An HF engine whose recorded sampling log-probs are 1 nat lower than the trainer's (a sampler whose
-    kernels disagree with the trainer), with token-truncated IS at cap 2: every weight is min(e, 2) = 2."""
+    kernels disagree with the trainer): with token-truncated IS at cap 2 every weight is min(e, 2) = 2."""
 
-    def __init__(self, ctx: EngineContext, *, tis: bool = True) -> None:
+    def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx.model, ctx.tokenizer, seed=ctx.seed, max_batch_size=ctx.max_batch_size)
-        self.tis = tis
 
     def generate(self, prompt_ids, n_per_prompt, params):
         b = super().generate(prompt_ids, n_per_prompt, params)
         b.logprobs = (b.logprobs - 1.0) * b.completion_mask
         return b
 
-    def rollout_is_weights(self, trainer_logp, sampler_logp, mask):
-        return truncated_is_weights(trainer_logp, sampler_logp, mask, cap=2.0) if self.tis else None
-
 
 @pytest.mark.filterwarnings("ignore::posttrain.train.rl.DegenerateSettingWarning")
-def test_trainer_multiplies_the_loss_by_the_engines_is_weights(tmp_path):
+def test_trainer_multiplies_the_loss_by_the_correction_over_the_engines_mismatch(tmp_path):
+    """``rollout.is_correction`` (here token_truncate at cap 2) corrects a synchronous engine's
+    sampler/trainer mismatch with the same weight as staleness: the loss doubles; ``auto`` applies none
+    synchronously."""
     from posttrain.rollout.reward_source import FunctionRewardSource
     from posttrain.train.config import load_rl_config
     from posttrain.train.rl import RLTrainer
@@ -114,7 +110,9 @@ def test_trainer_multiplies_the_loss_by_the_engines_is_weights(tmp_path):
                     "eval.at_start=false",
                     "eval.n=4",
                     f"out_dir={tmp_path / str(tis)}",
-                    f"rollout.engine={{name: test-mismatch, params: {{tis: {str(tis).lower()}}}}}",
+                    "rollout.engine.name=test-mismatch",
+                    f"rollout.is_correction.mode={'token_truncate' if tis else 'auto'}",
+                    "rollout.is_correction.cap=2.0",
                 ],
             )
             tr = RLTrainer(cfg, reward_source=FunctionRewardSource(reward, num_workers=0))

@@ -103,17 +103,8 @@ def test_max_staleness_zero_is_the_synchronous_run_and_imports_no_ray():
 def test_config_refuses_what_async_cannot_do_yet():
     with pytest.raises(ValueError, match=r"rollout.max_staleness=1 with hooks.replay 'success'"):
         load_rl_config(None, [*RL_BASE, *ASYNC, "hooks.replay.name=success"])
-    with pytest.raises(ValueError, match=r"rollout.engine.params.tis_mode"):
-        load_rl_config(
-            None,
-            [
-                *RL_BASE,
-                "rollout.max_staleness=2",
-                "rollout.engine={name: vllm, params: {tis_mode: token_truncate}}",
-            ],
-        )
-    with pytest.raises(ValueError, match=r"rollout.staleness_is.mode"):
-        load_rl_config(None, [*RL_BASE, *ASYNC, "rollout.staleness_is.mode=tokens"])
+    with pytest.raises(ValueError, match=r"rollout.is_correction.mode"):
+        load_rl_config(None, [*RL_BASE, *ASYNC, "rollout.is_correction.mode=tokens"])
 
 
 # ------------------------------------------------------------------------------ the bar (CLI)
@@ -252,7 +243,7 @@ def test_importance_weights_are_pi_theta_over_pi_behaviour(tmp_path, local_ray, 
         return w
 
     monkeypatch.setattr(rl, "combine_weights", record)
-    extra = ["optimizer.lr=0.05", "rollout.staleness_is.cap=1e6", "reward.name=_async_helpers:CrcParity"]
+    extra = ["optimizer.lr=0.05", "rollout.is_correction.cap=1e6", "reward.name=_async_helpers:CrcParity"]
     tr = RLTrainer(_cfg(tmp_path, *extra, "hooks.sampler.name=recording-async"))
     with tr:
         _steps(tr, 1)

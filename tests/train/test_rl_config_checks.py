@@ -25,7 +25,7 @@ TINY = ["model.name=tiny", "model.device=cpu", "reward.num_workers=0"]
     [
         # any replay buffer other than `none` (here the library's own, named by its import path)
         ["hooks.replay.name=posttrain.hooks:NoReplay"],
-        ["rollout.engine={name: vllm, params: {tis_mode: token_truncate}}"],
+        ["rollout.engine.name=vllm", "rollout.is_correction.mode=token_truncate"],
     ],
 )
 def test_top_p_below_one_is_refused_where_rollout_logprobs_are_used(extra):
@@ -46,7 +46,7 @@ def test_top_p_below_one_is_refused_where_rollout_logprobs_are_used(extra):
     "extra",
     [
         ["hooks.replay.name=posttrain.hooks:NoReplay"],
-        ["rollout.engine={name: vllm, params: {tis_mode: token_truncate}}"],
+        ["rollout.engine.name=vllm", "rollout.is_correction.mode=token_truncate"],
     ],
 )
 def test_eos_masking_is_refused_where_rollout_logprobs_are_used(setting, named, extra):
@@ -167,3 +167,29 @@ def test_sft_honours_every_key_set_over_a_config_file(tmp_path):
     for ov in overrides:
         key, value = parse_override(ov)
         assert got[key] == value, ov
+
+
+# ----------------------------------------------------------------------------- one correction over μ
+def test_the_old_correction_settings_name_the_new_one():
+    """The engine's truncated IS (vLLM's tis_*) and asynchronous rollout's staleness_is were one ratio
+    π_old / μ under two names; both old names are refused with the one setting that replaced them."""
+    with pytest.raises(ValueError, match=r"rollout\.staleness_is was renamed rollout\.is_correction"):
+        load_rl_config(None, [*TINY, "rollout.staleness_is.mode=token_mask"])
+    with pytest.raises(ValueError, match=r"rollout\.engine\.params\.tis_mode.*rollout\.is_correction"):
+        load_rl_config(None, [*TINY, "rollout.engine={name: vllm, params: {tis_mode: token_truncate}}"])
+
+
+@pytest.mark.parametrize(
+    ("setting", "staleness", "want"),
+    [
+        ("auto", 0, None),  # synchronous: the engine samples from π_old itself
+        ("auto", 1, "token_truncate"),  # asynchronous: verl's truncated IS by default
+        ("token_mask", 0, "token_mask"),  # AReaL-style masking, e.g. against vLLM's mismatch
+        ("null", 2, None),  # the ablation
+    ],
+)
+def test_the_correction_mode_auto_follows_the_staleness(setting, staleness, want):
+    cfg = load_rl_config(
+        None, [*TINY, f"rollout.is_correction.mode={setting}", f"rollout.max_staleness={staleness}"]
+    )
+    assert cfg.rollout.correction_mode() == want

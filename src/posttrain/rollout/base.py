@@ -392,14 +392,6 @@ class RolloutEngine(ABC):
     def sync_weights(self, model: torch.nn.Module) -> None:  # noqa: B027 - optional hook
         """Make the engine sample from ``model``'s current weights (no-op for in-process engines)."""
 
-    def rollout_is_weights(
-        self, trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Per-token importance weights (B, T) that correct for the sampler computing other
-        probabilities than the trainer (e.g. truncated IS for vLLM), multiplied into the loss of freshly
-        sampled rows; None (the default) when the engine samples from the trainer's own forward."""
-        return None
-
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Sampling RNG state, for exact resume."""
         return {}

@@ -43,7 +43,8 @@ What it does:
   correct the ratio and refuses ``top_p < 1`` where rollout log-probs are used (``RLConfig``).
 * ``max_batch_size`` becomes vLLM's ``max_num_seqs``; ``dtype`` defaults to the run's precision
   (``model.precision``: fp32 -> ``float32``, bf16 -> ``bfloat16``).
-* **Truncated importance sampling** (``tis_mode``): see :func:`truncated_is_weights`.
+* The sampler/trainer mismatch is corrected by the run's one correction, ``rollout.is_correction``
+  (:mod:`posttrain.train.correction`), not by the engine.
 
 Sampling is seeded per prompt from the engine's own ``torch.Generator`` (``SamplingParams.seed``),
 saved in checkpoints by ``state_dict``; vLLM's batched kernels are not bitwise deterministic across
@@ -64,7 +65,6 @@ from typing import Any
 
 import torch
 
-from posttrain.algos.importance import TIS_MODES, truncated_is_weights
 from posttrain.models.lora import is_lora
 from posttrain.rollout.base import (
     FINISH_LENGTH,
@@ -79,8 +79,6 @@ from posttrain.utils.errors import InvalidValueError, MissingPackageError, Postt
 
 log = logging.getLogger(__name__)
 
-#: ``tis_mode`` values: token- or sequence-level ratio, truncated (clamped at the cap) or masked (0
-#: outside [tis_min, tis_cap]); the names are TRL's ``vllm_importance_sampling_mode`` values.
 #: LoRA ranks vLLM accepts for ``max_lora_rank``.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -339,17 +337,13 @@ class VLLMEngine(RolloutEngine):
         startup_timeout_s: float | None = 600.0,
         sync_timeout_s: float | None = 300.0,
         generate_timeout_s: float | None = None,
-        tis_mode: str | None = None,
-        tis_cap: float = 2.0,
-        tis_min: float | None = None,
         llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        check_vllm_params(gpu_memory_utilization, sleep_level, tis_mode, tis_cap, tis_min)
+        check_vllm_params(gpu_memory_utilization, sleep_level)
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.eos_token_ids, self._pad_token_id = eos_and_pad(tokenizer, eos_token_ids, "VLLMEngine")
-        self.tis_mode, self.tis_cap, self.tis_min = tis_mode, tis_cap, tis_min
         self.generate_timeout_s = generate_timeout_s
         self.generator = torch.Generator()
         self.generator.manual_seed(seed)
@@ -593,16 +587,6 @@ class VLLMEngine(RolloutEngine):
         """Shut the shared vLLM down (every engine of this policy; the trainer's ``close`` calls it)."""
         self._shared.close()
 
-    def rollout_is_weights(
-        self, trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Truncated-IS weights (``tis_mode``; None when off) for the loss's ``is_weights``."""
-        if self.tis_mode is None:
-            return None
-        return truncated_is_weights(
-            trainer_logp, sampler_logp, mask, mode=self.tis_mode, cap=self.tis_cap, floor=self.tis_min
-        )
-
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"generator": self.generator.get_state()}
 
@@ -611,13 +595,7 @@ class VLLMEngine(RolloutEngine):
             self.generator.set_state(state["generator"].cpu())
 
 
-def check_vllm_params(
-    gpu_memory_utilization: float,
-    sleep_level: int,
-    tis_mode: str | None,
-    tis_cap: float,
-    tis_min: float | None,
-) -> None:
+def check_vllm_params(gpu_memory_utilization: float, sleep_level: int) -> None:
     """Parameter checks that need no vLLM (run at config time by the factory and at construction)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise InvalidValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
@@ -625,12 +603,6 @@ def check_vllm_params(
         raise InvalidValueError(
             f"sleep_level must be 0 (off), 1 (weights to CPU) or 2 (discard), got {sleep_level!r}"
         )
-    if tis_mode is not None and tis_mode not in TIS_MODES:
-        raise InvalidValueError(f"tis_mode must be null or one of {', '.join(TIS_MODES)}, got {tis_mode!r}")
-    if not tis_cap > 0:
-        raise InvalidValueError(f"tis_cap must be > 0, got {tis_cap!r}")
-    if tis_min is not None and not 0 <= tis_min < tis_cap:
-        raise InvalidValueError(f"tis_min must be in [0, tis_cap={tis_cap}), got {tis_min!r}")
 
 
 def vllm_engine(
@@ -646,9 +618,6 @@ def vllm_engine(
     startup_timeout_s: float | None = 600.0,
     sync_timeout_s: float | None = 300.0,
     generate_timeout_s: float | None = None,
-    tis_mode: str | None = None,
-    tis_cap: float = 2.0,
-    tis_min: float | None = None,
     llm_kwargs: dict[str, Any] | None = None,
 ) -> RolloutEngine:
     """vLLM in the trainer's process (:class:`~posttrain.rollout.vllm.VLLMEngine`; the ``vllm`` extra on
@@ -657,10 +626,9 @@ def vllm_engine(
     ``max_model_len``: default the model's context; ``kv_cache_memory_bytes``: default on CPU room for
     max_batch_size sequences, at most 2 GiB; ``enforce_eager``: default true on CPU (no torch.compile
     warm-up), false on GPU; ``startup_timeout_s`` / ``sync_timeout_s`` / ``generate_timeout_s``: deadlines
-    (null = none); ``tis_mode`` / ``tis_cap`` / ``tis_min``: truncated importance sampling against
-    sampler/trainer mismatch (``token_truncate``, ``token_mask``, ``sequence_truncate``, ``sequence_mask``;
-    null = off); ``llm_kwargs``: passed to ``vllm.LLM`` as is."""
-    check_vllm_params(gpu_memory_utilization, sleep_level, tis_mode, tis_cap, tis_min)
+    (null = none); ``llm_kwargs``: passed to ``vllm.LLM`` as is. The sampler/trainer mismatch is
+    corrected by ``rollout.is_correction``."""
+    check_vllm_params(gpu_memory_utilization, sleep_level)
     for key, value in (
         ("startup_timeout_s", startup_timeout_s),
         ("sync_timeout_s", sync_timeout_s),
@@ -686,8 +654,5 @@ def vllm_engine(
         startup_timeout_s=startup_timeout_s,
         sync_timeout_s=sync_timeout_s,
         generate_timeout_s=generate_timeout_s,
-        tis_mode=tis_mode,
-        tis_cap=tis_cap,
-        tis_min=tis_min,
         llm_kwargs=llm_kwargs,
     )

@@ -76,12 +76,7 @@ from posttrain.train import dist
 from posttrain.train.checkpoint import resolve_checkpoint
 from posttrain.train.collector import GroupSource, LocalSource, RolloutCollector
 from posttrain.train.config import RLConfig, TaskConfig
-from posttrain.train.correction import (
-    BehaviourWeights,
-    EngineMismatchWeights,
-    ImportanceWeights,
-    ReplayWeights,
-)
+from posttrain.train.correction import BehaviourWeights, ImportanceWeights, ReplayWeights
 from posttrain.train.lengths import (
     bound_examples,
     bound_prompts,
@@ -238,7 +233,7 @@ def build_rl_parts(
     else:
         group_source, weight_sync = LocalSource(runner, formatter, engine.pad_token_id), choose_weight_sync(engine)
     collector = build_collector(cfg, hooks, group_source, source, warn)
-    is_weights = importance_weights(cfg, collector, engine)
+    is_weights = importance_weights(cfg, collector)
     shaper_list, shaper_names = build_shapers(cfg, shapers)
     warn_batch_split(cfg, warn)
     dist.check_rl_hooks(
@@ -440,19 +435,15 @@ def build_worker_source(
     )
 
 
-def importance_weights(
-    cfg: RLConfig, collector: RolloutCollector, engine: RolloutEngine | None
-) -> list[ImportanceWeights]:
-    """The per-token importance-weight providers, multiplied: replayed rows (the buffer's weights),
-    and on fresh rows the engine's sampler/trainer-mismatch correction, or under asynchronous rollout
-    the behaviour-policy correction of ``rollout.staleness_is`` (which covers the mismatch too: its
-    μ is the engine's own log-probs)."""
+def importance_weights(cfg: RLConfig, collector: RolloutCollector) -> list[ImportanceWeights]:
+    """The per-token importance-weight providers, multiplied: replayed rows (the buffer's weights), and
+    on fresh rows the one correction over the behaviour policy μ, ``rollout.is_correction`` (engine
+    mismatch and staleness alike: μ is the engine's own sampling log-probs)."""
     out: list[ImportanceWeights] = [ReplayWeights(lambda: collector.replay)]
-    if cfg.rollout.max_staleness == 0:
-        return [*out, EngineMismatchWeights(lambda: engine)]
-    si = cfg.rollout.staleness_is
-    if si.mode is not None:
-        out.append(BehaviourWeights(si.mode, si.cap, si.floor))
+    mode = cfg.rollout.correction_mode()
+    if mode is not None:
+        c = cfg.rollout.is_correction
+        out.append(BehaviourWeights(mode, c.cap, c.floor))
     return out
 
 
