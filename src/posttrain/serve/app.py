@@ -243,16 +243,7 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
         def job(cancel: threading.Event) -> Completion:
             prompt = model.render(req.messages)
             model.check_prompt(prompt, max_tokens)
-            out = model.complete(
-                prompt,
-                n=req.n,
-                max_tokens=max_tokens,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                stop=req.stop,
-                seed=req.seed,
-                cancel=cancel,
-            )
+            out = model.complete(prompt, max_tokens=max_tokens, cancel=cancel, **req.sampling())
             if req.logprobs and not cancel.is_set():
                 out = Completion(model.chat_logprobs(prompt, out.choices, top), out.prompt_tokens)
             return out
@@ -309,15 +300,11 @@ def create_app(cfg: ServeConfig, chat_model: ChatModel | None = None) -> Any:
                 model.check_prompt(ids, max_tokens, param="prompt")
             choices = model.text_completions(
                 prompts,
-                n=req.n,
                 max_tokens=max_tokens,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                stop=req.stop,
-                seed=req.seed,
                 echo=req.echo,
                 logprobs=req.logprobs,
                 cancel=cancel,
+                **req.sampling(),
             )
             return {"choices": choices, "prompt_tokens": sum(len(p) for p in prompts)}
 

@@ -89,28 +89,51 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(BaseModel):
-    """The OpenAI ``/v1/chat/completions`` body. Unknown fields are accepted and ignored (clients send
-    ``frequency_penalty``, ``user``, ...); the fields below are validated and honoured."""
+class SamplingRequest(BaseModel):
+    """The fields chat and text completions share: the served ``model`` (or none), sampling
+    (``temperature`` 0 = greedy, ``top_p``, ``seed``), ``n`` completions, ``stop`` strings (at most 4)."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     n: int = Field(1, ge=1)
     stream: bool = False
     stop: str | list[str] | None = None
     seed: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> list[str] | None:
-        return _check_stops(v)
+        if v is None:
+            return None
+        stops = [v] if isinstance(v, str) else list(v)
+        if len(stops) > 4:
+            raise InvalidValueError(f"at most 4 stop sequences, got {len(stops)}")
+        if any(not s for s in stops):
+            raise InvalidValueError("stop sequences must be non-empty strings")
+        return stops
+
+    def sampling(self) -> dict[str, Any]:
+        """The keyword arguments of ``ChatModel.complete`` / ``text_completions`` this request sets."""
+        return {
+            "n": self.n,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": self.stop,
+            "seed": self.seed,
+        }
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """The OpenAI ``/v1/chat/completions`` body. Unknown fields are accepted and ignored (clients send
+    ``frequency_penalty``, ``user``, ...); the fields below are validated and honoured."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -119,7 +142,7 @@ class ChatCompletionRequest(BaseModel):
 Prompt = str | list[str] | list[int] | list[list[int]]
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(SamplingRequest):
     """The OpenAI legacy ``/v1/completions`` body (what lm-eval's ``local-completions`` sends).
 
     ``prompt``: a string, a list of strings, a list of token ids or a list of token-id lists (a
@@ -128,23 +151,10 @@ class CompletionRequest(BaseModel):
     log-prob only); ``max_tokens: 0`` with ``echo`` scores the prompt without generating. Other
     fields are accepted and ignored."""
 
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
     prompt: Prompt
     max_tokens: int | None = Field(None, ge=0)
-    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    n: int = Field(1, ge=1)
-    stream: bool = False
-    stop: str | list[str] | None = None
-    seed: int | None = None
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_list(cls, v: str | list[str] | None) -> list[str] | None:
-        return _check_stops(v)
 
     @field_validator("prompt")
     @classmethod
@@ -171,17 +181,6 @@ class DetokenizeRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     tokens: list[int]
-
-
-def _check_stops(v: str | list[str] | None) -> list[str] | None:
-    if v is None:
-        return None
-    stops = [v] if isinstance(v, str) else list(v)
-    if len(stops) > 4:
-        raise InvalidValueError(f"at most 4 stop sequences, got {len(stops)}")
-    if any(not s for s in stops):
-        raise InvalidValueError("stop sequences must be non-empty strings")
-    return stops
 
 
 def error_body(

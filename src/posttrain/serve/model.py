@@ -165,7 +165,26 @@ class ChatModel:
     ) -> Completion:
         """Sample ``n`` completions of ``prompt`` (blocking; run it on a worker thread). ``cancel``: a
         ``threading.Event``; once set, generation stops at the next token (a client that went away)."""
-        from posttrain.rollout.base import FINISH_STOP, SamplingParams
+        rows = self._sample([prompt], n, max_tokens, temperature, top_p, seed, cancel)
+        choices = []
+        for _, ids, reason in rows:
+            text, kept, finish = self._finish(ids, reason, stop)
+            choices.append(Choice(text, len(ids), finish, tuple(kept)))
+        return Completion(choices, len(prompt))
+
+    def _sample(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        cancel: Any,
+    ) -> list[tuple[int, list[int], str]]:
+        """(prompt index, completion ids, engine finish reason) of ``n`` samples per prompt, one
+        ``generate`` call for all of them."""
+        from posttrain.rollout.base import SamplingParams
 
         params = SamplingParams(
             temperature=temperature,
@@ -176,15 +195,22 @@ class ChatModel:
             cancel=cancel,
         )
         with self._lock:
-            batch = self.engine.generate([prompt], [n], params)
-        choices = []
-        for ids, reason in zip(batch.completion_lists(), batch.finish_reasons, strict=True):
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            text, stopped = _cut_at_stop(text, stop)
-            finish = "stop" if stopped or reason == FINISH_STOP else "length"
-            kept = ids[: self._tokens_within(ids, text)] if stopped else ids
-            choices.append(Choice(text, len(ids), finish, tuple(kept)))
-        return Completion(choices, len(prompt))
+            batch = self.engine.generate(prompts, [n] * len(prompts), params)
+        return [
+            (int(g), ids, reason)
+            for g, ids, reason in zip(
+                batch.group_ids.tolist(), batch.completion_lists(), batch.finish_reasons, strict=True
+            )
+        ]
+
+    def _finish(self, ids: list[int], reason: str, stop: list[str] | None) -> tuple[str, list[int], str]:
+        """(text cut at the earliest stop string, the tokens kept, OpenAI's finish reason)."""
+        from posttrain.rollout.base import FINISH_STOP
+
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        text, stopped = _cut_at_stop(text, stop)
+        kept = ids[: self._tokens_within(ids, text)] if stopped else ids
+        return text, kept, "stop" if stopped or reason == FINISH_STOP else "length"
 
     # ------------------------------------------------------------------ log-probs, /v1/completions
     def token_text(self, token_id: int) -> str:
@@ -279,7 +305,7 @@ class ChatModel:
         forward that scores the prompt; otherwise the engine samples and prompt + completion are
         scored afterwards. ``logprobs`` (None = none) are the trainer's token log-probs at
         temperature 1 (:mod:`posttrain.serve.scoring`)."""
-        from posttrain.rollout.base import FINISH_STOP, SamplingParams
+        from posttrain.rollout.base import FINISH_STOP
         from posttrain.serve.scoring import score_tokens
 
         eos = set(self.engine_eos_ids())
@@ -295,28 +321,12 @@ class ChatModel:
                 nxt = sc.next_top[0][0]
                 rows += [(i, [nxt], FINISH_STOP if nxt in eos else "length")] * n
         else:
-            params = SamplingParams(
-                temperature=temperature,
-                top_p=top_p,
-                max_new_tokens=max_tokens,
-                seed=seed,
-                logprobs=False,
-                cancel=cancel,
-            )
-            with self._lock:
-                batch = self.engine.generate(prompts, [n] * len(prompts), params)
-            groups = batch.group_ids.tolist()
-            rows = [
-                (int(g), ids, reason)
-                for g, ids, reason in zip(groups, batch.completion_lists(), batch.finish_reasons, strict=True)
-            ]
+            rows = self._sample(prompts, n, max_tokens, temperature, top_p, seed, cancel)
         choices = []
         texts = []
         for i, ids, reason in rows:
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            text, stopped = _cut_at_stop(text, stop)
-            kept = ids[: self._tokens_within(ids, text)] if stopped else ids
-            texts.append((text, kept, "stop" if stopped or reason == FINISH_STOP else "length"))
+            text, kept, finish = self._finish(ids, reason, stop)
+            texts.append((text, kept, finish))
             choices.append((i, kept))
         seq_scores = None
         if logprobs is not None:
