@@ -132,6 +132,49 @@ def summarize_times(timing: dict[str, list[float]]) -> dict[str, Any]:
     }
 
 
+def train_timed(
+    trainer: Any,
+    end: Callable[[int, float], None],
+    begin: Callable[[int], None] | None = None,
+) -> int:
+    """A TRL / Hugging Face ``trainer.train()`` with every optimizer step timed by a callback
+    (``on_step_begin`` -> ``on_step_end``): ``begin(i)`` before and ``end(i, seconds)`` after the i-th
+    step, both outside the timed window (a bench runs its other sides there). Returns the steps run;
+    fewer than ``args.max_steps`` is an error."""
+    import warnings
+
+    from transformers import TrainerCallback
+
+    class _Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.t0 = 0.0
+            self.steps = 0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if begin is not None:
+                begin(self.steps)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            dt = time.perf_counter() - self.t0
+            end(self.steps, dt)
+            self.steps += 1
+
+    timer = _Timer()
+    trainer.add_callback(timer)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers v6 deprecations inside TRL
+            trainer.train()
+    finally:
+        trainer.remove_callback(timer)
+    if timer.steps != trainer.args.max_steps:
+        raise PosttrainRuntimeError(
+            f"TRL {type(trainer).__name__} ran {timer.steps} optimizer steps, expected {trainer.args.max_steps}"
+        )
+    return timer.steps
+
+
 def probe_allocation(mibs: list[int], device: str = "cpu") -> list[dict[str, Any]]:
     """Self-check of `PeakMemory`: for each size, allocate (and touch) that many MiB inside a fresh
     probe, free it, and report what the probe saw."""

@@ -39,8 +39,8 @@ from importlib.resources import files
 from typing import Any
 
 from posttrain.models.precision import cpu_capability
-from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
-from posttrain_lab.benchmarks.perf.common import PeakMemory, run_isolated
+from posttrain.utils.errors import InvalidValueError
+from posttrain_lab.benchmarks.perf.common import PeakMemory, run_isolated, train_timed
 
 DATA = str(files("posttrain") / "configs" / "preference" / "preferences-arithmetic.jsonl")
 
@@ -175,33 +175,7 @@ class TRLSide:
 
     def run(self, begin: Callable[[int], None], end: Callable[[int, float], None]) -> int:
         """``trainer.train()``; ``begin(i)`` before and ``end(i, seconds)`` after the i-th optimizer step."""
-        from transformers import TrainerCallback
-
-        class _Timer(TrainerCallback):
-            steps, t0 = 0, 0.0
-
-            def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                begin(self.steps)
-                self.t0 = time.perf_counter()
-
-            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                dt = time.perf_counter() - self.t0
-                end(self.steps, dt)
-                self.steps += 1
-
-        timer = _Timer()
-        self.trainer.add_callback(timer)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                self.trainer.train()
-        finally:
-            self.trainer.remove_callback(timer)
-        if timer.steps != self.trainer.args.max_steps:
-            raise PosttrainRuntimeError(
-                f"TRL DPOTrainer ran {timer.steps} steps, expected {self.trainer.args.max_steps}"
-            )
-        return timer.steps
+        return train_timed(self.trainer, end, begin)
 
 
 # ---------------------------------------------------------------------------------------- memory child

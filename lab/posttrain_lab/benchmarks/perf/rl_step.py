@@ -490,33 +490,9 @@ class TRLRun:
 
     def run(self, after_step: Callable[[int, float], None]) -> None:
         """`trainer.train()`; after TRL's i-th optimizer step, `after_step(i, seconds_of_that_step)`."""
-        from transformers import TrainerCallback
+        from posttrain_lab.benchmarks.perf.common import train_timed
 
-        class _Timer(TrainerCallback):
-            def __init__(self) -> None:
-                self.t0 = 0.0
-                self.steps = 0
-
-            def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                self.t0 = time.perf_counter()
-
-            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                dt = time.perf_counter() - self.t0
-                after_step(self.steps, dt)
-                self.steps += 1
-
-        timer = _Timer()
-        self.trainer.add_callback(timer)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # transformers v6 deprecations inside TRL
-                self.trainer.train()
-        finally:
-            self.trainer.remove_callback(timer)
-        if timer.steps != self.trainer.args.max_steps:
-            raise PosttrainRuntimeError(
-                f"TRL GRPOTrainer ran {timer.steps} optimizer steps, expected {self.trainer.args.max_steps}"
-            )
+        train_timed(self.trainer, after_step)
 
 
 def bench_task(preset: RLStepPreset, *, seed: int = 0) -> tuple[dict[str, Any], list[Any], Any]:
