@@ -156,3 +156,22 @@ def test_a_hanging_tool_does_not_hold_up_a_signal():
     finally:
         timer.cancel()
     assert time.monotonic() - start < 0.8 + SLACK_S
+
+
+@pytest.mark.parametrize("sandbox", ["guard", "auto"])
+def test_cancel_calls_ends_a_running_sandbox_at_once(sandbox):
+    out = {}
+
+    def call():
+        start = time.monotonic()
+        out["res"] = get_tool("python", timeout_s=60, sandbox=sandbox).invoke({"code": "while True: pass"})
+        out["elapsed"] = time.monotonic() - start
+
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.monotonic() + 10
+    while cancel_calls() == 0 and time.monotonic() < deadline:  # once the sandbox runs
+        time.sleep(0.05)
+    t.join(10)
+    assert not t.is_alive() and out["elapsed"] < 10
+    assert not out["res"].timed_out and "[killed by signal SIGKILL]" in out["res"].text

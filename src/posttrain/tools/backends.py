@@ -202,7 +202,7 @@ def bwrap_problem() -> str | None:
         return "bubblewrap (bwrap) is not on PATH; install it (Debian/Ubuntu: apt-get install bubblewrap)"
     from posttrain.tools.sandbox import SandboxLimits, run_sandboxed
 
-    res = run_sandboxed("print('ok')", SandboxLimits(timeout_s=20), backend=BwrapBackend(exe))
+    res = run_sandboxed("print('ok')", SandboxLimits(timeout_s=20), backend=BwrapBackend(exe), cancel=False)
     if res.stdout.strip() == "ok":
         return None
     detail = (res.stderr.strip().splitlines() or res.notes or ("no output",))[-1]

@@ -25,11 +25,12 @@ import contextlib
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -41,6 +42,7 @@ __all__ = [
     "as_text",
     "call_with_deadline",
     "cancel_calls",
+    "cancellable",
     "shutdown_workers",
 ]
 
@@ -248,17 +250,36 @@ def call_with_deadline(
     return _in_thread(fn, kwargs, timeout_s)
 
 
+_SANDBOXES: set[subprocess.Popen[bytes]] = set()
+
+
+@contextlib.contextmanager
+def cancellable(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """While inside, :func:`cancel_calls` kills ``proc``'s process group (a sandbox run by an inline tool)."""
+    with _LOCK:
+        _SANDBOXES.add(proc)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _SANDBOXES.discard(proc)
+
+
 def cancel_calls() -> int:
     """Kill every worker that is running a call now (those calls raise :class:`DeadlineExceeded` with
-    ``cancelled``); returns how many. For a trainer that is stopping."""
+    ``cancelled``) and every running sandbox (its call returns at once, killed); returns how many.
+    For a trainer that is stopping."""
     with _LOCK:
-        busy = list(_BUSY)
+        busy, boxes = list(_BUSY), list(_SANDBOXES)
     for w in busy:
         w.cancelled = True
         if w.alive():
             with contextlib.suppress(ProcessLookupError):
                 w.proc.kill()
-    return len(busy)
+    for proc in boxes:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return len(busy) + len(boxes)
 
 
 def shutdown_workers() -> None:

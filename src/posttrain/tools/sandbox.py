@@ -65,6 +65,7 @@ import time
 from dataclasses import dataclass, field
 
 from posttrain.tools.backends import GuardBackend, SandboxBackend, get_backend
+from posttrain.tools.deadline import cancellable
 
 __all__ = ["SandboxLimits", "SandboxResult", "run_python", "run_sandboxed"]
 
@@ -340,11 +341,16 @@ def _remove_tree(path: str) -> None:
 
 
 def run_sandboxed(
-    code: str, limits: SandboxLimits | None = None, backend: str | SandboxBackend = "auto"
+    code: str,
+    limits: SandboxLimits | None = None,
+    backend: str | SandboxBackend = "auto",
+    *,
+    cancel: bool = True,
 ) -> SandboxResult:
     """Run ``code`` in a fresh limited interpreter (see the module docstring) under ``backend``
     (``auto``, ``bwrap``, ``guard`` or a :class:`~posttrain.tools.backends.SandboxBackend`); never raises
-    for anything the code does (an unknown or, for ``bwrap``, unavailable backend raises before it runs)."""
+    for anything the code does (an unknown or, for ``bwrap``, unavailable backend raises before it runs).
+    ``cancel``: :func:`posttrain.tools.deadline.cancel_calls` may kill the run (not the bwrap probe)."""
     limits = limits or SandboxLimits()
     box = get_backend(backend)
     root = tempfile.mkdtemp(prefix="posttrain-sandbox-")
@@ -394,7 +400,8 @@ def run_sandboxed(
             except OSError as e:
                 return SandboxResult("", "", None, None, False, 0.0, (f"[sandbox error: cannot start: {e}]",))
             try:
-                proc.communicate(code.encode("utf-8", "replace"), timeout=limits.timeout_s)
+                with cancellable(proc) if cancel else contextlib.nullcontext():  # for a stopping run
+                    proc.communicate(code.encode("utf-8", "replace"), timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
