@@ -15,7 +15,8 @@
 
 The waiting is a poll with a timeout in the calling thread, so a signal to the trainer's main thread
 is never held up by a tool call; :func:`cancel_calls` kills every busy worker (their calls raise
-:class:`DeadlineExceeded` saying they were cancelled) for a trainer that is stopping.
+:class:`DeadlineExceeded` saying they were cancelled) and every running sandbox (:func:`cancellable`)
+for a trainer that is stopping.
 """
 
 from __future__ import annotations
