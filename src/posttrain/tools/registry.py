@@ -69,7 +69,8 @@ class ToolError(PosttrainError, ValueError):
 
 
 class ToolTimeout(ToolError):
-    """A call cut at its deadline (``timeout_s``); the message is for the model."""
+    """A call cut at its deadline (``timeout_s``); the message is for the model, with ``output``, what
+    the tool printed before the cut (the ``python`` tool's sandbox), if any."""
 
     def __init__(self, tool: str, timeout_s: float, output: str = "", cancelled: bool = False) -> None:
         what = "was cancelled (the run is stopping)" if cancelled else f"timed out after {timeout_s:g} s"
@@ -77,6 +78,7 @@ class ToolTimeout(ToolError):
         super().__init__(f"{msg}. Output before the cut:\n{output}" if output.strip() else msg)
         self.tool = tool
         self.timeout_s = timeout_s
+        self.output = output
 
 
 @dataclass(frozen=True)
@@ -312,9 +314,7 @@ class Tool:
         try:
             return call_with_deadline(self.fn, kwargs, timeout, inline=self.inline)
         except ToolTimeout as e:  # an inline tool's own deadline
-            raise ToolTimeout(
-                self.name, e.timeout_s, str(e).partition("Output before the cut:\n")[2]
-            ) from None
+            raise ToolTimeout(self.name, e.timeout_s, e.output) from None
         except ToolError:
             raise
         except DeadlineExceeded as e:
