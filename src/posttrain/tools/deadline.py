@@ -124,10 +124,15 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def kill_group(self) -> None:
+        """SIGKILL to the worker's process group: the worker and whatever the tool started (only while
+        the worker is not reaped, so its id cannot have been reused)."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
     def kill(self) -> None:
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
+        self.kill_group()
         self.proc.wait()
         self.send.close()
         self.recv.close()
@@ -274,9 +279,7 @@ def cancel_calls() -> int:
         busy, boxes = list(_BUSY), list(_SANDBOXES)
     for w in busy:
         w.cancelled = True
-        if w.alive():
-            with contextlib.suppress(ProcessLookupError):
-                w.proc.kill()
+        w.kill_group()
     for proc in boxes:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
