@@ -161,6 +161,10 @@ EXTRAS = [
 ]
 
 
+#: reported from the config alone, before a model loads (a real model takes minutes to load)
+BEFORE_THE_MODEL = ("lora-rl", "lora-sft", "tensorboard", "wandb", "ray")
+
+
 @pytest.mark.parametrize(
     ("extra", "modules", "args", "names"),
     EXTRAS,
@@ -178,6 +182,13 @@ def test_each_missing_extra_is_one_line_without_a_traceback(
         ifcheckers.unavailable_types.cache_clear()
     for module in modules:
         monkeypatch.setitem(sys.modules, module, None)
+    if extra in BEFORE_THE_MODEL:
+        import posttrain.models.loading
+
+        def refuse(*a, **k):
+            raise AssertionError("the model was loaded before the missing package was reported")
+
+        monkeypatch.setattr(posttrain.models.loading, "build_preset_model", refuse)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
     if args[0] in ("rl", "sft"):

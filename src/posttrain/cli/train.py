@@ -21,7 +21,26 @@ def _load(model_cls, config: Optional[Path], overrides: list[str]):  # noqa: UP0
     except ConfigError as e:
         fail(str(e))
     _check_device(cfg.model.device)
+    _check_packages(cfg)
     return cfg
+
+
+def _check_packages(cfg: Any) -> None:
+    """The optional packages the config needs (peft for ``model.lora``, tensorboard, wandb, Ray for
+    ``rollout.max_staleness`` > 0) are installed: else one line naming the extra, before any model is
+    loaded or run folder is locked."""
+    from posttrain.models.lora import require_peft
+    from posttrain.train.logger import logging_packages
+
+    if getattr(cfg.model, "lora", None) is not None:
+        require_peft()
+    if getattr(getattr(cfg, "rollout", None), "max_staleness", 0):
+        from posttrain.train.async_rollout import require_ray
+
+        require_ray()
+    log = getattr(cfg, "logging", None)
+    if log is not None:
+        logging_packages(tensorboard=log.tensorboard, wandb=log.wandb)
 
 
 def _check_device(device: str) -> None:

@@ -34,6 +34,29 @@ def eval_line(step: int, ev: dict[str, Any]) -> str | None:
     return f"eval at step {step}: " + ", ".join(parts) if parts else None
 
 
+def logging_packages(*, tensorboard: bool, wandb: bool) -> tuple[Any, Any]:
+    """(TensorBoard's ``SummaryWriter`` class, the ``wandb`` module), each None when not asked for; a
+    :class:`MissingPackageError` naming the setting and the extra when one asked for is not installed
+    (the command line checks this before it loads a model)."""
+    writer = wb = None
+    if tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter as writer
+        except ImportError as e:
+            raise MissingPackageError(
+                'logging.tensorboard=true needs tensorboard: pip install -e ".[tensorboard]" '
+                "(or pip install tensorboard)"
+            ) from e
+    if wandb:
+        try:
+            import wandb as wb
+        except ImportError as e:
+            raise MissingPackageError(
+                'logging.wandb=true needs wandb: pip install -e ".[wandb]" (or pip install wandb)'
+            ) from e
+    return writer, wb
+
+
 class MetricsLogger:
     """Rows are ``{"kind": "step", "step": s, ...metrics}`` or ``{"kind": "eval", "step": s, ...}``.
 
@@ -59,22 +82,10 @@ class MetricsLogger:
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
         self._tb = None
         self._wandb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise MissingPackageError(
-                    'logging.tensorboard=true needs tensorboard: pip install -e ".[tensorboard]" '
-                    "(or pip install tensorboard)"
-                ) from e
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-        if wandb:
-            try:
-                import wandb as wb
-            except ImportError as e:
-                raise MissingPackageError(
-                    'logging.wandb=true needs wandb: pip install -e ".[wandb]" (or pip install wandb)'
-                ) from e
+        writer, wb = logging_packages(tensorboard=tensorboard, wandb=wandb)
+        if writer is not None:
+            self._tb = writer(str(Path(run_dir) / "tensorboard"))
+        if wb is not None:
             self._wandb = wb.init(project=wandb_project, config=config or {}, dir=str(run_dir))
 
     def log_step(self, metrics: dict[str, Any]) -> None:
