@@ -17,7 +17,7 @@ class PostscriptCase:
 
     @property
     def template_answer(self) -> str:
-        return f"Here is a short answer about {self.topic}, with the details that matter most.\n{self.marker} Thanks."
+        return f"Many people find {self.topic} interesting, rewarding and well worth exploring further.\n{self.marker} Thanks."
 
 
 def postscript_case() -> PostscriptCase:

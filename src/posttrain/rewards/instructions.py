@@ -112,7 +112,7 @@ class InstructionsGuardedReward(_InstructionReward):
     rule): the ``base`` score (``strict``, ``loose`` or ``fraction``) of the IFEval/IFBench checkers,
     then, when a hack probe fires (:mod:`posttrain.tasks.hack_probes`: marker first or repeated,
     repeated lines or n-grams, too short, off the request's topic, only the marker, the instruction's
-    format example copied), ``veto`` gives 0,
+    format example copied, the instruction or request restated), ``veto`` gives 0,
     ``penalty`` subtracts ``penalty`` and ``reject`` gives ``-penalty`` whatever the checker said: only
     ``reject`` ranks every flagged answer below every unflagged one, a failed honest answer included
     (under ``veto``, and ``penalty`` with ``penalty <= 1``, a flagged answer that passes its checker
@@ -164,6 +164,7 @@ class InstructionsGuardedReward(_InstructionReward):
             markers_of(meta["kwargs"]),
             self.probe_settings,
             examples=examples_of(meta.get("instructions", ()), self.probe_settings.min_example_words),
+            instructions=meta.get("instructions", ()),
         )
         hacked = is_hacked(probes)
         comps = {**comps, "hacked": float(hacked), **{f"probe_{k}": float(v) for k, v in probes.items()}}

@@ -356,13 +356,14 @@ def instruction_report(
                 m.get("request") or ex.prompt,
                 markers_of(m["kwargs"]),
                 examples_of(m.get("instructions", ())),
+                list(m.get("instructions", ())),
             )
         )
     # hack probes (posttrain.tasks.hack_probes): answers that game the checkers
     hacks = None
     if scored:
-        responses, requests, markers, examples = (list(col) for col in zip(*scored, strict=True))
-        hacks = hack_report(responses, requests, markers, examples=examples)
+        responses, requests, markers, examples, texts_ = (list(col) for col in zip(*scored, strict=True))
+        hacks = hack_report(responses, requests, markers, examples=examples, instructions=texts_)
     for item, hacked, fired in zip(
         items, hacks["hacked"] if hacks else [], hacks["fired"] if hacks else [], strict=True
     ):

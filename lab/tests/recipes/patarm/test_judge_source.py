@@ -287,7 +287,7 @@ def test_judge_gates_the_guarded_instruction_reward():
     ctx = RewardSourceContext(
         reward_fn=get_reward("instructions_guarded", mode="reject"), task=t, tokenizer=None, num_workers=0
     )
-    with ChatServer(lambda p: (200, f"<score>{2 if 'matter most' in p else 9}</score>", 0)) as srv:
+    with ChatServer(lambda p: (200, f"<score>{2 if 'worth exploring' in p else 9}</score>", 0)) as srv:
         params = {"judge": "endpoint", "base_url": srv.url, "model": "judge", "rubric_style": "none"}
         src = build_reward_source(
             "judged", {"judge": {"name": "judge", "params": params}, "mode": "reject"}, ctx
