@@ -13,7 +13,9 @@
    each seed's step metrics;
 4. the same evaluations after RL, per seed; ``summary.json`` (``heldout_trained``,
    ``heldout_new_types``, ``ifbench``: ``{before, after, diff, se, per_seed}``; ``hacked_frac``:
-   ``{before, after}``; wall time, peak memory), ``items.json`` (per-prompt verdicts), ``curves.png``.
+   ``{before, after}``; ``machine``: the CPU, its capability and the precision computed in, as the
+   figures differ by machine kind; wall time, peak memory), ``items.json`` (per-prompt verdicts),
+   ``curves.png``.
 
 Resumable: the evaluation before RL is written to ``before.json`` (greedy decoding of the same model, so
 it is shared by every seed), each seed's RL run to ``seed<s>/rl/`` with a checkpoint every
@@ -138,6 +140,25 @@ def _evaluate_sets(
     return {
         name: evaluate_instructions(runner, task, exs, max_new_tokens=mnt, **label) if exs else None
         for name, (task, exs, mnt) in sets.items()
+    }
+
+
+def machine(cfg: Any) -> dict[str, Any]:
+    """What the demo's figures depend on besides the seed: the CPU (model name, PyTorch's kernel level and
+    the native-bf16 flags, :func:`posttrain.models.precision.cpu_capability`) and the precision the run
+    computes in (``model.precision`` resolved on the CPU, and why). The same seed and settings gave +24.0
+    points on an AVX512-BF16 AMD machine and +10.3 on an AMX Intel one (docs/results.md), so
+    ``summary.json`` says which machine kind a figure comes from."""
+    from posttrain.models.precision import cpu_capability, resolve_precision
+    from posttrain.tools.bench import cpu_name
+
+    precision, why = resolve_precision(cfg.model.precision, "cpu", cfg.model.dtype)
+    return {
+        "cpu": cpu_name(),
+        "cpu_capability": cpu_capability(),
+        "precision": precision,
+        "precision_setting": cfg.model.precision,
+        "precision_reason": why,
     }
 
 
@@ -391,6 +412,7 @@ def run_smol_demo(
             for s, a in zip(seed_list, afters, strict=True)
         },
         "settings": settings,
+        "machine": machine(cfg),
         "rl_wall_s": [a["rl_wall_s"] for a in afters],
         "wall_s_this_call": wall,
         "peak_rss_gib": _peak_rss_gib(),
@@ -440,4 +462,6 @@ def run_smol_demo(
         f"({h['gain_over_se']:.1f} SE); hacked_frac {summary['hacked_frac']['before']:.3f} -> "
         f"{summary['hacked_frac']['after']:.3f}; wall {wall:.0f} s this call; summary: {out / 'summary.json'}"
     )
+    m = summary["machine"]
+    print(f"[smol] machine: {m['cpu']}, {m['cpu_capability']}; computed in {m['precision']} ({m['precision_reason']})")
     return summary

@@ -66,6 +66,12 @@ def test_smol_demo_runs_end_to_end_on_tiny(tmp_path):
         assert {"before", "after", "diff", "se", "per_seed"} <= set(s[key]) and len(s[key]["per_seed"]) == 2
     assert set(s["hacked_frac"]) == {"before", "after", "per_seed"} and 0 <= s["hacked_frac"]["after"] <= 1
     assert s["reward"] == "instructions_guarded" and s["reward_params"]["mode"] == "reject"
+    # issue 58 item 18: the machine kind a figure comes from (the same seed gave +24.0 and +10.3 on two)
+    from posttrain.models.precision import cpu_capability
+
+    assert s["machine"]["cpu_capability"] == cpu_capability() and s["machine"]["cpu"]
+    assert s["machine"]["precision_setting"] == "auto" and s["machine"]["precision"] in ("fp32", "bf16")
+    assert "[smol] machine: " in res.output and cpu_capability() in res.output
     # the gates, read from each seed's step metrics: tiny's 8 random tokens are always flagged and cut
     for seed in ("0", "1"):
         g = s["gates"][seed]
@@ -134,6 +140,27 @@ def test_smol_demo_resumes_a_stopped_seed_without_redoing_finished_parts(tmp_pat
     with pytest.raises(ValueError, match="max_new_tokens"):
         nine = "hooks.shapers=[{name: dapo-overlong, params: {max_length: 9, buffer: 4, factor: 0.5}}]"
         smol.run_smol_demo(out, resume=True, **{**kw, "overrides": [*TINY, "rollout.max_new_tokens=9", nine]})
+
+
+def test_the_summary_names_the_machine_and_the_precision_computed_in(monkeypatch):
+    """``machine`` resolves ``model.precision`` as the run does: ``auto`` follows the CPU (or
+    POSTTRAIN_AUTO_PRECISION), an explicit setting is kept; the CPU's capability is recorded as is."""
+    from importlib.resources import files
+
+    from posttrain.models.precision import cpu_capability
+    from posttrain.train.config import RLConfig
+    from posttrain.utils.config import build_config
+    from posttrain_lab.demos.smol import machine
+
+    yaml = str(files("posttrain_lab.demos") / "demo_smol.yaml")
+    for forced in ("bf16", "fp32"):
+        monkeypatch.setenv("POSTTRAIN_AUTO_PRECISION", forced)
+        m = machine(build_config(RLConfig, yaml, []))
+        assert m["precision"] == forced and m["precision_setting"] == "auto"
+        assert m["precision_reason"] == f"POSTTRAIN_AUTO_PRECISION={forced}"
+    m = machine(build_config(RLConfig, yaml, ["model.precision=fp32"]))
+    assert (m["precision"], m["precision_setting"], m["precision_reason"]) == ("fp32", "fp32", "set explicitly")
+    assert m["cpu_capability"] == cpu_capability()
 
 
 def test_shipped_demo_smol_config_builds_its_task():
