@@ -82,9 +82,12 @@ def spawn(argv, setsid=False):
     for tail in ((-1, None, None, None, -1, None, False), (-1, None, None, None, -1, None),
                  (None, None, None, -1, None)):
         try:
-            return fresh.fork_exec(*head, *tail)
+            pid = fresh.fork_exec(*head, *tail)
         except TypeError:
             continue
+        os.close(w)
+        os.read(r, 4096)  # end of file once the child has exec'd (after its setsid)
+        return pid
     raise RuntimeError("no fork_exec signature fits")
 """
 
