@@ -463,5 +463,7 @@ def run_smol_demo(
         f"{summary['hacked_frac']['after']:.3f}; wall {wall:.0f} s this call; summary: {out / 'summary.json'}"
     )
     m = summary["machine"]
-    print(f"[smol] machine: {m['cpu']}, {m['cpu_capability']}; computed in {m['precision']} ({m['precision_reason']})")
+    print(
+        f"[smol] machine: {m['cpu']}, {m['cpu_capability']}; computed in {m['precision']} ({m['precision_reason']})"
+    )
     return summary

@@ -159,7 +159,11 @@ def test_the_summary_names_the_machine_and_the_precision_computed_in(monkeypatch
         assert m["precision"] == forced and m["precision_setting"] == "auto"
         assert m["precision_reason"] == f"POSTTRAIN_AUTO_PRECISION={forced}"
     m = machine(build_config(RLConfig, yaml, ["model.precision=fp32"]))
-    assert (m["precision"], m["precision_setting"], m["precision_reason"]) == ("fp32", "fp32", "set explicitly")
+    assert (m["precision"], m["precision_setting"], m["precision_reason"]) == (
+        "fp32",
+        "fp32",
+        "set explicitly",
+    )
     assert m["cpu_capability"] == cpu_capability()
 
 
