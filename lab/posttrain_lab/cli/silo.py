@@ -290,7 +290,9 @@ def run_cmd(
         sr1 = sum(bool(r["success"]) for r in oracle_rows) / len(oracle_rows)
         typer.echo(f"of which {len(oracle_rows)} N = 1 oracle cases, success rate {sr1:.3f}")
     if s.errors:
-        typer.echo(f"see {out / 'errors.jsonl'}; rerun the same command with --resume to retry them", err=True)
+        typer.echo(
+            f"see {out / 'errors.jsonl'}; rerun the same command with --resume to retry them", err=True
+        )
         raise typer.Exit(1)
 
 
