@@ -105,8 +105,11 @@ def test_shipped_mc_file_is_what_the_generator_writes():
 def test_hub_task_is_refused_naming_its_dataset_and_runs_from_local_files(tmp_path: Path):
     with pytest.raises(bridge.HarnessError, match=r"allenai/ai2_arc.*offline"):
         bridge.run_harness("tiny", ["arc_easy"], limit=2)
-    with pytest.raises(bridge.HarnessError, match="unknown lm-eval task"):
-        bridge.run_harness("tiny", ["no_such_task_here"], limit=2)
+    from lm_eval.tasks import TaskManager
+
+    only_posttrains = TaskManager(include_path=[str(bridge.TASKS_DIR)], include_defaults=False)
+    with pytest.raises(bridge.HarnessError, match=r"unknown lm-eval task.*posttrain_arithmetic"):
+        bridge.check_offline_tasks(only_posttrains, ["no_such_task_here"])
     rows = [
         {"id": f"q{i}", "question": f"{i}+1=?", "answerKey": "B",
          "choices": {"text": [str(i), str(i + 1), str(i + 2)], "label": ["A", "B", "C"]}}

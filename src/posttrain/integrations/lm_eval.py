@@ -169,7 +169,6 @@ class PosttrainLM(TemplateLM):
         self.name = str(name) if name else type(lm).__name__
         self.model = lm.model
         self.tokenizer = lm.tokenizer
-        self.model.eval()
         self.precision = check_precision(precision)
         try:
             self.batch_size = int(batch_size) if batch_size not in (None, "auto") else DEFAULT_BATCH_SIZE
@@ -327,14 +326,22 @@ class PosttrainLM(TemplateLM):
 
 
 # ------------------------------------------------------------------------------- running tasks
-def task_manager(include_path: str | Path | Sequence[str | Path] | None = None) -> Any:
-    """lm-eval's TaskManager with posttrain's shipped tasks (:data:`TASKS_DIR`) and ``include_path``."""
+def task_manager(
+    include_path: str | Path | Sequence[str | Path] | None = None, tasks: Sequence[str] | None = None
+) -> Any:
+    """lm-eval's TaskManager with posttrain's shipped tasks (:data:`TASKS_DIR`) and ``include_path``.
+    When every name in ``tasks`` is found there, lm-eval's own few thousand task YAMLs are not indexed
+    (that index takes tens of seconds on a small CPU); otherwise they are."""
     from lm_eval.tasks import TaskManager
 
     paths = [str(TASKS_DIR)]
     if include_path:
         extra = [include_path] if isinstance(include_path, str | Path) else list(include_path)
         paths += [str(p) for p in extra]
+    if tasks:
+        local = TaskManager(include_path=paths, include_defaults=False)
+        if all(t in local.all_tasks for t in tasks):
+            return local
     return TaskManager(include_path=paths)
 
 
@@ -408,7 +415,8 @@ def run_harness(
     writes them, e.g. ``acc,none``, ``acc_stderr,none``; task groups included).
 
     ``model``: a spec (a name ``load_adapter`` takes), a loaded adapter (its model is scored as it is
-    now: a trainer calls this mid-run), a :class:`PosttrainLM`, or any lm-eval ``LM``. ``limit``:
+    now, in eval mode, its train/eval mode restored after: a trainer calls this mid-run), a
+    :class:`PosttrainLM`, or any lm-eval ``LM``. ``limit``:
     documents per task (lm-eval's ``--limit``). ``model_args`` go to :class:`PosttrainLM` (engine,
     batch_size, ...). ``full=True`` returns lm-eval's whole result dict instead (configs, samples).
     Offline only; a Hub dataset is a :class:`HarnessError` (:func:`check_offline_tasks`)."""
@@ -416,30 +424,38 @@ def run_harness(
     from lm_eval.api.model import LM
 
     set_offline()
+    tasks = list(tasks)
+    manager = task_manager(include_path, tasks)
+    check_offline_tasks(manager, tasks)  # before a model is loaded
     if isinstance(model, LM):
         lm = model
     elif isinstance(model, str | Path):
         lm = PosttrainLM(str(model), **(model_args or {}))
     else:
         lm = PosttrainLM(lm=model, **(model_args or {}))
-    tasks = list(tasks)
-    manager = task_manager(include_path)
-    check_offline_tasks(manager, tasks)
-    results = simple_evaluate(
-        model=lm,
-        tasks=tasks,
-        num_fewshot=num_fewshot,
-        limit=limit,
-        bootstrap_iters=bootstrap_iters,
-        task_manager=manager,
-        apply_chat_template=apply_chat_template,
-        gen_kwargs=gen_kwargs,
-        log_samples=log_samples,
-        random_seed=0,
-        numpy_random_seed=1234,
-        torch_random_seed=1234,
-        fewshot_random_seed=1234,
-    )
+    module = getattr(lm, "model", None)
+    was_training = bool(getattr(module, "training", False))
+    if was_training:
+        module.eval()  # a trainer's model mid-run: scored in eval mode, its mode restored after
+    try:
+        results = simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            num_fewshot=num_fewshot,
+            limit=limit,
+            bootstrap_iters=bootstrap_iters,
+            task_manager=manager,
+            apply_chat_template=apply_chat_template,
+            gen_kwargs=gen_kwargs,
+            log_samples=log_samples,
+            random_seed=0,
+            numpy_random_seed=1234,
+            torch_random_seed=1234,
+            fewshot_random_seed=1234,
+        )
+    finally:
+        if was_training:
+            module.train()
     if results is None:  # non-zero ranks under torch.distributed
         return {}
     if full:
