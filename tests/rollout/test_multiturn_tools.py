@@ -87,7 +87,7 @@ def test_a_call_runs_its_result_is_a_tool_turn_and_only_generated_tokens_are_tra
         sum(len(c) for c in (eng.calls[0][1][i], eng.calls[1][1][i])) for i in range(2)
     ]
     m = r.step_metrics(eps)
-    assert m == {"tool_call_rate": 1.0, "tool_valid_rate": 1.0, "tool_calls_mean": 1.0}
+    assert m == {"tool_call_rate": 1.0, "tool_valid_rate": 1.0, "tool_calls_mean": 1.0, "tool_timeouts": 0.0}
     # the fallback format describes the tools in the prompt
     assert "calculator" in tok.decode(eng.calls[0][0][0]) and "<tool_call>" in tok.decode(eng.calls[0][0][0])
 

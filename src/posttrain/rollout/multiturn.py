@@ -39,20 +39,28 @@ every turn criterion of every turn). With ``turn_inputs=true`` the runner also p
 ``duca`` (:func:`posttrain.algos.advantages.duca`) consumes them; estimators that take only outcome
 rewards (``grpo``) need ``turn_inputs=false``.
 
-Tools (``tools``: registered names or ``package.module:function``, :mod:`posttrain.tools`): the tool
-schemas go to the chat template (``apply_chat_template(tools=...)``) when it speaks a tool format
+Tools (``tools``: registered names, ``package.module:function`` or mappings with their own
+``timeout_s`` / ``sandbox``; ``tool_timeout_s`` / ``tool_sandbox`` set every tool's; :mod:`posttrain.tools`)
+are a layer in front of the environment, :class:`~posttrain.rollout.tool_use.ToolUse`: the tool schemas
+go to the chat template (``apply_chat_template(tools=...)``) when it speaks a tool format
 (``tool_format: auto`` reads it: ``hermes`` for Qwen2.5/Qwen3, ``llama3``), else posttrain's
 ``fallback`` (tool descriptions in the system message, results as a ``<tool_response>`` user turn;
 :mod:`posttrain.tools.calls`). An agent turn that contains calls is not sent to the environment: each
-call runs (the ``python`` tool in its sandbox), a malformed call or a bad argument comes back as a
-tool error (never a crash), the results are appended as tool turns (environment tokens: attended,
-never trained on) and the agent continues the same turn (its tokens keep the turn's index). A
-conversation makes at most ``max_tool_calls`` calls; once they are spent, a turn with calls goes to the
-environment as the agent's message, unexecuted. ``Episodes.row_stats`` counts ``tool_calls`` and
-``tool_valid_calls`` (well-formed, a known tool, arguments accepted and the tool did not raise; an
-error message the tool returns, such as the calculator's "division by zero", is a valid call's answer)
-per conversation; the RL loop logs ``tool_call_rate`` (share of conversations with a call),
-``tool_valid_rate`` (valid / all calls; 0 when no call was made) and ``tool_calls_mean``.
+call runs under its deadline (the ``python`` tool in its sandbox), a malformed call, a bad argument or
+a call past its deadline comes back as a tool error (never a crash, never a hang), the results are
+appended as tool turns (environment tokens: attended, never trained on) and the agent continues the
+same turn (its tokens keep the turn's index). A conversation makes at most ``max_tool_calls`` calls;
+once they are spent, a turn with calls goes to the environment as the agent's message, unexecuted.
+``Episodes.row_stats`` counts ``tool_calls``, ``tool_valid_calls`` (well-formed, a known tool, arguments
+accepted and the tool did not raise; an error message the tool returns, such as the calculator's
+"division by zero", is a valid call's answer) and ``tool_timeouts`` per conversation; the RL loop logs
+``tool_call_rate`` (share of conversations with a call), ``tool_valid_rate`` (valid / all calls; 0 when
+no call was made), ``tool_calls_mean`` and ``tool_timeouts``.
+
+The loop itself knows only "active conversations -> one batched generate -> each conversation's answer":
+rendering is a :class:`~posttrain.rollout.render.Renderer` (plain, chat, chat with native tools), tool
+calls are answered by :class:`~posttrain.rollout.tool_use.ToolUse` without advancing the turn, and the
+seats of a multi-agent environment step together through :class:`Seats`.
 
 Several agents (a :class:`~posttrain.envs.MultiAgentEnv`, e.g. the lab's ``silo``): one policy plays
 every seat. Each seat's conversation is its own row (its opening messages from ``reset_seats``, its
@@ -75,8 +83,9 @@ that were generated.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import random
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -85,13 +94,73 @@ import torch
 from posttrain.envs import ENVS, Env, MultiAgentEnv, StepResult, check_seats, check_step, env_factory
 from posttrain.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, RolloutEngine, SamplingParams
 from posttrain.rollout.episodes import EpisodeRunner, Episodes, PromptFormatter
+from posttrain.rollout.render import Renderer, make_renderer
 from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError
 
 if TYPE_CHECKING:  # the tools load only when a runner uses them (importing rollout stays light)
+    from posttrain.rollout.tool_use import ToolUse
     from posttrain.tools import ToolResult
-    from posttrain.tools.calls import MalformedCall, ToolCall
 
 REWARD_MODES = ("session", "sum")
+
+
+@dataclass(frozen=True)
+class MultiTurnSettings:
+    """The multi-turn runner's parameters (``rollout.runner.params``), checked when built.
+
+    ``env`` / ``env_params``: the environment (``posttrain.envs.ENVS`` name or import path);
+    ``max_context``: cap on prompt + conversation tokens; ``reward``: what ``Episodes.rewards`` holds
+    ("session" or "sum"); ``turn_inputs``: pass the per-turn advantage inputs; ``user_turn``: the
+    plain-template rendering of an observation; ``seed``: seeds the environments (session j of example
+    i in the c-th ``run`` call gets a seed derived from (seed, c, example id, j)); ``transcripts``: how
+    many conversations ``eval_metrics`` returns verbatim; ``cut_violation``: the criterion a turn cut at
+    the token cap violates (module docstring); ``system``: the example's prompt as the system message
+    (false: the first observation opens the conversation, as for the ``answer`` environment);
+    ``tools`` / ``tool_format`` / ``max_tool_calls`` / ``tool_turn`` (the plain-template rendering of
+    tool results) / ``tool_workers`` (calls run in parallel) / ``tool_timeout_s`` (every call's deadline;
+    None: the tools' default, 10 s) / ``tool_sandbox`` (the ``python`` tool's backend: auto, bwrap,
+    guard; None: auto): tool use (module docstring)."""
+
+    env: str
+    env_params: dict[str, Any] | None = None
+    max_context: int = 2048
+    reward: Literal["session", "sum"] = "session"
+    turn_inputs: bool = True
+    user_turn: str = "\nUser: {observation}\nAgent:"
+    seed: int = 0
+    transcripts: int = 3
+    cut_violation: str | None = "auto"
+    system: bool = True
+    tools: list[Any] | None = None
+    tool_format: str = "auto"
+    max_tool_calls: int = 4
+    tool_turn: str = "\nTool: {observation}\nAgent:"
+    tool_workers: int = 4
+    tool_timeout_s: float | None = None
+    tool_sandbox: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.reward not in REWARD_MODES:
+            raise InvalidValueError(
+                f"runner 'multi-turn': reward must be one of {list(REWARD_MODES)}, got {self.reward!r}"
+            )
+        m = self.max_context
+        if isinstance(m, bool) or not isinstance(m, int) or m < 2:
+            raise InvalidValueError(f"runner 'multi-turn': max_context must be an int >= 2, got {m!r}")
+        if "{observation}" not in self.user_turn:
+            raise InvalidValueError(
+                f"runner 'multi-turn': user_turn must contain '{{observation}}', got {self.user_turn!r}"
+            )
+        for key, val, low in (
+            ("max_tool_calls", self.max_tool_calls, 0),
+            ("tool_workers", self.tool_workers, 1),
+        ):
+            if isinstance(val, bool) or not isinstance(val, int) or val < low:
+                raise InvalidValueError(f"runner 'multi-turn': {key} must be an int >= {low}, got {val!r}")
+        if "{observation}" not in self.tool_turn:
+            raise InvalidValueError(
+                f"runner 'multi-turn': tool_turn must contain '{{observation}}', got {self.tool_turn!r}"
+            )
 
 
 @dataclass
@@ -117,6 +186,7 @@ class Session:
     turn_cut: bool = False  # a round of the current turn was cut at the token cap
     tool_calls: int = 0
     tool_valid: int = 0
+    tool_timeouts: int = 0
     seat: int = 0  # a multi-agent environment's seat (0 for a single-seat environment)
     seats: int = 1  # how many seats its session has (rows of one session share its env)
     multi: bool = False  # its environment is a MultiAgentEnv (even with one seat)
@@ -137,248 +207,177 @@ class Session:
             "messages": self.messages,
         }
 
+    def append_env(self, ids: list[int]) -> None:
+        """Environment tokens: attended, never trained on (action 0, log-prob 0, turn index 0)."""
+        self.completion += ids
+        self.actions += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.turn_index += [0] * len(ids)
+
+
+class Seats:
+    """The adapter of a :class:`~posttrain.envs.MultiAgentEnv`: one row per seat of a session (its
+    opening messages from ``reset_seats``), every acting seat's turn stepped together
+    (``step_seats``), a session cut as a whole when one seat reaches the context cap."""
+
+    def __init__(self, runner: MultiTurnRunner) -> None:
+        self.runner = runner
+
+    def open(self, group: int, example: Any, env: MultiAgentEnv, seed: int) -> list[Session]:
+        opening = env.reset_seats(example, seed)
+        return [
+            Session(
+                group,
+                example,
+                env,
+                seed,
+                self.runner.renderer.opening(msgs),
+                messages=[dict(m) for m in msgs],
+                seat=seat,
+                seats=len(opening),
+                multi=True,
+            )
+            for seat, msgs in enumerate(opening)
+        ]
+
+    def round(self, sessions: list[Session], turns: list[tuple[Session, str, bool]]) -> None:
+        """One round of a multi-agent session: every acting seat's turn goes to ``step_seats`` together."""
+        env = turns[0][0].env
+        rnd = turns[0][0].turn
+        texts = {s.seat: text for s, text, _ in turns}
+        res = check_seats(env, env.step_seats(texts), texts, rnd)
+        for s, text, cut in turns:
+            r = res.seats[s.seat]
+            self.runner._end_turn(s, text, r, cut)
+            if r.done or res.done:
+                s.done = True
+                if r.observation:
+                    s.messages.append({"role": "user", "content": r.observation, "final": True})
+                continue
+            s.messages.append({"role": "user", "content": r.observation})
+            s.append_env(self.runner.renderer.reply(r.observation))
+        if res.done:
+            for s in sessions:
+                if s.env is env:
+                    s.done, s.session_reward = True, float(res.session_reward)
+
+    @staticmethod
+    def cut(sessions: list[Session], env: Env) -> None:
+        """A multi-agent session one of whose seats reached the context cap: every seat's row ends."""
+        reward = float(env.abort())
+        for s in sessions:
+            if s.env is env:
+                s.done, s.truncated, s.session_reward = True, True, reward
+
 
 class MultiTurnRunner(EpisodeRunner):
     """Runs ``n_per_prompt[i]`` conversations of example i against fresh environments (module
-    docstring). ``env`` / ``env_params``: the environment (``posttrain.envs.ENVS`` name or import
-    path); ``max_context``: cap on prompt + conversation tokens; ``reward``: what ``Episodes.rewards``
-    holds ("session" or "sum"); ``turn_inputs``: pass the per-turn advantage inputs; ``user_turn``:
-    the plain-template rendering of an observation; ``seed``: seeds the environments (session j of
-    example i in the c-th ``run`` call gets a seed derived from (seed, c, example id, j));
-    ``transcripts``: how many conversations :meth:`eval_metrics` returns verbatim; ``system``: the
-    example's prompt as the system message (false: the first observation opens the conversation, as
-    for the ``answer`` environment); ``tools`` / ``tool_format`` / ``max_tool_calls`` /
-    ``tool_turn`` (the plain-template rendering of tool results) / ``tool_workers`` (calls run in
-    parallel): tool use (module docstring)."""
+    docstring); ``params`` are :class:`MultiTurnSettings`' fields."""
 
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        formatter: PromptFormatter,
-        *,
-        env: str,
-        env_params: dict[str, Any] | None = None,
-        max_context: int = 2048,
-        reward: Literal["session", "sum"] = "session",
-        turn_inputs: bool = True,
-        user_turn: str = "\nUser: {observation}\nAgent:",
-        seed: int = 0,
-        transcripts: int = 3,
-        cut_violation: str | None = "auto",
-        system: bool = True,
-        tools: list[str] | None = None,
-        tool_format: str = "auto",
-        max_tool_calls: int = 4,
-        tool_turn: str = "\nTool: {observation}\nAgent:",
-        tool_workers: int = 4,
-    ) -> None:
-        if reward not in REWARD_MODES:
-            raise InvalidValueError(
-                f"runner 'multi-turn': reward must be one of {list(REWARD_MODES)}, got {reward!r}"
-            )
-        if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
-            raise InvalidValueError(
-                f"runner 'multi-turn': max_context must be an int >= 2, got {max_context!r}"
-            )
-        if "{observation}" not in user_turn:
-            raise InvalidValueError(
-                f"runner 'multi-turn': user_turn must contain '{{observation}}', got {user_turn!r}"
-            )
-        for key, val, low in (("max_tool_calls", max_tool_calls, 0), ("tool_workers", tool_workers, 1)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < low:
-                raise InvalidValueError(f"runner 'multi-turn': {key} must be an int >= {low}, got {val!r}")
-        if "{observation}" not in tool_turn:
-            raise InvalidValueError(
-                f"runner 'multi-turn': tool_turn must contain '{{observation}}', got {tool_turn!r}"
-            )
+    def __init__(self, engine: RolloutEngine, formatter: PromptFormatter, **params: Any) -> None:
+        cfg = self.settings = MultiTurnSettings(**params)
         self.engine = engine
         self.formatter = formatter
         self.tokenizer = formatter.tokenizer
-        self.system = system
-        self.tools: dict[str, Any] = {}
-        self.tool_schemas: list[dict[str, Any]] = []
-        self.tool_format, self.parse_calls = "none", None
-        if tools:
-            from posttrain.tools import get_tool
-            from posttrain.tools.calls import detect_call_format, get_call_format
+        self.system = cfg.system
+        self.tool_use: ToolUse | None = None
+        if cfg.tools:
+            from posttrain.rollout.tool_use import ToolUse
 
-            self.tools = {t.name: t for t in (get_tool(x) for x in tools)}
-            self.tool_schemas = [t.schema for t in self.tools.values()]
             template = getattr(self.tokenizer, "chat_template", None) if formatter.chat else None
-            self.tool_format = detect_call_format(template) if tool_format == "auto" else tool_format
-            self.parse_calls = get_call_format(self.tool_format)
-        self.native_tools = self.tool_format in ("hermes", "llama3")  # the template renders them
-        self.max_tool_calls = max_tool_calls if self.tools else 0
-        self.tool_turn = tool_turn
-        self.tool_workers = tool_workers
-        self.make_env = env_factory(env, env_params)
+            self.tool_use = ToolUse(
+                cfg.tools,
+                chat_template=template,
+                tool_format=cfg.tool_format,
+                max_calls=cfg.max_tool_calls,
+                workers=cfg.tool_workers,
+                timeout_s=cfg.tool_timeout_s,
+                sandbox=cfg.tool_sandbox,
+            )
+        tu = self.tool_use
+        self.tools = tu.tools if tu else {}
+        self.tool_schemas = tu.schemas if tu else []
+        self.tool_format = tu.format if tu else "none"
+        self.native_tools = bool(tu and tu.native)  # the template renders them
+        self.max_tool_calls = cfg.max_tool_calls if tu else 0
+        self.renderer: Renderer = make_renderer(
+            formatter,
+            user_turn=cfg.user_turn,
+            tool_turn=cfg.tool_turn,
+            tool_schemas=self.tool_schemas if self.native_tools else None,
+        )
+        self.make_env = env_factory(cfg.env, cfg.env_params)
         probe = self.make_env()
         self.multi = isinstance(probe, MultiAgentEnv)
         if self.multi and self.tools:
             raise InvalidValueError(
-                f"runner 'multi-turn': environment {env!r} has several seats and brings its own tools; "
+                f"runner 'multi-turn': environment {cfg.env!r} has several seats and brings its own tools; "
                 "rollout.runner.params.tools is for single-seat environments"
             )
+        self.seats = Seats(self)
         self.criteria: tuple[str, ...] = tuple(probe.criteria)
         self.max_turns = int(probe.max_turns)
+        cut_violation = cfg.cut_violation
         if cut_violation == "auto":
             cut_violation = "format" if "format" in self.criteria else None
         if cut_violation is not None and cut_violation not in self.criteria:
             raise InvalidValueError(
                 f"runner 'multi-turn': cut_violation {cut_violation!r} is not a criterion of environment "
-                f"{env!r} (criteria: {list(self.criteria)}); use one of them, 'auto' or null"
+                f"{cfg.env!r} (criteria: {list(self.criteria)}); use one of them, 'auto' or null"
             )
         self.cut_violation = cut_violation
-        self.max_context = max_context
-        self.reward = reward
-        self.turn_inputs = turn_inputs
-        self.user_turn = user_turn
-        self.seed = seed
-        self.n_transcripts = transcripts
+        self.max_context, self.reward, self.turn_inputs = cfg.max_context, cfg.reward, cfg.turn_inputs
+        self.seed, self.n_transcripts = cfg.seed, cfg.transcripts
         self._calls = 0
         self.last_sessions: list[Session] = []
         self._last: Episodes | None = None
 
-    # ------------------------------------------------------------------------------- rendering
-    def _encode(self, text: str) -> list[int]:
-        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
-
-    def _template(self, messages: list[dict[str, Any]], **kw: Any) -> Any:
-        if self.native_tools:
-            kw["tools"] = self.tool_schemas
-        return self.tokenizer.apply_chat_template(messages, **kw)
-
+    # ------------------------------------------------------------------------------- opening
     def _prompt(self, example: Any, first_obs: str) -> tuple[list[int], list[dict[str, Any]]]:
         system = self.formatter.text(example.prompt) if self.system else ""
-        if self.tools and not self.native_tools:  # fallback: the tools are described in the system message
-            from posttrain.tools.calls import fallback_instructions
-
-            system = "\n\n".join(x for x in (system, fallback_instructions(self.tool_schemas)) if x)
+        if (
+            self.tool_use is not None and not self.native_tools
+        ):  # fallback: tools described in the system message
+            system = "\n\n".join(x for x in (system, self.tool_use.instructions()) if x)
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": first_obs})
-        return self._opening(messages), messages
+        return self.renderer.opening(messages), messages
 
-    def _opening(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt tokens of a conversation's opening messages (system and user messages, the last a
-        user message): the chat template with the generation prompt, or the plain rendering (system
-        texts, then ``user_turn`` per user message)."""
-        if not messages or messages[-1].get("role") != "user":
-            raise InvalidValueError("runner 'multi-turn': a conversation must open with a user message last")
-        if not self.formatter.chat:
-            text = "".join(
-                self.user_turn.replace("{observation}", str(m["content"]))
-                if m["role"] == "user"
-                else str(m["content"])
-                for m in messages
-            )
-            return self._encode(text)
-        ids = self._template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
-
-    _ANCHOR = "posttrain-agent-turn-anchor"
-
-    def _after_agent(self, new: list[dict[str, Any]]) -> str:
-        """The template's text between an agent turn's EOS and the next generation prompt when
-        ``new`` messages follow it, rendered after a fixed stand-in conversation (never the real one,
-        which a template may re-render differently: module docstring)."""
-        stand_in = [{"role": "user", "content": "?"}, {"role": "assistant", "content": self._ANCHOR}]
-        full = self._template([*stand_in, *new], add_generation_prompt=True, tokenize=False)
-        anchor = self._ANCHOR + (self.tokenizer.eos_token or "")
-        at = full.rfind(anchor)
-        if at < 0:
-            raise InvalidValueError(
-                "runner 'multi-turn': the chat template does not render an agent turn verbatim followed "
-                f"by the EOS token {self.tokenizer.eos_token!r}, so the environment's reply cannot be "
-                "tokenised after it; use the plain template (task.chat_template=false)"
-            )
-        return full[at + len(anchor) :]
-
-    def _reply(self, observation: str) -> list[int]:
-        """Environment tokens after the agent's turn: the environment's next observation."""
-        if not self.formatter.chat:
-            return self._encode(self.user_turn.replace("{observation}", observation))
-        return self._encode(self._after_agent([{"role": "user", "content": observation}]))
-
-    def _tool_reply(self, results: list[tuple[str, ToolResult]]) -> list[int]:
-        """Environment tokens after a turn with tool calls: the results as tool turns."""
-        from posttrain.tools.calls import fallback_results
-
-        texts = [r.text for _, r in results]
-        if not self.formatter.chat:
-            return self._encode(self.tool_turn.replace("{observation}", fallback_results(texts)))
-        if self.native_tools:
-            msgs = [{"role": "tool", "name": name, "content": r.text} for name, r in results]
-        else:
-            msgs = [{"role": "user", "content": fallback_results(texts)}]
-        return self._encode(self._after_agent(msgs))
-
-    def _run_call(self, call: ToolCall | MalformedCall) -> tuple[str, ToolResult]:
-        from posttrain.tools import ToolResult
-        from posttrain.tools.calls import MalformedCall
-
-        if isinstance(call, MalformedCall):
-            return "", ToolResult(f"error: malformed tool call: {call.error}", False)
-        tool = self.tools.get(call.name)
-        if tool is None:
-            known = ", ".join(sorted(self.tools))
-            return call.name, ToolResult(f"error: unknown tool {call.name!r}; tools: {known}", False)
-        res = tool.invoke(call.arguments)
-        return call.name, res if res.ok else ToolResult(f"error: {res.text}", False)
-
-    # ------------------------------------------------------------------------------------- run
     def _env_seed(self, example: Any, j: int) -> int:
         key = f"{self.seed}:{self._calls}:{getattr(example, 'id', '')}:{j}"
         return random.Random(key).getrandbits(31)
 
-    def run(self, examples: list[Any], n_per_prompt: list[int], params: SamplingParams) -> Episodes:
-        if len(examples) != len(n_per_prompt):
-            raise InvalidValueError(
-                f"runner 'multi-turn': {len(examples)} examples but {len(n_per_prompt)} group sizes"
-            )
+    def _open(self, examples: list[Any], n_per_prompt: list[int]) -> list[Session]:
         sessions: list[Session] = []
         for g, (ex, n) in enumerate(zip(examples, n_per_prompt, strict=True)):
             for j in range(n):
                 env = self.make_env()
                 seed = self._env_seed(ex, j)
                 if isinstance(env, MultiAgentEnv):
-                    opening = env.reset_seats(ex, seed)
-                    for seat, msgs in enumerate(opening):
-                        sessions.append(
-                            Session(
-                                g,
-                                ex,
-                                env,
-                                seed,
-                                self._opening(msgs),
-                                messages=[dict(m) for m in msgs],
-                                seat=seat,
-                                seats=len(opening),
-                                multi=True,
-                            )
-                        )
+                    sessions += self.seats.open(g, ex, env, seed)
                     continue
                 first = env.reset(ex, seed)
                 prompt, messages = self._prompt(ex, first)
                 sessions.append(Session(g, ex, env, seed, prompt, messages=messages))
+        return sessions
+
+    # ------------------------------------------------------------------------------------- run
+    def run(self, examples: list[Any], n_per_prompt: list[int], params: SamplingParams) -> Episodes:
+        if len(examples) != len(n_per_prompt):
+            raise InvalidValueError(
+                f"runner 'multi-turn': {len(examples)} examples but {len(n_per_prompt)} group sizes"
+            )
+        sessions = self._open(examples, n_per_prompt)
         self._calls += 1
         have_lp = params.logprobs
         # every round either ends an environment turn or spends at least one tool call
         for _round in range(self.max_turns + self.max_tool_calls):
-            for s in sessions:
-                if not s.done and len(s.context) + params.max_new_tokens > self.max_context:
-                    if s.multi:  # a multi-agent session is cut as a whole
-                        self._cut_session(sessions, s.env)
-                    else:
-                        s.done, s.truncated, s.session_reward = True, True, float(s.env.abort())
-            active = [s for s in sessions if not s.done]
+            active = self._active(sessions, params.max_new_tokens)
             if not active:
                 break
             b = self.engine.generate([s.context for s in active], [1] * len(active), params)
             have_lp = have_lp and b.logprobs is not None
             texts = self.tokenizer.batch_decode(b.completion_lists(), skip_special_tokens=True)
-            calls: list[list[ToolCall | MalformedCall]] = []
             cuts = [r == FINISH_LENGTH for r in b.finish_reasons]
             for j, (s, ids) in enumerate(zip(active, b.completion_lists(), strict=True)):
                 lps = b.logprobs[j, : len(ids)].tolist() if b.logprobs is not None else [0.0] * len(ids)
@@ -388,19 +387,7 @@ class MultiTurnRunner(EpisodeRunner):
                 s.turn_index += [s.turn] * len(ids)
                 s.turns_cut += int(cuts[j])
                 s.turn_cut = s.turn_cut or cuts[j]
-                budget = self.max_tool_calls - s.tool_calls
-                calls.append(self.parse_calls(texts[j]) if self.parse_calls and budget > 0 else [])
-            results = self._run_tools(active, calls)
-            seated: dict[int, list[tuple[Session, str, bool]]] = {}
-            for j, s in enumerate(active):
-                if s.multi:
-                    seated.setdefault(id(s.env), []).append((s, texts[j], cuts[j]))
-                elif calls[j]:
-                    self._tool_round(s, texts[j], calls[j], results[j], cuts[j])
-                else:
-                    self._env_round(s, texts[j], cuts[j])
-            for turns in seated.values():
-                self._seats_round(sessions, turns)
+            self._answer(sessions, active, texts, cuts)
         for s in sessions:  # check_step guarantees done by max_turns; belt and braces
             if not s.done:
                 raise PosttrainRuntimeError("runner 'multi-turn': a session neither ended nor was cut")
@@ -408,58 +395,55 @@ class MultiTurnRunner(EpisodeRunner):
         self._last = self._episodes(sessions, have_lp)
         return self._last
 
-    def _run_tools(
-        self, active: list[Session], calls: list[list[ToolCall | MalformedCall]]
-    ) -> list[list[tuple[str, ToolResult]]]:
-        """Each session's calls of this round, within its budget (all sessions' calls in parallel)."""
-        jobs: list[tuple[int, ToolCall | MalformedCall | None]] = []
-        for j, (s, cs) in enumerate(zip(active, calls, strict=True)):
-            budget = self.max_tool_calls - s.tool_calls
-            jobs += [(j, c if k < budget else None) for k, c in enumerate(cs)]
-        if not jobs:
-            return [[] for _ in active]
-        from posttrain.tools import ToolResult
+    def _active(self, sessions: list[Session], max_new_tokens: int) -> list[Session]:
+        """The conversations that generate this round; one whose context cannot hold another
+        ``max_new_tokens`` is cut first (a multi-agent session as a whole)."""
+        for s in sessions:
+            if not s.done and len(s.context) + max_new_tokens > self.max_context:
+                if s.multi:
+                    self.seats.cut(sessions, s.env)
+                else:
+                    s.done, s.truncated, s.session_reward = True, True, float(s.env.abort())
+        return [s for s in sessions if not s.done]
 
-        over = ("", ToolResult(f"error: tool call budget of {self.max_tool_calls} spent; answer now", False))
-        with ThreadPoolExecutor(max_workers=self.tool_workers) as pool:
-            done = list(pool.map(lambda job: over if job[1] is None else self._run_call(job[1]), jobs))
-        out: list[list[tuple[str, ToolResult]]] = [[] for _ in active]
-        for (j, call), res in zip(jobs, done, strict=True):
-            out[j].append(res)
-            active[j].tool_calls += int(call is not None)
-            active[j].tool_valid += int(call is not None and res[1].ok)
-        return out
+    def _answer(
+        self, sessions: list[Session], active: list[Session], texts: list[str], cuts: list[bool]
+    ) -> None:
+        """Each generated turn's answer: tool results (the turn goes on), the environment's step, or a
+        multi-agent round of every seat of a session together."""
+        tu = self.tool_use
+        calls = [tu.calls(t, s.tool_calls) if tu else [] for s, t in zip(active, texts, strict=True)]
+        results = tu.run(calls, [s.tool_calls for s in active]) if tu else [[] for _ in active]
+        seated: dict[int, list[tuple[Session, str, bool]]] = {}
+        for j, s in enumerate(active):
+            if s.multi:
+                seated.setdefault(id(s.env), []).append((s, texts[j], cuts[j]))
+            elif calls[j]:
+                self._tool_round(s, texts[j], calls[j], results[j], cuts[j])
+            else:
+                self._env_round(s, texts[j], cuts[j])
+        for turns in seated.values():
+            self.seats.round(sessions, turns)
 
     def _close_turn(self, s: Session, cut: bool) -> None:
         """A round the engine cut at the token cap (no EOS sampled) ends with an EOS (an environment
         token), as the template expects."""
         eos = self.tokenizer.eos_token_id
         if cut and eos is not None:
-            self._append_env(s, [int(eos)])
+            s.append_env([int(eos)])
 
     def _tool_round(
-        self,
-        s: Session,
-        text: str,
-        calls: list[ToolCall | MalformedCall],
-        results: list[tuple[str, ToolResult]],
-        cut: bool,
+        self, s: Session, text: str, calls: list[Any], results: list[tuple[str, ToolResult]], cut: bool
     ) -> None:
-        s.messages.append(
-            {
-                "role": "assistant",
-                "content": text,
-                "tool_calls": [
-                    {"name": c.name, "arguments": c.arguments}
-                    if hasattr(c, "name")  # a ToolCall; a MalformedCall has raw text and the reason
-                    else {"malformed": c.raw, "error": c.error}
-                    for c in calls
-                ],
-            }
-        )
-        s.messages += [{"role": "tool", "name": n, "content": r.text, "ok": r.ok} for n, r in results]
+        """The tools answered the turn's calls: counted, recorded, rendered; the agent's turn goes on."""
+        budget = self.max_tool_calls - s.tool_calls
+        made = min(len(calls), budget)
+        s.tool_calls += made
+        s.tool_valid += sum(r.ok for _, r in results[:made])
+        s.tool_timeouts += sum(r.timed_out for _, r in results[:made])
+        s.messages += self.tool_use.messages(text, calls, results)
         self._close_turn(s, cut)
-        self._append_env(s, self._tool_reply(results))
+        s.append_env(self.renderer.tool_reply([(n, r.text) for n, r in results]))
 
     def _end_turn(self, s: Session, text: str, res: StepResult, cut: bool) -> None:
         """Record an agent turn the environment answered: its turn rewards (a turn cut at the token cap
@@ -481,43 +465,7 @@ class MultiTurnRunner(EpisodeRunner):
                 s.messages.append({"role": "user", "content": res.observation, "final": True})
             return
         s.messages.append({"role": "user", "content": res.observation})
-        self._append_env(s, self._reply(res.observation))
-
-    def _seats_round(self, sessions: list[Session], turns: list[tuple[Session, str, bool]]) -> None:
-        """One round of a multi-agent session: every acting seat's turn goes to ``step_seats`` together."""
-        env = turns[0][0].env
-        rnd = turns[0][0].turn
-        texts = {s.seat: text for s, text, _ in turns}
-        res = check_seats(env, env.step_seats(texts), texts, rnd)
-        for s, text, cut in turns:
-            r = res.seats[s.seat]
-            self._end_turn(s, text, r, cut)
-            if r.done or res.done:
-                s.done = True
-                if r.observation:
-                    s.messages.append({"role": "user", "content": r.observation, "final": True})
-                continue
-            s.messages.append({"role": "user", "content": r.observation})
-            self._append_env(s, self._reply(r.observation))
-        if res.done:
-            for s in sessions:
-                if s.env is env:
-                    s.done, s.session_reward = True, float(res.session_reward)
-
-    @staticmethod
-    def _cut_session(sessions: list[Session], env: Env) -> None:
-        """A multi-agent session one of whose seats reached the context cap: every seat's row ends."""
-        reward = float(env.abort())
-        for s in sessions:
-            if s.env is env:
-                s.done, s.truncated, s.session_reward = True, True, reward
-
-    @staticmethod
-    def _append_env(s: Session, ids: list[int]) -> None:
-        s.completion += ids
-        s.actions += [0] * len(ids)
-        s.logprobs += [0.0] * len(ids)
-        s.turn_index += [0] * len(ids)
+        s.append_env(self.renderer.reply(res.observation))
 
     def _episodes(self, sessions: list[Session], have_lp: bool) -> Episodes:
         batch = RolloutBatch.from_token_lists(
@@ -548,6 +496,7 @@ class MultiTurnRunner(EpisodeRunner):
             stats = {
                 "tool_calls": torch.tensor([float(s.tool_calls) for s in sessions]),
                 "tool_valid_calls": torch.tensor([float(s.tool_valid) for s in sessions]),
+                "tool_timeouts": torch.tensor([float(s.tool_timeouts) for s in sessions]),
             }
         if self.multi:  # per-session numbers on every seat's row, weighted 1 / seats (step_metrics)
             stats["episode_weight"] = torch.tensor([1.0 / s.seats for s in sessions])
@@ -565,8 +514,9 @@ class MultiTurnRunner(EpisodeRunner):
 
     def step_metrics(self, episodes: Episodes) -> dict[str, float]:
         """With tools: ``tool_call_rate`` (share of conversations with at least one call),
-        ``tool_valid_rate`` (valid calls / calls, 0 without calls) and ``tool_calls_mean``. With a
-        multi-agent environment: each key of its ``metrics()`` averaged per session."""
+        ``tool_valid_rate`` (valid calls / calls, 0 without calls), ``tool_calls_mean`` and
+        ``tool_timeouts`` (calls cut at their deadline, summed). With a multi-agent environment: each key
+        of its ``metrics()`` averaged per session."""
         st = episodes.row_stats
         out: dict[str, float] = {}
         if "tool_calls" in st:
@@ -576,6 +526,8 @@ class MultiTurnRunner(EpisodeRunner):
                 tool_valid_rate=float(valid.sum() / calls.sum().clamp(min=1.0)),
                 tool_calls_mean=float(calls.mean()) if len(calls) else 0.0,
             )
+            if "tool_timeouts" in st:
+                out["tool_timeouts"] = float(st["tool_timeouts"].sum())
         if "episode_weight" in st and len(st["episode_weight"]):
             w = st["episode_weight"]
             for key in (k for k in st if k.startswith("env:")):
@@ -620,53 +572,36 @@ class MultiTurnRunner(EpisodeRunner):
         return out
 
 
-def multi_turn_runner(
-    ctx: Any,
-    *,
-    env: str | None = None,
-    env_params: dict[str, Any] | None = None,
-    max_context: int = 2048,
-    reward: Literal["session", "sum"] = "session",
-    turn_inputs: bool = True,
-    user_turn: str = "\nUser: {observation}\nAgent:",
-    seed: int | None = None,
-    transcripts: int = 3,
-    cut_violation: str | None = "auto",
-    system: bool = True,
-    tools: list[str] | None = None,
-    tool_format: str = "auto",
-    max_tool_calls: int = 4,
-    tool_turn: str = "\nTool: {observation}\nAgent:",
-    tool_workers: int = 4,
-) -> MultiTurnRunner:
-    """Registry factory (``rollout.runner: {name: multi-turn, params: {...}}``): a
-    :class:`MultiTurnRunner` over the context's engine and formatter; the environments are seeded from
-    the run seed (``ctx.seed``, the evaluation seed when evaluating) unless ``seed`` is given. ``env`` has
-    no default: the library ships the interface, environments come from packages (the lab's ``sales``)."""
-    if env is None:
+def multi_turn_runner(ctx: Any, **params: Any) -> MultiTurnRunner:
+    """Registry factory (``rollout.runner: {name: multi-turn, params: {...}}``, the fields of
+    :class:`MultiTurnSettings`): a :class:`MultiTurnRunner` over the context's engine and formatter; the
+    environments are seeded from the run seed (``ctx.seed``, the evaluation seed when evaluating) unless
+    ``seed`` is given. ``env`` has no default: the library ships the interface, environments come from
+    packages (the lab's ``sales``)."""
+    if params.get("env") is None:
         raise InvalidValueError(
             "runner 'multi-turn': set rollout.runner.params.env to an environment: a name registered in "
             f"posttrain.envs.ENVS ({', '.join(ENVS.names()) or 'none installed'}) or a package.module:Name"
         )
-    return MultiTurnRunner(
-        ctx.engine,
-        ctx.formatter,
-        env=env,
-        env_params=env_params,
-        max_context=max_context,
-        reward=reward,
-        turn_inputs=turn_inputs,
-        user_turn=user_turn,
-        seed=ctx.seed if seed is None else seed,
-        transcripts=transcripts,
-        cut_violation=cut_violation,
-        system=system,
-        tools=tools,
-        tool_format=tool_format,
-        max_tool_calls=max_tool_calls,
-        tool_turn=tool_turn,
-        tool_workers=tool_workers,
-    )
+    if params.get("seed") is None:
+        params["seed"] = ctx.seed
+    return MultiTurnRunner(ctx.engine, ctx.formatter, **params)
 
 
-__all__ = ["REWARD_MODES", "MultiTurnRunner", "Session", "multi_turn_runner"]
+# the settings' fields are the factory's parameters (config-time checks name them and their defaults)
+multi_turn_runner.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        *(
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None if f.name in ("env", "seed") else f.default,
+            )
+            for f in dataclasses.fields(MultiTurnSettings)
+        ),
+    ]
+)
+
+
+__all__ = ["REWARD_MODES", "MultiTurnRunner", "MultiTurnSettings", "Seats", "Session", "multi_turn_runner"]
