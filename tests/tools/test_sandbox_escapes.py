@@ -16,6 +16,7 @@ never touches, ptrace seizes without stopping.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -427,3 +428,42 @@ def test_the_escape_preamble_switches_the_guard_off():
         GUARD_OFF + "import ctypes\nprint('ctypes', ctypes.__name__)", LIMITS, backend="guard"
     )
     assert "guard off: True" in res.stdout and "ctypes ctypes" in res.stdout, res.text
+
+
+def test_what_a_program_sees_under_bwrap(tmp_path):
+    """Its own PIDs and /proc, an environment of a few fixed keys, a root of system folders and the
+    Python install, no network interface up, no capability; numpy still imports."""
+    problem = bwrap_problem()
+    if problem is not None:
+        pytest.skip(f"bwrap backend unavailable: {problem}")
+    code = (
+        "import os, json, socket\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+        "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "print(json.dumps({'pid': os.getpid(), 'pids': len(pids), 'uid': os.getuid(), 'env': sorted(os.environ),"
+        " 'root': sorted(os.listdir('/')), 'cap': status['CapEff'].strip(), 'nnp': status['NoNewPrivs'].strip(),"
+        " 'ifaces': [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]], 'tmp': os.listdir('/tmp')}))\n"
+        "import numpy\nprint(int(numpy.arange(4).sum()))"
+    )
+    res = run_sandboxed(code, LIMITS, backend="bwrap")
+    first, second = res.stdout.splitlines()
+    seen = json.loads(first)
+    assert seen["pid"] <= 3 and seen["pids"] <= 3, seen  # bwrap's init and the program
+    assert seen["env"] == [
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "MKL_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "PATH",
+        "PWD",
+        "TMPDIR",
+    ]
+    assert str(tmp_path) not in res.stdout and "home" not in seen["root"] and "usr" in seen["root"]
+    assert len(seen["tmp"]) <= 1 and all(t.startswith("posttrain-sandbox-") for t in seen["tmp"]), seen["tmp"]
+    assert seen["cap"] == "0000000000000000" and seen["nnp"] == "1"
+    assert seen["ifaces"] == ["lo"], seen["ifaces"]  # a network namespace of its own: loopback only
+    if ROOT:
+        assert seen["uid"] >= SANDBOX_UID_BASE
+    assert second == "6"
