@@ -86,3 +86,15 @@ def test_dpo_refuses_a_too_long_row_naming_file_and_line(tmp_path):
     assert res.exit_code == 2
     assert "preferences-arithmetic.jsonl: line 1: a completion is" in res.output
     assert "overlong=truncate" in res.output
+
+
+def test_dpo_interrupted_says_where_it_stopped(tmp_path, monkeypatch):
+    from posttrain.train.preference import PreferenceTrainer
+
+    def stop(self, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PreferenceTrainer, "train", stop)
+    res = _dpo(f"out_dir={tmp_path / 'run'}")
+    assert res.exit_code == 130
+    assert "interrupted at step 0 of 3" in res.output and "nothing to resume" in res.output
