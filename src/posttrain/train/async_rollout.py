@@ -67,7 +67,12 @@ from posttrain.rollout.reward_source import _Ready
 from posttrain.train.collector import Planner, Scorer, merge_scored
 from posttrain.train.staleness import StalenessBound
 from posttrain.train.weight_sync import ObjectStoreWeights
-from posttrain.utils.errors import InvalidValueError, PosttrainRuntimeError, PosttrainWarning
+from posttrain.utils.errors import (
+    InvalidValueError,
+    MissingPackageError,
+    PosttrainRuntimeError,
+    PosttrainWarning,
+)
 
 #: Environment variable a generation worker sets to its index (scripted test runners read it).
 WORKER_ENV = "POSTTRAIN_GEN_WORKER"
@@ -95,7 +100,7 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise InvalidValueError(
+        raise MissingPackageError(
             "rollout.max_staleness > 0 runs the generation workers on Ray, which is not installed: "
             "pip install -e '.[ray]' (or set rollout.max_staleness=0)"
         ) from None

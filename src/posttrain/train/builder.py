@@ -197,6 +197,10 @@ def build_rl_parts(
     # of Example) or reward (completions, **kwargs) is adapted, anything else refused in one line
     if reward is not None:
         reward = as_reward_fn(reward, where="RLTrainer(reward=...)")
+    if cfg.rollout.max_staleness > 0:  # generation workers on Ray: its absence is said before a model loads
+        from posttrain.train.async_rollout import require_ray
+
+        require_ray()
     device = setup_process(cfg.threads, cfg.seed, cfg.model.device, pick=True)
     task = (
         as_task(task, where="RLTrainer(task=...)")

@@ -408,8 +408,10 @@ def evaluate_cli_settings(
     replaced: a task other than the run's (``--task``, or ``task.name`` in the config or an override)
     drops only the *run's* task params and reward (the new task's default reward is used unless the
     user names one); ``--task`` and a ``task.name`` the user set that disagree are refused, as is an
-    option that contradicts a key the user set (``--n 50`` with ``eval.n=20``). ``--task-params`` is
-    merged into the task params. ``n`` defaults to the user's ``eval.n``, else 100."""
+    option that contradicts a ``key=value`` override (``--n 50`` with ``eval.n=20``). The command line
+    (``posttrain eval``) passes an option that differs from the ``--config`` file's value as an override,
+    so the option, the user's latest word, wins over the file. ``--task-params`` is merged into the
+    task params. ``n`` defaults to the user's ``eval.n``, else 100."""
     from posttrain.tasks import TASKS
     from posttrain.train.config import RLConfig, TaskConfig
     from posttrain.train.run_dir import flatten

@@ -167,15 +167,19 @@ class RunLoop:
                     defaults=type(cfg)().model_dump(mode="json"),
                 )
             )
-            logger = dist.main_only(
-                lambda: MetricsLogger(
-                    t.run_dir,
-                    config=cfg.model_dump(mode="json"),
-                    truncate_after=t.step_idx,
-                    **spec.logging,
+            try:  # the lock start_run took is released if the logger or run.json cannot be set up
+                logger = dist.main_only(
+                    lambda: MetricsLogger(
+                        t.run_dir,
+                        config=cfg.model_dump(mode="json"),
+                        truncate_after=t.step_idx,
+                        **spec.logging,
+                    )
                 )
-            )
-            dist.on_main(lambda: write_run_info(t))
+                dist.on_main(lambda: write_run_info(t))
+            except BaseException:
+                dist.on_main(lambda: end_run(t.run_dir))
+                raise
         t0 = time.perf_counter()
         start = t.step_idx
         summary: dict[str, Any] = {"start_step": start}

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from posttrain.rollout import RolloutEngine
+from posttrain.utils.errors import PosttrainRuntimeError
 
 
 class WeightSync(ABC):
@@ -78,7 +79,7 @@ class ObjectStoreWeights(WeightSync):
 
     def latest(self) -> tuple[int, Any]:
         if self.version is None:
-            raise RuntimeError("ObjectStoreWeights: no version published yet")
+            raise PosttrainRuntimeError("ObjectStoreWeights: no version published yet")
         return self.version, self.ref
 
     def close(self) -> None:
