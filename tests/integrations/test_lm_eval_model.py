@@ -127,3 +127,15 @@ def test_hub_task_is_refused_naming_its_dataset_and_runs_from_local_files(tmp_pa
     res = bridge.run_harness("tiny", ["arc_easy_local"], include_path=tmp_path)
     assert res["arc_easy_local"]["sample_len"] == 3
     assert 0.0 <= res["arc_easy_local"]["acc,none"] <= 1.0
+
+
+def test_chat_template_is_the_tokenizers(lm):
+    turns = [{"role": "user", "content": "12+34="}]
+    text = lm.apply_chat_template(turns)
+    assert text == lm.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    assert "12+34=" in text and text != "12+34="  # the template wrapped the turn
+    # a final assistant turn is continued (lm-eval's multiple-choice chat requests), not closed
+    cont = lm.apply_chat_template(
+        [*turns, {"role": "assistant", "content": "4"}], add_generation_prompt=False
+    )
+    assert cont.rstrip().endswith("4")
