@@ -28,7 +28,8 @@ import uuid
 import pytest
 
 from posttrain.tools import SandboxLimits, run_sandboxed
-from posttrain.tools.backends import SANDBOX_UID_BASE, bwrap_problem
+from posttrain.tools.backends import SANDBOX_UID_BASE
+from posttrain.tools.sandbox import bwrap_problem
 
 ROOT = os.geteuid() == 0
 

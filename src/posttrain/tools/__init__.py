@@ -16,7 +16,7 @@ This package imports only the standard library and :mod:`posttrain.utils`.
 
 from __future__ import annotations
 
-from posttrain.tools.backends import SandboxUnavailableError, get_backend
+from posttrain.tools.backends import SandboxUnavailableError
 from posttrain.tools.builtin import calculate, python
 from posttrain.tools.deadline import cancel_calls
 from posttrain.tools.registry import (
@@ -30,7 +30,7 @@ from posttrain.tools.registry import (
     register_tool,
     tool_schema,
 )
-from posttrain.tools.sandbox import SandboxLimits, SandboxResult, run_python, run_sandboxed
+from posttrain.tools.sandbox import SandboxLimits, SandboxResult, get_backend, run_python, run_sandboxed
 
 __all__ = [
     "TOOLS",

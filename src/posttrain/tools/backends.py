@@ -1,4 +1,5 @@
-"""Where the sandboxed interpreter runs: one interface, two backends (:func:`get_backend`).
+"""Where the sandboxed interpreter runs: one interface, two backends (chosen by
+:func:`posttrain.tools.sandbox.get_backend`).
 
 A backend turns "run this Python command in this working folder" into a launch: the argument list,
 the environment and the user the program ends up as. :func:`posttrain.tools.sandbox.run_sandboxed`
@@ -28,20 +29,17 @@ warning. ``bwrap`` required where it is missing or does not work raises :class:`
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import random
 import shutil
 import site
 import sys
 import sysconfig
-import threading
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from posttrain.utils.errors import InvalidValueError, PosttrainError, PosttrainWarning
+from posttrain.utils.errors import PosttrainError, PosttrainWarning
 
 __all__ = [
     "BACKEND_NAMES",
@@ -52,8 +50,6 @@ __all__ = [
     "SandboxBackend",
     "SandboxUnavailableError",
     "SandboxWarning",
-    "bwrap_problem",
-    "get_backend",
 ]
 
 #: Settings of ``sandbox``: ``auto`` resolves to one of the two backends.
@@ -188,49 +184,3 @@ class BwrapBackend(SandboxBackend):
     def exit_status(self, returncode: int) -> int:
         """bwrap exits 128 + N when the program died of signal N; its own death stays negative."""
         return -(returncode - 128) if 128 < returncode < 128 + 65 else returncode
-
-
-_GUARD_WARNED = threading.Event()
-
-
-@functools.lru_cache(maxsize=1)
-def bwrap_problem() -> str | None:
-    """Why the ``bwrap`` backend cannot run here (None: it can): not on ``PATH``, or a probe run
-    (``print('ok')`` in the sandbox) failed, with bubblewrap's own message. Checked once per process."""
-    exe = shutil.which("bwrap")
-    if exe is None:
-        return "bubblewrap (bwrap) is not on PATH; install it (Debian/Ubuntu: apt-get install bubblewrap)"
-    from posttrain.tools.sandbox import SandboxLimits, run_sandboxed
-
-    res = run_sandboxed("print('ok')", SandboxLimits(timeout_s=20), backend=BwrapBackend(exe), cancel=False)
-    if res.stdout.strip() == "ok":
-        return None
-    detail = (res.stderr.strip().splitlines() or res.notes or ("no output",))[-1]
-    return f"bwrap is on PATH ({exe}) but a probe run failed: {detail}"
-
-
-def get_backend(name: str | SandboxBackend = "auto") -> SandboxBackend:
-    """The backend for a ``sandbox`` setting: ``bwrap`` (refused with :class:`SandboxUnavailableError`
-    where it cannot run), ``guard``, or ``auto`` (``bwrap`` where it works, else ``guard`` with a
-    warning, once per process, that the guard is not a security boundary). A backend object passes."""
-    if isinstance(name, SandboxBackend):
-        return name
-    if name not in BACKEND_NAMES:
-        raise InvalidValueError(f"sandbox must be one of {list(BACKEND_NAMES)}, got {name!r}")
-    if name == "guard":
-        return GuardBackend()
-    problem = bwrap_problem()
-    if problem is None:
-        return BwrapBackend()
-    if name == "bwrap":
-        raise SandboxUnavailableError(f"sandbox 'bwrap' was required but cannot run: {problem}")
-    if not _GUARD_WARNED.is_set():
-        _GUARD_WARNED.set()
-        warnings.warn(
-            f"sandbox 'auto' fell back to the in-process guard ({problem}). The guard is NOT a security "
-            "boundary: code written to escape it runs as the trainer's user. Install bubblewrap or set "
-            "sandbox: bwrap to require it.",
-            SandboxWarning,
-            stacklevel=2,
-        )
-    return GuardBackend()

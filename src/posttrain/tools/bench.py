@@ -18,10 +18,9 @@ import statistics
 import time
 from collections.abc import Callable
 
-from posttrain.tools.backends import bwrap_problem
 from posttrain.tools.deadline import call_with_deadline, shutdown_workers
 from posttrain.tools.registry import get_tool
-from posttrain.tools.sandbox import SandboxLimits, run_sandboxed
+from posttrain.tools.sandbox import SandboxLimits, bwrap_problem, run_sandboxed
 
 __all__ = ["cpu_name", "echo", "fresh_worker_call", "main", "measure"]
 

@@ -46,8 +46,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.tools.backends import BACKEND_NAMES, get_backend
+from posttrain.tools.backends import BACKEND_NAMES
 from posttrain.tools.deadline import DeadlineExceeded, ToolRaised, call_with_deadline
+from posttrain.tools.sandbox import get_backend
 from posttrain.utils.errors import InvalidValueError, PosttrainError
 from posttrain.utils.registry import Registry, is_import_path
 

@@ -53,6 +53,7 @@ against adversaries. It needs a POSIX system (Linux; macOS ignores some limits).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -61,11 +62,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
-from posttrain.tools.backends import GuardBackend, SandboxBackend, get_backend
+from posttrain.tools.backends import (
+    BACKEND_NAMES,
+    BwrapBackend,
+    GuardBackend,
+    SandboxBackend,
+    SandboxUnavailableError,
+    SandboxWarning,
+)
 from posttrain.tools.deadline import cancellable
+from posttrain.utils.errors import InvalidValueError
 
 __all__ = ["SandboxLimits", "SandboxResult", "run_python", "run_sandboxed"]
 
@@ -457,3 +468,48 @@ def run_python(code: str, limits: SandboxLimits | None = None, backend: str | Sa
     a ``[...]`` line for each limit it hit (``[killed: time limit 5 s]``, ``[memory limit 512 MiB]``,
     ``[output truncated: ...]``)."""
     return run_sandboxed(code, limits, backend).text
+
+
+# ------------------------------------------------------------------------------ choosing a backend
+_GUARD_WARNED = threading.Event()
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_problem() -> str | None:
+    """Why the ``bwrap`` backend cannot run here (None: it can): not on ``PATH``, or a probe run
+    (``print('ok')`` in the sandbox) failed, with bubblewrap's own message. Checked once per process."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return "bubblewrap (bwrap) is not on PATH; install it (Debian/Ubuntu: apt-get install bubblewrap)"
+    res = run_sandboxed("print('ok')", SandboxLimits(timeout_s=20), backend=BwrapBackend(exe), cancel=False)
+    if res.stdout.strip() == "ok":
+        return None
+    detail = (res.stderr.strip().splitlines() or res.notes or ("no output",))[-1]
+    return f"bwrap is on PATH ({exe}) but a probe run failed: {detail}"
+
+
+def get_backend(name: str | SandboxBackend = "auto") -> SandboxBackend:
+    """The backend for a ``sandbox`` setting: ``bwrap`` (refused with :class:`SandboxUnavailableError`
+    where it cannot run), ``guard``, or ``auto`` (``bwrap`` where it works, else ``guard`` with a
+    warning, once per process, that the guard is not a security boundary). A backend object passes."""
+    if isinstance(name, SandboxBackend):
+        return name
+    if name not in BACKEND_NAMES:
+        raise InvalidValueError(f"sandbox must be one of {list(BACKEND_NAMES)}, got {name!r}")
+    if name == "guard":
+        return GuardBackend()
+    problem = bwrap_problem()
+    if problem is None:
+        return BwrapBackend()
+    if name == "bwrap":
+        raise SandboxUnavailableError(f"sandbox 'bwrap' was required but cannot run: {problem}")
+    if not _GUARD_WARNED.is_set():
+        _GUARD_WARNED.set()
+        warnings.warn(
+            f"sandbox 'auto' fell back to the in-process guard ({problem}). The guard is NOT a security "
+            "boundary: code written to escape it runs as the trainer's user. Install bubblewrap or set "
+            "sandbox: bwrap to require it.",
+            SandboxWarning,
+            stacklevel=2,
+        )
+    return GuardBackend()
