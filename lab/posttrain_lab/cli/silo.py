@@ -261,7 +261,9 @@ def run_cmd(
     try:
         finished = len(load_rows(results))
         if finished and not resume:
-            raise ValueError(
+            from posttrain.utils.errors import InvalidValueError
+
+            raise InvalidValueError(
                 f"{out} holds {finished} finished case(s) of an earlier sweep: --resume skips them and runs "
                 "the rest; or choose another --out"
             )
