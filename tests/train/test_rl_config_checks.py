@@ -69,6 +69,34 @@ def test_ratio_objectives_with_one_on_policy_update_warn_at_config_time(objectiv
         load_rl_config(None, [*TINY, "objective.name=ppo"])  # GRPO's plain one-update form
 
 
+@pytest.mark.parametrize("objective", ["gspo", "cispo", "sapo"])
+def test_every_objective_declared_a_ratio_mechanism_warns(objective):
+    with pytest.warns(SingleUpdateWarning, match="ratio"):
+        load_rl_config(None, [*TINY, f"objective.name={objective}"])
+
+
+def test_a_plugin_objective_declares_its_ratio_mechanism_where_it_is_registered():
+    """Which objectives warn is declared by register_policy_loss(..., ratio_mechanism=True), not by a list
+    kept beside the config: a plug-in loss that declares it warns, one that does not stays quiet. Kills: a
+    hand-kept list of names (the plug-in would never warn)."""
+    from posttrain.algos import POLICY_LOSSES
+    from posttrain.algos.policy_losses import POLICY_LOSSES as REG
+    from posttrain.algos.policy_losses import register_policy_loss
+
+    core = POLICY_LOSSES.get("ppo").core
+    for name, ratio in (("test-gated", True), ("test-plain", False)):
+        register_policy_loss(name, ratio_mechanism=ratio, validate=lambda n, p: None)(core)
+    try:
+        with pytest.warns(SingleUpdateWarning, match="'test-gated'"):
+            load_rl_config(None, [*TINY, "objective.name=test-gated"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SingleUpdateWarning)
+            load_rl_config(None, [*TINY, "objective.name=test-plain"])
+    finally:
+        REG._items.pop("test-gated", None)
+        REG._items.pop("test-plain", None)
+
+
 def test_shipped_rl_configs_say_how_many_updates_per_step():
     """A reader of a shipped config sees `minibatches` and `ppo_epochs` instead of trusting defaults
     (the lab's configs: lab/tests/test_configs.py)."""

@@ -122,11 +122,13 @@ class PolicyLoss:
         default_agg: str,
         validate: Validator,
         inputs: tuple[str, ...] = (),
+        ratio_mechanism: bool = False,
     ):
         self.name = name
         self.core = core
         self.default_agg = default_agg
         self.inputs = inputs
+        self.ratio_mechanism = ratio_mechanism
         self.defaults = keyword_defaults(core)
         self._validate = validate
         self.__doc__ = core.__doc__
@@ -193,11 +195,16 @@ def register_policy_loss(
     default_agg: str = "token-mean",
     validate: Validator,
     inputs: tuple[str, ...] = (),
+    ratio_mechanism: bool = False,
 ) -> Callable[[Callable[..., Terms]], Callable[..., Terms]]:
     """Decorator: register a loss core `fn(batch, **params) -> Terms` under `name`.
 
     ``inputs``: extra per-token tensors the core reads from ``batch.inputs`` (names from
-    ``LOSS_INPUTS``); callers must pass exactly these."""
+    ``LOSS_INPUTS``); callers must pass exactly these. ``ratio_mechanism``: what sets the objective
+    apart from plain policy gradient (PPO/GRPO at r = 1) acts through the ratio r = π_θ / π_old (clip,
+    clip-higher, dual clip, gates, a sequence ratio, a soft gate, a truncated IS weight), so with one
+    on-policy update per rollout batch (r ≡ 1) it gives PPO/GRPO's gradient; the config warns
+    (``SingleUpdateWarning``) when such an objective runs with ``minibatches=1`` and ``ppo_epochs=1``."""
     AGG_MODES.canonical(default_agg)
     unknown = [k for k in inputs if k not in LOSS_INPUTS]
     if unknown:
@@ -206,7 +213,7 @@ def register_policy_loss(
         )
 
     def deco(core: Callable[..., Terms]) -> Callable[..., Terms]:
-        loss = PolicyLoss(name, core, default_agg, validate, tuple(inputs))
+        loss = PolicyLoss(name, core, default_agg, validate, tuple(inputs), ratio_mechanism)
         POLICY_LOSSES.register(name, aliases=aliases)(loss)
         return core
 
@@ -400,7 +407,7 @@ def ppo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.2, clip_c: floa
     )
 
 
-@register_policy_loss("dapo", validate=_validate_ppo)
+@register_policy_loss("dapo", ratio_mechanism=True, validate=_validate_ppo)
 def dapo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.28, clip_c: float | None = 10.0) -> Terms:
     """DAPO clip-higher: the ``ppo`` loss with ε_low = 0.2, ε_high = 0.28, dual clip c = 10 (DAPO, arXiv 2503.14476).
 
@@ -413,7 +420,9 @@ def dapo(b: Batch, *, clip_low: float = 0.2, clip_high: float = 0.28, clip_c: fl
     return ppo(b, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c)
 
 
-@register_policy_loss("gspo", default_agg="seq-mean-token-mean", validate=_validate_clip_only)
+@register_policy_loss(
+    "gspo", ratio_mechanism=True, default_agg="seq-mean-token-mean", validate=_validate_clip_only
+)
 def gspo(b: Batch, *, clip_low: float = 3e-4, clip_high: float = 4e-4) -> Terms:
     """GSPO: sequence-level ratio with per-token gradient (verl ``compute_policy_loss_gspo``; arXiv 2507.18071).
 
@@ -453,7 +462,7 @@ def gspo(b: Batch, *, clip_low: float = 3e-4, clip_high: float = 4e-4) -> Terms:
     )
 
 
-@register_policy_loss("cispo", validate=_validate_clip_only)
+@register_policy_loss("cispo", ratio_mechanism=True, validate=_validate_clip_only)
 def cispo(b: Batch, *, clip_low: float = 10.0, clip_high: float = 0.2) -> Terms:
     """CISPO: clipped importance-sampling weight on a REINFORCE term (verl ``compute_policy_loss_cispo``; MiniMax-M1, arXiv 2506.13585).
 
@@ -472,7 +481,9 @@ def cispo(b: Batch, *, clip_low: float = 10.0, clip_high: float = 0.2) -> Terms:
     return Terms(loss, w, rd, rd < 1.0 - clip_low, rd > 1.0 + clip_high)
 
 
-@register_policy_loss("sapo", default_agg="seq-mean-token-mean", validate=_validate_sapo)
+@register_policy_loss(
+    "sapo", ratio_mechanism=True, default_agg="seq-mean-token-mean", validate=_validate_sapo
+)
 def sapo(b: Batch, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> Terms:
     """SAPO: smooth sigmoid gate instead of a hard clip (verl ``compute_policy_loss_sapo``; arXiv 2511.20347).
 
@@ -495,7 +506,7 @@ def sapo(b: Batch, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> Terms:
     return Terms(loss, rd * gate, rd, none, none, {"gate_mean": gate})
 
 
-@register_policy_loss("dgpo", validate=_validate_dgpo)
+@register_policy_loss("dgpo", ratio_mechanism=True, validate=_validate_dgpo)
 def dgpo(
     b: Batch,
     *,
@@ -537,7 +548,7 @@ def dgpo(
     return Terms(loss, weight, rd, ln, hp, {"dualclip_frac": dual.to(weight.dtype)})
 
 
-@register_policy_loss("maspo", validate=_validate_maspo)
+@register_policy_loss("maspo", ratio_mechanism=True, validate=_validate_maspo)
 def maspo(
     b: Batch,
     *,

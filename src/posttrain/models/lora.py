@@ -112,31 +112,32 @@ def apply_lora(model: torch.nn.Module, cfg: Any, *, base: dict[str, Any], seed: 
     return peft_model
 
 
-def prepare_model(model: torch.nn.Module, cfg: Any, *, resumed: bool) -> torch.nn.Module:
-    """The model a trainer with config ``cfg`` (``cfg.model.lora``, ``cfg.seed``) trains. Resumed: as
-    loaded (a LoRA checkpoint already holds base + adapter). Otherwise a model carrying adapters from
-    an earlier run is merged (it is the starting point) and, with ``model.lora`` set, new adapters are
-    added on top (the KL reference is then that merged model)."""
+def prepare_model(model: torch.nn.Module, model_cfg: Any, *, seed: int, resumed: bool) -> torch.nn.Module:
+    """The model a trainer trains, from its ``model`` config section (``model_cfg.lora``, ``.name``,
+    ``.dtype``) and the run's ``seed``. Resumed: as loaded (a LoRA checkpoint already holds base +
+    adapter). Otherwise a model carrying adapters from an earlier run is merged (it is the starting
+    point) and, with ``model.lora`` set, new adapters are added on top (the KL reference is then that
+    merged model)."""
     if resumed:
         return model
     if is_lora(model):
         model = model.merge_and_unload().requires_grad_(True)  # peft froze the base weights
-    if cfg.model.lora is None:
+    if model_cfg.lora is None:
         return model
-    return apply_lora(model, cfg.model.lora, base=base_spec(cfg), seed=cfg.seed)
+    return apply_lora(model, model_cfg.lora, base=base_spec(model_cfg, seed), seed=seed)
 
 
-def base_spec(cfg: Any) -> dict[str, Any]:
-    """What ``posttrain_base.json`` records for a trainer config: ``cfg.model.name`` (a preset, or the
-    absolute model directory it resolves to, so a run folder that moves on later still means the same
-    weights), ``cfg.seed`` (a preset's weights depend on it) and ``cfg.model.dtype``. A model passed to a
-    trainer in memory is recorded as ``cfg.model.name`` too: pass the matching name."""
+def base_spec(model_cfg: Any, seed: int) -> dict[str, Any]:
+    """What ``posttrain_base.json`` records for a trainer's ``model`` section: its ``name`` (a preset,
+    or the absolute model directory it resolves to, so a run folder that moves on later still means the
+    same weights), the run's ``seed`` (a preset's weights depend on it) and its ``dtype``. A model
+    passed to a trainer in memory is recorded as ``model.name`` too: pass the matching name."""
     from posttrain.models.resolve import resolve_model_dir
 
-    spec = resolve_model_dir(cfg.model.name)
+    spec = resolve_model_dir(model_cfg.name)
     if Path(spec).expanduser().is_dir():
         spec = str(Path(spec).expanduser().resolve())
-    return {"model": spec, "seed": int(cfg.seed), "dtype": cfg.model.dtype}
+    return {"model": spec, "seed": int(seed), "dtype": model_cfg.dtype}
 
 
 class AdapterDisabledLM:

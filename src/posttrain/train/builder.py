@@ -294,7 +294,7 @@ def load_policy(cfg: Any, model: Any, tokenizer: Any, ckpt: Path | None, device:
         )
     else:
         lm = CausalLMAdapter(model, tokenizer)
-    lm.model = prepare_model(lm.model, cfg, resumed=ckpt is not None)  # models/lora.py
+    lm.model = prepare_model(lm.model, cfg.model, seed=cfg.seed, resumed=ckpt is not None)  # models/lora.py
     lm.model.train()
     if cfg.model.gradient_checkpointing:
         lm.model.gradient_checkpointing_enable()
@@ -610,7 +610,7 @@ def build_sft_parts(
     elif adapter is None:
         adapter = CausalLMAdapter(model, tokenizer)
     # model.lora: adapters added (a resumed LoRA checkpoint is kept as loaded); models/lora.py
-    adapter.model = prepare_model(adapter.model, cfg, resumed=ckpt is not None)
+    adapter.model = prepare_model(adapter.model, cfg.model, seed=cfg.seed, resumed=ckpt is not None)
     if cfg.model.gradient_checkpointing:
         adapter.model.gradient_checkpointing_enable()
     precision, why = resolve_run_precision(cfg, adapter)

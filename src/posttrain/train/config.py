@@ -724,12 +724,6 @@ class HooksConfig(StrictModel):
         ]
 
 
-#: Objectives whose difference from plain policy gradient lives in the ratio r = π_θ / π_old (clip,
-#: clip-higher, dual clip, gates, sequence ratio, soft gate, truncated IS weight). With one on-policy
-#: update per rollout batch r ≡ 1, so each gives the same gradient as PPO/GRPO at r = 1.
-RATIO_OBJECTIVES = ("ppo", "dapo", "dgpo", "maspo", "gspo", "cispo", "sapo")
-
-
 class SingleUpdateWarning(PosttrainWarning):
     """A ratio-based objective with one on-policy update per step: its ratio mechanism never acts."""
 
@@ -888,7 +882,8 @@ class RLConfig(StrictModel):
         from posttrain.algos import POLICY_LOSSES
 
         name = POLICY_LOSSES.canonical(self.objective.name)
-        if name in RATIO_OBJECTIVES and name != "ppo" and not self.off_policy:
+        # declared where the loss is registered (register_policy_loss(..., ratio_mechanism=True))
+        if POLICY_LOSSES.get(name).ratio_mechanism and not self.off_policy:
             warnings.warn(
                 f"objective {name!r} with minibatches=1 and ppo_epochs=1: one on-policy update per "
                 "step, so the ratio π_θ/π_old is 1 and the objective's clip/gate never acts (its "
