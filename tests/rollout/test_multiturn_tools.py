@@ -225,3 +225,60 @@ def test_row_stats_follow_their_rows_and_a_bad_shape_is_refused(tok):
     assert both.row_stats["tool_calls"].tolist() == [3.0, 1.0, 2.0]
     with pytest.raises(ValueError, match=r"row_stats\['x'\] must be a \(3,\) tensor"):
         Episodes(eps.batch, eps.texts, eps.examples, row_stats={"x": torch.zeros(2)})
+
+
+# a Llama-3-like template: tools are rendered by the template, results come back as ipython turns
+LLAMA3 = (
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\nTools: {% for t in tools %}{{ t['name'] }} "
+    "{% endfor %}<|eot_id|>{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}{{ '<|start_header_id|>ipython<|end_header_id|>\n\n' + m['content'] + '<|eot_id|>' }}"
+    "{% elif m['role'] == 'assistant' %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' + m['content'] + eos_token }}"
+    "{% else %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] + '<|eot_id|>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3"])
+def test_several_tool_results_of_one_turn_render_under_each_native_format(tok, fmt):
+    """A turn with two calls gets both results back, in call order, as the template's own tool turns
+    (hermes: <tool_response> blocks; llama3: ipython turns), in one environment reply after the turn;
+    the agent goes on in the same turn and every generation saw a prefix of the training row."""
+    tk = copy.deepcopy(tok)
+    tk.chat_template = STRIP_THINK if fmt == "hermes" else LLAMA3
+    if fmt == "hermes":
+        first = call("1+1") + call("2*3")
+        marker = "\n</tool_response>"
+    else:
+        calls = [{"name": "calculator", "parameters": {"expression": e}} for e in ("1+1", "2*3")]
+        first = "<|python_tag|>" + "; ".join(json.dumps(c) for c in calls)
+        marker = "<|start_header_id|>ipython"
+
+    def reply(context: str) -> str:
+        return first if context.count(marker) == 0 else "The answers are 2 and 6."
+
+    eng = ScriptedEngine(tk, reply, logprob=LP)
+    r = runner(tk, eng)
+    assert r.tool_format == fmt and r.native_tools
+    eps = r.run([ex(6)], [1], SamplingParams(max_new_tokens=300))
+    s = r.last_sessions[0]
+    assert s.tool_calls == 2 and s.tool_valid == 2 and s.turn_rewards and len(eng.calls) == 2
+    assert [m["content"] for m in s.messages if m["role"] == "tool"] == ["2", "6"]
+    b = eps.batch
+    row = (
+        b.prompt_ids[0][b.prompt_mask[0].bool()].tolist()
+        + b.completion_ids[0][b.completion_mask[0].bool()].tolist()
+    )
+    for ctxs, comps in eng.calls:
+        assert row[: len(ctxs[0])] == ctxs[0] and row[len(ctxs[0]) : len(ctxs[0]) + len(comps[0])] == comps[0]
+    # the environment tokens between the two agent rounds are exactly the template's rendering of the two
+    # tool messages after an agent turn
+    between = tk.decode(eng.calls[1][0][0][len(eng.calls[0][0][0]) + len(eng.calls[0][1][0]) :])
+    if fmt == "hermes":
+        want = "\n<|user|>\n<tool_response>\n2\n</tool_response>\n<tool_response>\n6\n</tool_response>\n"
+        assert between == want + "<|assistant|>\n"
+    else:
+        want = "".join(f"<|start_header_id|>ipython<|end_header_id|>\n\n{v}<|eot_id|>" for v in ("2", "6"))
+        assert between == want + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    acts = b.action_mask[0][b.completion_mask[0].bool()].tolist()
+    assert len(spans(acts)) == 2  # two agent rounds trained, the tool turns between them not
