@@ -24,6 +24,7 @@ on the Hub fails with a :class:`HarnessError` naming it. Reference: ``docs/lm-ev
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -50,6 +51,7 @@ CPU_BOOTSTRAP_ITERS = 100
 default, 100000, takes minutes per metric on a CPU; 0 turns standard errors off."""
 
 DEFAULT_BATCH_SIZE = 16
+_log = logging.getLogger("posttrain.integrations.lm_eval")
 
 
 class HarnessError(PosttrainError, RuntimeError):
@@ -109,14 +111,12 @@ def build_generation_engine(
 def _device(device: str | None) -> str:
     """``device`` as given, except lm-eval's command-line default ``cuda...`` where torch has no CUDA:
     then "cpu" with a warning (lm-eval's own ``hf`` model does the same)."""
-    import logging
-
     import torch
 
     if not device:
         return "cpu"
     if str(device).startswith("cuda") and not torch.cuda.is_available():
-        logging.getLogger(__name__).warning("device %s: torch has no CUDA here; using cpu", device)
+        _log.warning("device %s: torch has no CUDA here; using cpu", device)
         return "cpu"
     return str(device)
 
@@ -161,6 +161,9 @@ class PosttrainLM(TemplateLM):
         from posttrain.models import DEFAULT_CHUNK_SIZE, check_precision, load_adapter
         from posttrain.utils.errors import InvalidValueError
 
+        name = name or unused.pop("pretrained", None)  # lm-eval's usual key for the model
+        if unused:
+            _log.warning("--model posttrain ignores model_args %s", ", ".join(sorted(unused)))
         if lm is None:
             if not name:
                 raise InvalidValueError("--model posttrain needs --model_args name=<model> (e.g. name=tiny)")
@@ -182,7 +185,6 @@ class PosttrainLM(TemplateLM):
         self.chunk_size = int(chunk_size or DEFAULT_CHUNK_SIZE)
         self._engine_spec = (engine, dict(engine_params or {}))
         self._engine: Any = None
-        self.unused_args = sorted(unused)
 
     # -------------------------------------------------------------------------------- tokens
     @property
@@ -299,14 +301,18 @@ class PosttrainLM(TemplateLM):
             until = kw.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(kw.pop("max_gen_toks", kw.pop("max_new_tokens", self.max_gen_toks)))
-            do_sample = bool(kw.pop("do_sample", False))
+            # Hugging Face's meaning: do_sample false is greedy whatever the temperature; absent, a
+            # temperature above 0 samples (as local-completions asks the server to)
+            do_sample = kw.pop("do_sample", None)
             temperature = float(kw.pop("temperature", 1.0 if do_sample else 0.0))
             params = SamplingParams(
-                temperature=temperature if do_sample or temperature > 0 else 0.0,
+                temperature=0.0 if do_sample is False else temperature,
                 top_p=float(kw.pop("top_p", 1.0)),
                 max_new_tokens=max_new,
                 logprobs=False,
             )
+            if kw:
+                _log.warning("generate_until ignores generation settings %s", ", ".join(sorted(kw)))
             if max_new >= self.max_length:
                 raise InvalidValueError(
                     f"max_gen_toks {max_new} leaves no room for a prompt in the context of {self.max_length}"
