@@ -107,7 +107,7 @@ def merge_scored(parts: list[tuple[ScoredBatch, list[int]]], *, count: list[bool
 
 class LocalSource:
     """Groups generated in this process by ``runner`` on the collector's plan, replayed trajectories
-    merged into their groups (rebuilt as rows with ``formatter``, ``tokenizer`` and ``pad_token_id``)."""
+    merged into their groups (rebuilt as rows with ``formatter``, its tokenizer and ``pad_token_id``)."""
 
     supports_replay = True
 
