@@ -198,9 +198,7 @@ def build_rl_parts(
     if reward is not None:
         reward = as_reward_fn(reward, where="RLTrainer(reward=...)")
     if cfg.rollout.max_staleness > 0:  # generation workers on Ray: its absence is said before a model loads
-        from posttrain.train.async_rollout import require_ray
-
-        require_ray()
+        import_async_rollout()
     device = setup_process(cfg.threads, cfg.seed, cfg.model.device, pick=True)
     task = (
         as_task(task, where="RLTrainer(task=...)")
@@ -218,8 +216,7 @@ def build_rl_parts(
     spec = cfg.rollout_spec(precision)
     formatter = spec.formatter(lm.tokenizer)
     train_examples = bound_train_prompts(cfg, train_examples, formatter, lm)
-    asynchronous = cfg.rollout.max_staleness > 0
-    engine, runner = (None, None) if asynchronous else build_rollout(cfg, spec, lm, formatter, runner)
+    engine, runner = build_rollout(cfg, spec, lm, formatter, runner)  # asynchronous: None (the workers')
     loss_fn, adv_fn = get_policy_loss(cfg.objective.name), get_advantage(cfg.advantage.name)
     needs_ref = cfg.kl.coef > 0 or "ref_logp" in loss_fn.inputs
     ref_lm = reference_policy(cfg, lm, ckpt, device) if needs_ref else None
@@ -232,10 +229,9 @@ def build_rl_parts(
     run = run_info(cfg, lm, formatter, task)
     hooks = build_hooks(cfg, train_examples, run, sampler, controllers, replay, group_filter)
     warn = StepWarnings()
-    if asynchronous:  # generation workers beside the trainer (train/async_rollout.py)
-        group_source, weight_sync = build_worker_source(cfg, spec, lm, train_examples, hooks)
-    else:
-        group_source, weight_sync = LocalSource(runner, formatter, engine.pad_token_id), choose_weight_sync(engine)
+    group_source, weight_sync = build_group_source(
+        cfg, spec, lm, train_examples, hooks, (engine, runner, formatter)
+    )
     collector = build_collector(cfg, hooks, group_source, source, warn)
     is_weights = importance_weights(cfg, collector)
     shaper_list, shaper_names = build_shapers(cfg, shapers)
@@ -353,10 +349,22 @@ def resolve_run_precision(cfg: Any, lm: ModelAdapter) -> tuple[str, str]:
 
 
 def build_rollout(
-    cfg: RLConfig, spec: RolloutSpec, lm: ModelAdapter, formatter: PromptFormatter, runner: EpisodeRunner | None
-) -> tuple[RolloutEngine, EpisodeRunner]:
+    cfg: RLConfig,
+    spec: RolloutSpec,
+    lm: ModelAdapter,
+    formatter: PromptFormatter,
+    runner: EpisodeRunner | None,
+) -> tuple[RolloutEngine | None, EpisodeRunner | None]:
     """The trainer's rollout engine (sampling seed ``seed + 1``) and the episode runner over it (or the
-    passed one), built from the run's ``spec``."""
+    passed one), built from the run's ``spec``; under asynchronous rollout none (the generation workers
+    build theirs from the same spec)."""
+    if cfg.rollout.max_staleness > 0:
+        if runner is not None:
+            raise InvalidValueError(
+                "RLTrainer(runner=...) with rollout.max_staleness > 0: the generation workers build their "
+                "runner from rollout.runner (a runner object cannot be sent to them); name it in the config"
+            )
+        return None, None
     built = spec.build(
         lm.model,
         lm.tokenizer,
@@ -414,20 +422,37 @@ def build_collector(
     )
 
 
-def build_worker_source(
-    cfg: RLConfig, spec: RolloutSpec, lm: ModelAdapter, train_examples: list[Any], hooks: RLHooks
-) -> tuple[GroupSource, WeightSync]:
-    """``rollout.max_staleness`` > 0: generation workers as the group source, and the object-store
-    weight transport they read (Ray is imported only here)."""
-    from posttrain.train.async_rollout import worker_source
+def import_async_rollout() -> Any:
+    """:mod:`posttrain.train.async_rollout` once Ray is known to be installed (a one-line error
+    naming the extra otherwise): Ray is imported only when ``rollout.max_staleness`` > 0."""
+    from posttrain.train import async_rollout
 
+    async_rollout.require_ray()
+    return async_rollout
+
+
+def build_group_source(
+    cfg: RLConfig,
+    spec: RolloutSpec,
+    lm: ModelAdapter,
+    train_examples: list[Any],
+    hooks: RLHooks,
+    local: tuple[RolloutEngine | None, EpisodeRunner | None, PromptFormatter],
+) -> tuple[GroupSource, WeightSync]:
+    """Where the step's groups come from and how the weights reach it: the ``local`` (engine, runner,
+    formatter) of the trainer (weights shared, or reloaded by an engine with its own copy), or with
+    ``rollout.max_staleness`` > 0 generation workers reading the object store."""
+    engine, runner, formatter = local
+    if cfg.rollout.max_staleness == 0:
+        assert engine is not None and runner is not None
+        return LocalSource(runner, formatter, engine.pad_token_id), choose_weight_sync(engine)
     if dist.world_size() > 1:
         raise InvalidValueError(
             f"rollout.max_staleness={cfg.rollout.max_staleness}: asynchronous rollout runs in one trainer "
             "process; under torchrun use rollout.max_staleness=0"
         )
     over = hooks.group_filter.oversample if hooks.group_filter is not None else 1.0
-    return worker_source(
+    return import_async_rollout().worker_source(
         cfg.rollout,
         spec,
         lm.model,
@@ -455,7 +480,9 @@ def build_formatter(task_cfg: TaskConfig, tokenizer: Any) -> PromptFormatter:
     """Prompt text -> token ids with the task's template, chat template and assistant prefix: the one
     formatter rollout, SFT and evaluation share."""
     return RolloutSpec(
-        template=task_cfg.prompt_template, chat=task_cfg.chat_template, assistant_prefix=task_cfg.assistant_prefix
+        template=task_cfg.prompt_template,
+        chat=task_cfg.chat_template,
+        assistant_prefix=task_cfg.assistant_prefix,
     ).formatter(tokenizer)
 
 
