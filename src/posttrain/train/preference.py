@@ -52,6 +52,7 @@ from posttrain.train.preference_data import (
     parse_preference_row,
     read_preference_file,
 )
+from posttrain.train.preference_online import OnlineConfig, OnlinePairs
 from posttrain.utils.config import StrictModel
 from posttrain.utils.errors import InvalidValueError
 
@@ -128,6 +129,10 @@ class PreferenceConfig(StrictModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     save: bool = True
     progress: bool | None = None
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
+    """Online pairs (``online.enabled=true``): each step samples groups from the current policy on
+    ``online.task``'s prompts, scores them with ``online.reward`` and trains on each group's best vs
+    worst completion (:mod:`posttrain.train.preference_online`); ``data`` is then not read."""
 
     @field_validator("prompt_template")
     @classmethod
@@ -135,6 +140,17 @@ class PreferenceConfig(StrictModel):
         if "{prompt}" not in v:
             raise InvalidValueError("must contain the field '{prompt}'")
         return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PreferenceConfig:
+        """Online pairs replace the preference file: refuse a config that sets both."""
+        if self.online.enabled and (self.data or self.eval_holdout or self.max_examples):
+            key = "data" if self.data else ("eval_holdout" if self.eval_holdout else "max_examples")
+            raise InvalidValueError(
+                f"{key}: set together with online.enabled=true, whose pairs come from online.task's prompts "
+                "sampled each step, not from a file; drop it (held-out pairs for preference accuracy: eval_data)"
+            )
+        return self
 
 
 class PreferenceTrainer(RunLoopTrainer):
@@ -154,17 +170,10 @@ class PreferenceTrainer(RunLoopTrainer):
         eval_rows: list[Any] | None = None,
         resume: bool = False,
     ) -> None:
-        from posttrain.models.lora import AdapterDisabledLM, is_lora
         from posttrain.rollout import PromptFormatter
-        from posttrain.train.builder import (
-            load_policy,
-            reference_policy,
-            resolve_run_precision,
-            setup_process,
-        )
+        from posttrain.train.builder import load_policy, resolve_run_precision, setup_process
         from posttrain.train.checkpoint import resolve_checkpoint
         from posttrain.train.lengths import model_context
-        from posttrain.train.optim import build_adamw
 
         self.cfg = cfg
         self.loss_fn = get_preference_loss(cfg.loss.name)
@@ -181,14 +190,37 @@ class PreferenceTrainer(RunLoopTrainer):
                 f"max_length: {cfg.max_length} is longer than the model's context ({ctx} tokens)"
             )
         self._limit = cfg.max_length or ctx
-        train_pairs, eval_pairs = self._load_pairs(rows, eval_rows, source)
+        online = source is None and cfg.online.enabled
+        if online and rows is not None:
+            raise InvalidValueError(
+                "PreferenceTrainer: rows= given with online.enabled=true; online pairs are sampled from "
+                "online.task's prompts, pass one or the other"
+            )
+        train_pairs, eval_pairs = self._load_pairs(rows, eval_rows, source, online=online)
         self.eval_pairs = eval_pairs
-        self.source: PairSource = source if source is not None else OfflinePairs(train_pairs, seed=cfg.seed)
         self.train_pairs = train_pairs
+        if online:  # pairs sampled from this policy each step (train/preference_online.py)
+            source = OnlinePairs.from_config(cfg.online, self.lm, precision=self.precision, seed=cfg.seed)
+        self.owns_source = online
+        self._streamed = source is not None  # pairs that arrive during the run, without reference log-probs
+        self.source: PairSource = source if source is not None else OfflinePairs(train_pairs, seed=cfg.seed)
+        try:  # an online source's reward workers are released if the rest fails
+            self._prepare(ckpt)
+        except BaseException:
+            self.close()
+            raise
+
+    def _prepare(self, ckpt: Path | None) -> None:
+        """The reference, the optimizer, the checkpoint's state, the reference log-probs of the pairs."""
+        from posttrain.models.lora import AdapterDisabledLM, is_lora
+        from posttrain.train.builder import reference_policy
+        from posttrain.train.optim import build_adamw
+
+        cfg, train_pairs, eval_pairs = self.cfg, self.train_pairs, self.eval_pairs
         lora = is_lora(self.model)
         # the reference each step (kto's KL completions; an online source's new pairs): kept for the run
         self.reference: Any = None
-        if self.loss_fn.needs_reference and (self.loss_fn.needs_kl or source is not None):
+        if self.loss_fn.needs_reference and (self.loss_fn.needs_kl or self._streamed):
             self.reference = reference_policy(cfg, self.lm, ckpt, self.device)
         self.optimizer = build_adamw(self.model, cfg.optimizer)
         self.step_idx = 0
@@ -207,7 +239,7 @@ class PreferenceTrainer(RunLoopTrainer):
 
     # ------------------------------------------------------------------------------------ data
     def _load_pairs(
-        self, rows: list[Any] | None, eval_rows: list[Any] | None, source: PairSource | None
+        self, rows: list[Any] | None, eval_rows: list[Any] | None, source: PairSource | None, *, online: bool
     ) -> tuple[list[EncodedPair], list[EncodedPair]]:
         cfg = self.cfg
         if rows is not None:
@@ -217,11 +249,12 @@ class PreferenceTrainer(RunLoopTrainer):
             )
         elif cfg.data:
             parsed, where = read_preference_file(cfg.data, cfg.data_fields), cfg.data
-        elif source is not None:
+        elif source is not None or online:
             parsed, where = [], "source"
         else:
             raise InvalidValueError(
-                "PreferenceTrainer: no training pairs: set data=<preference file> (or pass rows=)"
+                "PreferenceTrainer: no training pairs: set data=<preference file> (or pass rows=), or sample "
+                "them from the policy with online.enabled=true"
             )
         parsed = parsed[: cfg.max_examples]
         held: list[Any] = []
@@ -329,6 +362,18 @@ class PreferenceTrainer(RunLoopTrainer):
         set_lr(self.optimizer, lr)
         self.model.train()
         pairs = self.source.next_pairs(cfg.batch_size)
+        source_metrics = getattr(self.source, "step_metrics", dict)()
+        if not pairs:  # an online step whose groups all lacked a margin: nothing to learn from, no update
+            self.step_idx += 1
+            return {
+                "step": self.step_idx,
+                "loss": 0.0,
+                "grad_norm": 0.0,
+                "lr": lr,
+                "rewards/margins": 0.0,
+                "update_skipped": 1.0,
+                **source_metrics,
+            }
         if self.loss_fn.needs_reference:
             fresh = [p for p in pairs if p.ref_chosen is None]
             if fresh:  # an online source's new pairs
@@ -360,6 +405,7 @@ class PreferenceTrainer(RunLoopTrainer):
         epoch = getattr(self.source, "epoch", None)
         if epoch is not None:
             out["epoch"] = float(epoch)
+        out.update(source_metrics)
         return out
 
     # ---------------------------------------------------------------------------------- evaluation
@@ -383,6 +429,11 @@ class PreferenceTrainer(RunLoopTrainer):
         ev = {"loss": float(loss), "n": len(pairs), **{k: float(v) for k, v in metrics.items()}}
         ev["preference_accuracy"] = ev.get("rewards/accuracies", 0.0)
         return ev
+
+    def close(self) -> None:
+        """Release the online source's reward workers and engine (a source passed in is the caller's)."""
+        if self.owns_source:
+            self.source.close()  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------------------ checkpointing
     def _ref_tensors(self) -> dict[str, torch.Tensor]:
@@ -420,8 +471,9 @@ class PreferenceTrainer(RunLoopTrainer):
             ):
                 raise PreferenceDataError(
                     f"{ckpt}: the checkpoint was trained on different pairs ({data.get('n')} then, "
-                    f"{len(self.train_pairs)} now, or other tokens); resuming would not continue the same run. "
-                    "Use the same data, templates and tokenizer, or start a new out_dir"
+                    f"{len(self.train_pairs)} now, or other tokens, or another online.* pair source); resuming "
+                    "would not continue the same run. Use the same data (or online settings), templates and "
+                    "tokenizer, or start a new out_dir"
                 )
             self.source.load_state_dict(state["source"])
             extra = state.get("extra_tensors", {})
