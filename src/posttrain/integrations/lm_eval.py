@@ -93,19 +93,15 @@ def build_generation_engine(
     precision: str = "fp32",
     seed: int | None = None,
 ) -> Any:
-    """The rollout engine ``generate_until`` samples with: the one place the harness builds one (from
-    posttrain's engine registry, as the evaluator does; seeded with the evaluation seed)."""
-    from posttrain.rollout.registry import EngineContext, build_engine
+    """The rollout engine ``generate_until`` samples with, built by a :class:`~posttrain.rollout.RolloutSpec`
+    as the trainer and the evaluator build theirs (seeded with the evaluation seed)."""
+    from posttrain.rollout import RolloutSpec
     from posttrain.train.evaluate import EVAL_SEED
 
-    ctx = EngineContext(
-        model,
-        tokenizer,
-        seed=EVAL_SEED if seed is None else seed,
-        max_batch_size=max_batch_size,
-        precision=precision,
+    spec = RolloutSpec(
+        engine=engine, engine_params=engine_params or {}, precision=precision, max_batch_size=max_batch_size
     )
-    return build_engine(engine, engine_params or {}, ctx)
+    return spec.build(model, tokenizer, seed=EVAL_SEED if seed is None else seed).engine
 
 
 def _device(device: str | None) -> str:

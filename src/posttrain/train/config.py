@@ -572,6 +572,26 @@ EVAL_MAX_BATCH_SIZE = 512
 """Default cap on the sequences one evaluation generate call holds (``EvalConfig.max_batch_size``)."""
 
 
+class HarnessConfig(StrictModel):
+    """``eval.harness``: an external evaluation harness's scores beside posttrain's own evaluation
+    (docs/lm-eval.md). ``name``: a harness of ``posttrain.train.evaluate.EVAL_HARNESSES`` (``lm-eval``:
+    lm-evaluation-harness, the ``lm-eval`` extra; or ``package.module:function``)."""
+
+    name: str = "lm-eval"
+    tasks: list[str] = Field(min_length=1)
+    """The harness's task names (lm-eval: its tasks, or posttrain's offline ``posttrain_arithmetic``,
+    ``posttrain_arithmetic_mc``; a task that needs the Hub is refused naming its dataset)."""
+    every: int = Field(1, ge=1)
+    """Run the harness at the evaluations whose step is a multiple of this (and at the start and end
+    evaluations): posttrain's schedule (``eval.every``, ``at_start``, ``at_end``) decides when an
+    evaluation happens, ``every`` thins it for the slower harness."""
+    limit: float | None = Field(None, gt=0)
+    """Documents per task (lm-eval's ``--limit``: an int, or a fraction below 1); None = all."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Passed to the harness as keywords (lm-eval: ``include_path``, ``num_fewshot``,
+    ``apply_chat_template``, ``bootstrap_iters``, ``model_args`` such as ``batch_size``)."""
+
+
 class EvalConfig(StrictModel):
     every: int = Field(0, ge=0)
     """Evaluate on the held-out split every this many steps (0 = only at the end)."""
@@ -594,6 +614,9 @@ class EvalConfig(StrictModel):
     pass@k samples alike), in RL, SFT and ``posttrain eval``. None = the run's
     ``rollout.max_batch_size`` when it sets one (RL: the memory limit chosen for training generation
     holds for evaluation too), else ``EVAL_MAX_BATCH_SIZE`` (512). See :meth:`batch_cap`."""
+    harness: HarnessConfig | None = None
+    """An evaluation harness run beside posttrain's evaluation (RL runs); its metrics are logged as
+    ``harness/<task>/<metric>`` in the evaluation's row. None: no harness."""
 
     @model_validator(mode="after")
     def _k_le_samples(self) -> EvalConfig:

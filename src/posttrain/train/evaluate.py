@@ -16,6 +16,7 @@ checkpoint step and saved settings (:func:`locate_model`, :func:`evaluate_cli_se
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from posttrain.hooks import GROUP_SHAPERS, Hook, hook_metrics
 from posttrain.rollout.base import SamplingParams
@@ -31,6 +33,15 @@ from posttrain.rollout.reward_source import RewardSource
 from posttrain.rollout.spec import RolloutSpec
 from posttrain.train.config import EVAL_MAX_BATCH_SIZE
 from posttrain.utils.errors import InvalidValueError
+from posttrain.utils.registry import Registry, any_callable
+
+#: Evaluation harnesses a run can score itself with (``eval.harness.name``): ``fn(model adapter, tasks,
+#: limit, **params) -> {task: {metric: value}}``. lm-evaluation-harness registers as ``lm-eval`` through
+#: the ``posttrain.eval_harnesses`` entry point (``posttrain.integrations.lm_eval:run_harness``).
+EVAL_HARNESSES: Registry[Any] = Registry("evaluation harness", group="posttrain.eval_harnesses")
+EVAL_HARNESSES.accept(
+    any_callable, "a function (model adapter, tasks, limit, **params) -> {task: {metric: value}}"
+)
 
 EVAL_SEED = 1234
 """Seed of the evaluation engine's sampling generator (pass@k samples)."""
@@ -582,3 +593,43 @@ def evaluate_run(loc: ModelLocation, cfg: Any) -> dict[str, Any]:
         "reward_source": cfg.reward.source.model_dump(mode="json"),
     }
     return res
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Any:
+    """Every global random stream (torch CPU and CUDA, numpy, ``random``) as it was before the block:
+    an external harness that seeds them (lm-eval's ``simple_evaluate`` does) leaves a training run's
+    streams untouched."""
+    import random
+
+    state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
+        try:
+            yield
+        finally:
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+
+
+def harness_metrics(harness: Any, lm: Any, *, precision: str, engine: Any = None) -> dict[str, float]:
+    """``eval.harness``'s scores of the adapter ``lm`` (its model as it is now) as flat metrics
+    ``harness/<task>/<metric>`` (numbers only; lm-eval's ``N/A`` standard errors are left out), the run's
+    random streams untouched. ``precision`` and ``engine`` (the run's (name, params)) reach lm-eval's
+    model unless ``params.model_args`` sets them."""
+    fn = EVAL_HARNESSES.get(harness.name)
+    params = dict(harness.params)
+    model_args = {"precision": precision, **dict(params.pop("model_args", {}) or {})}
+    if engine is not None:
+        model_args.setdefault("engine", engine[0])
+        model_args.setdefault("engine_params", dict(engine[1]))
+    limit = harness.limit
+    if limit is not None and limit >= 1:
+        limit = int(limit)  # documents per task; below 1 a fraction of them
+    with preserved_rng():
+        res = fn(lm, list(harness.tasks), limit, model_args=model_args, **params)
+    out: dict[str, float] = {}
+    for task, metrics in res.items():
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"harness/{task}/{key.replace(',none', '')}"] = float(value)
+    return out

@@ -42,7 +42,8 @@ def select_panels(steps: list[dict]) -> list[tuple[str, str]]:
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``<run_dir>/curves.png`` (or ``out``): one panel per training metric present, plus
-    held-out accuracy from the eval rows. A demo folder (``runs/demo``) plots its ``rl/`` run.
+    held-out accuracy from the eval rows, plus the evaluation harness's scores (``eval.harness``:
+    every ``harness/<task>/<metric>`` of the eval rows but the standard errors). A demo folder (``runs/demo``) plots its ``rl/`` run.
     Raises FileNotFoundError / ValueError naming the file."""
     import matplotlib
 
@@ -61,7 +62,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if not steps and not evals:
         raise InvalidValueError(f"{path}: no step or eval rows to plot")
     panels = select_panels(steps)
-    n = len(panels) + (1 if evals else 0)
+    harness = sorted(
+        {k for r in rows if r.get("kind") == "eval" for k in r if k.startswith("harness/") and "_stderr" not in k}
+    )
+    n = len(panels) + (1 if evals else 0) + (1 if harness else 0)
     cols = min(3, n)
     nrows = (n + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
@@ -86,6 +90,15 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if harness:
+        ax = flat[len(panels) + (1 if evals else 0)]
+        for k in harness:
+            pts = [(r["step"], r[k]) for r in rows if r.get("kind") == "eval" and k in r]
+            ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", label=k.removeprefix("harness/"))
+        ax.set_title("evaluation harness")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     for ax in flat[n:]:
         ax.axis("off")
     fig.suptitle(run_dir.name)

@@ -681,7 +681,9 @@ class RLTrainer(RunLoopTrainer):
             self.collector.load_state_dict(state["collector"])
         ext = dist.restore_rank_state(state)  # this rank's RNG and extra tensors (rank 0: the saved ones)
         if self.engine is not None:
-            self.engine.load_state_dict({k[len("engine.") :]: v for k, v in ext.items() if k.startswith("engine.")})
+            self.engine.load_state_dict(
+                {k[len("engine.") :]: v for k, v in ext.items() if k.startswith("engine.")}
+            )
 
     # ------------------------------------------------------------------------------- evaluation
     def eval_runner(self) -> EpisodeRunner:
@@ -691,7 +693,9 @@ class RLTrainer(RunLoopTrainer):
         and the run's compute precision."""
         from posttrain.train.evaluate import config_eval_runner
 
-        return config_eval_runner(self.cfg, self.model, self.tokenizer, self.formatter, precision=self.precision)
+        return config_eval_runner(
+            self.cfg, self.model, self.tokenizer, self.formatter, precision=self.precision
+        )
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out accuracy (and pass@k) of the current policy, with an engine and runner built from
@@ -716,6 +720,15 @@ class RLTrainer(RunLoopTrainer):
                 )
             )
         self._check_eval_rewards(result)
+        h = e.harness
+        if h is not None and (self.step_idx % h.every == 0 or self.step_idx == cfg.steps):
+            from posttrain.train.evaluate import harness_metrics
+
+            engine = (self.spec.engine, self.spec.engine_params)
+            with dist.full_params(self.model):
+                result.update(
+                    dist.on_main(lambda: harness_metrics(h, self.lm, precision=self.precision, engine=engine))
+                )
         for hook in self.hooks():  # curricula read the held-out accuracy
             observe_eval = getattr(hook, "observe_eval", None)
             if observe_eval is not None:
