@@ -15,9 +15,9 @@ from _train_helpers import RL_BASE
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed: pip install -e '.[lm-eval]'")
 
-from posttrain.train.config import load_rl_config  # noqa: E402
-from posttrain.train.evaluate import EVAL_HARNESSES, preserved_rng  # noqa: E402
-from posttrain.train.rl import DegenerateSettingWarning, RLTrainer  # noqa: E402
+from posttrain.train.config import load_rl_config
+from posttrain.train.evaluate import EVAL_HARNESSES, preserved_rng
+from posttrain.train.rl import DegenerateSettingWarning, RLTrainer
 
 HARNESS = "eval.harness={tasks: [posttrain_arithmetic_mc], limit: 4, every: 2, params: {bootstrap_iters: 0}}"
 
@@ -100,7 +100,7 @@ def test_preserved_rng_restores_every_stream():
 
 
 def test_the_harness_config_is_checked():
-    with pytest.raises(ValueError, match="eval.harness"):
+    with pytest.raises(ValueError, match=r"eval\.harness"):
         load_rl_config(None, [*RL_BASE, "eval.harness={tasks: []}"])
     with pytest.raises(ValueError, match="every"):
         load_rl_config(None, [*RL_BASE, "eval.harness={tasks: [x], every: 0}"])
