@@ -123,7 +123,7 @@ class HFJudge(Judge):
         engine: str = "hf",
         seed: int = 0,
     ) -> None:
-        from posttrain.rollout.registry import EngineContext, build_engine
+        from posttrain.rollout import RolloutSpec
 
         if model_obj is None:
             from posttrain.models import load_model_and_tokenizer, pick_device
@@ -141,10 +141,8 @@ class HFJudge(Judge):
         # ``engine``: a rollout engine from the registry ("hf" reference, "fast" pre-allocated cache);
         # precision "bf16": judgments generated under bf16 autocast (the engine enters it itself, so it
         # holds in the reward source's worker thread too)
-        ctx = EngineContext(
-            model_obj, tokenizer, seed=seed, max_batch_size=max_batch_size, precision=precision
-        )
-        self.engine = build_engine(engine, {}, ctx)
+        spec = RolloutSpec(engine=engine, precision=precision, max_batch_size=max_batch_size)
+        self.engine = spec.build(model_obj, tokenizer, seed=seed).engine
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self._lock = threading.Lock()

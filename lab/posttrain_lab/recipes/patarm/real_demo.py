@@ -223,13 +223,13 @@ def _load(spec: str, seed: int = 0) -> tuple[Any, Any]:
 def _sample(s: RealRMSettings, model: Any, tok: Any, examples: list[Any], seed: int) -> list[list[str]]:
     import torch
 
-    from posttrain.rollout import PromptFormatter, SamplingParams
-    from posttrain.rollout.registry import EngineContext, build_engine
+    from posttrain.rollout import RolloutSpec, SamplingParams
 
     n, max_new_tokens = s.samples_per_prompt, s.sample_max_new_tokens
-    fmt = PromptFormatter(tok, chat=s.chat_template)
-    ctx = EngineContext(model, tok, seed=seed, max_batch_size=32, precision=s.precision)
-    eng = build_engine(s.engine, {}, ctx)
+    built = RolloutSpec(engine=s.engine, chat=s.chat_template, precision=s.precision, max_batch_size=32).build(
+        model, tok, seed=seed
+    )
+    fmt, eng = built.formatter, built.engine
     out: list[list[str]] = [[] for _ in examples]
     for b in range(0, len(examples), 8):
         chunk = examples[b : b + 8]
