@@ -36,7 +36,7 @@ REGISTRY_GROUPS = {
     g: eps for g, eps in DECLARED.items() if g.startswith("posttrain.") and g != "posttrain.cli"
 }
 LAB_COMMANDS = {"demo", "silo", "rm", "cit", "analyze", "scpg"}
-LAB_BENCHES = {"ablation", "generate", "losses", "rl-step", "reward-pool", "silo"}
+LAB_BENCHES = {"ablation", "dpo-step", "generate", "losses", "preference", "rl-step", "reward-pool", "silo"}
 
 # Imports the library's registries, then each entry point's module, and reports per entry point whether
 # the module's import registered that name for that object; then imports every lab module and lists

@@ -7,6 +7,7 @@ from posttrain_lab.cli import bench_ablation as _bench_ablation  # noqa: F401
 from posttrain_lab.cli import bench_dpo as _bench_dpo  # noqa: F401
 from posttrain_lab.cli import bench_generate as _bench_generate  # noqa: F401
 from posttrain_lab.cli import bench_losses as _bench_losses  # noqa: F401
+from posttrain_lab.cli import bench_preference as _bench_preference  # noqa: F401
 from posttrain_lab.cli import bench_reward_pool as _bench_reward_pool  # noqa: F401
 from posttrain_lab.cli import bench_rl as _bench_rl  # noqa: F401
 from posttrain_lab.cli import cit as _cit  # noqa: F401
