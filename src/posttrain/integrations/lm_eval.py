@@ -43,8 +43,9 @@ OFFLINE_ENV = {
 """Set on import (before lm-eval, ``datasets`` and ``evaluate`` read them): nothing is downloaded."""
 
 TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")
-"""The task YAMLs shipped with posttrain (``posttrain_arithmetic``, ``posttrain_arithmetic_mc``);
-always on lm-eval's task path when run through this module."""
+"""The task YAMLs shipped with posttrain (``posttrain_arithmetic``, ``posttrain_arithmetic_mc``,
+``posttrain_instructions``, ``posttrain_ifbench``); always on lm-eval's task path when run through this
+module."""
 
 CPU_BOOTSTRAP_ITERS = 100
 """lm-eval's ``bootstrap_iters`` (standard errors of the metrics) when none is given: lm-eval's
