@@ -11,20 +11,14 @@ import copy
 
 import pytest
 import torch
+from _train_helpers import kill_at_step
 
 from posttrain import PreferenceConfig, PreferenceTrainer
-from posttrain.rollout import ENGINES, HFEngine, RewardHandle, RewardSource, ScoredBatch
+from posttrain.rollout import ENGINES, HFEngine, RewardSource, ScoredBatch
+from posttrain.rollout.reward_source import _Ready
 from posttrain.train.preference_data import PreferenceDataError
 from posttrain.train.preference_online import best_vs_worst
 from posttrain.utils.errors import InvalidValueError
-
-
-class _Done(RewardHandle):
-    def __init__(self, batch: ScoredBatch) -> None:
-        self.batch = batch
-
-    def result(self) -> ScoredBatch:
-        return self.batch
 
 
 class Scripted(RewardSource):
@@ -44,29 +38,28 @@ class Scripted(RewardSource):
             prev = ex
             rewards.append(5.0 if pos % 2 else [0.0, 2.0, 2.0, 1.0][k % 4] - 0.25 * (k // 4))
             k += 1
-        return _Done(ScoredBatch(rewards=rewards, components={"probe": [float(r > 1) for r in rewards]}))
+        return _Ready(ScoredBatch(rewards=rewards, components={"probe": [float(r > 1) for r in rewards]}))
 
 
-def cfg(tmp_path, name="run", **kw):
-    base = {
-        "model": {"name": "tiny", "precision": "fp32"},
-        "online": {
-            "enabled": True,
-            "prompts_per_step": 4,
-            "group_size": 4,
-            "max_new_tokens": 6,
-            "reward": {"name": "format", "params": {"pattern": "[0-9]"}, "num_workers": 0},
-        },
-        "steps": 4,
-        "batch_size": 4,
-        "optimizer": {"lr": 1e-2},
-        "out_dir": str(tmp_path / name),
-        "progress": False,
-        "checkpoint": {"every": 2},
-    }
-    for k, v in kw.items():
-        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-    return PreferenceConfig(**base)
+ONLINE = {
+    "enabled": True,
+    "prompts_per_step": 4,
+    "group_size": 4,
+    "max_new_tokens": 6,
+    "reward": {"name": "format", "params": {"pattern": "[0-9]"}, "num_workers": 0},
+}
+
+
+def cfg(tmp_path, name="run", online=None, **kw):
+    """The tiny preset, online pairs (``online`` updates :data:`ONLINE`), 4 steps, checkpoints every 2."""
+    top = {"steps": 4, "batch_size": 4, "progress": False, "checkpoint": {"every": 2}, **kw}
+    return PreferenceConfig(
+        model={"name": "tiny", "precision": "fp32"},
+        online={**ONLINE, **(online or {})},
+        optimizer={"lr": 1e-2},
+        out_dir=str(tmp_path / name),
+        **top,
+    )
 
 
 def scripted(trainer) -> Scripted:
@@ -114,7 +107,7 @@ def test_rounds_until_the_batch_is_full_and_the_surplus_is_dropped(tmp_path):
 def test_a_step_whose_groups_all_tie_makes_no_update(tmp_path):
     class Ties(Scripted):
         def submit(self, completions, examples):
-            return _Done(ScoredBatch(rewards=[1.0] * len(completions)))
+            return _Ready(ScoredBatch(rewards=[1.0] * len(completions)))
 
     with PreferenceTrainer(cfg(tmp_path, steps=0, save=False)) as t:
         t.source.reward_source = Ties()
@@ -170,33 +163,22 @@ def test_pairs_are_sampled_by_the_policy_after_its_update(tmp_path, copy_engine,
             assert t.source.engine.synced == 2  # once before each round
 
 
-class Killed(KeyboardInterrupt):
-    pass
-
-
 def weights(trainer):
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
-def test_kill_and_resume_is_bitwise_the_uninterrupted_online_run(tmp_path):
+def test_kill_and_resume_is_bitwise_the_uninterrupted_online_run(tmp_path, monkeypatch):
     with PreferenceTrainer(cfg(tmp_path, "full")) as t:
         summary = t.train()
         full = weights(t)
     assert summary["steps"] == 4
 
     c = cfg(tmp_path, "killed")
-    t = PreferenceTrainer(c)
-    step = t.step
-
-    def dies_at_step_3():
-        if t.step_idx == 2:
-            raise Killed
-        return step()
-
-    t.step = dies_at_step_3
-    with pytest.raises(Killed), t:
+    kill_at_step(monkeypatch, PreferenceTrainer, 2)
+    with pytest.raises(KeyboardInterrupt), PreferenceTrainer(c) as t:
         t.train()
     assert t.step_idx == 2
+    monkeypatch.undo()
     with PreferenceTrainer(c, resume=True) as r:
         assert r.step_idx == 2
         r.train()

@@ -99,36 +99,21 @@ class OnlineConfig(StrictModel):
     def _fill_name(cls, v: Any, info: Any) -> Any:
         return _default_name(v, cls.model_fields[info.field_name].default.name)
 
-    @field_validator("engine")
+    @field_validator("engine", "runner")
     @classmethod
-    def _known_engine(cls, v: ComponentSpec) -> ComponentSpec:
-        from posttrain.rollout.registry import ENGINES
+    def _known(cls, v: ComponentSpec, info: Any) -> ComponentSpec:
+        from posttrain.rollout.registry import ENGINES, RUNNERS
 
-        return _check_spec(v, ENGINES, skip_positional=1)
-
-    @field_validator("runner")
-    @classmethod
-    def _known_runner(cls, v: ComponentSpec) -> ComponentSpec:
-        from posttrain.rollout.registry import RUNNERS
-
-        return _check_spec(v, RUNNERS, skip_positional=1)
+        return _check_spec(v, ENGINES if info.field_name == "engine" else RUNNERS, skip_positional=1)
 
     def rollout_spec(self, precision: str) -> Any:
-        """The :class:`~posttrain.rollout.RolloutSpec` of this section (as ``RLConfig.rollout_spec``)."""
-        from posttrain.rollout.spec import RolloutSpec
+        """The :class:`~posttrain.rollout.RolloutSpec` of this section: ``RLConfig.rollout_spec``'s own
+        mapping, with this section as the run's ``rollout`` (same field names) and ``task``."""
+        from types import SimpleNamespace
 
-        t = self.task
-        return RolloutSpec(
-            engine=self.engine.name,
-            engine_params=self.engine.params,
-            runner=self.runner.name,
-            runner_params=self.runner.params,
-            template=t.prompt_template,
-            chat=t.chat_template,
-            assistant_prefix=t.assistant_prefix,
-            precision=precision,
-            max_batch_size=self.max_batch_size,
-        )
+        from posttrain.train.config import RLConfig
+
+        return RLConfig.rollout_spec(SimpleNamespace(task=self.task, rollout=self), precision)  # type: ignore[arg-type]
 
     def sampling(self) -> Any:
         from posttrain.rollout.base import SamplingParams
