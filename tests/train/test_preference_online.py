@@ -104,16 +104,17 @@ def test_rounds_until_the_batch_is_full_and_the_surplus_is_dropped(tmp_path):
     assert m["pairs/rounds"] == 2 and m["pairs/dropped"] == 1 and m["pairs/completions"] == 32
 
 
-def test_a_step_whose_groups_all_tie_makes_no_update(tmp_path):
-    class Ties(Scripted):
-        def submit(self, completions, examples):
-            return _Ready(ScoredBatch(rewards=[1.0] * len(completions)))
-
-    with PreferenceTrainer(cfg(tmp_path, steps=0, save=False)) as t:
-        t.source.reward_source = Ties()
+def test_a_configured_reward_source_scores_and_a_step_whose_groups_all_tie_makes_no_update(tmp_path):
+    """online.reward.source names the scorer (here a plug-in giving every completion 0.5): every group
+    ties, so every group is skipped and the step changes no weight."""
+    src = {"name": "my_plugins:ConstantSource", "params": {"value": 0.5}}
+    c = cfg(tmp_path, steps=0, save=False, online={"reward": {**ONLINE["reward"], "source": src}})
+    with PreferenceTrainer(c) as t:
         before = {k: v.clone() for k, v in t.model.state_dict().items()}
         out = t.step()
-        assert out["update_skipped"] == 1.0 and out["pairs/groups_skipped_no_margin"] == 4
+        assert out["update_skipped"] == 1.0 and out["pairs/n"] == 0
+        assert out["pairs/groups_skipped_no_margin"] == out["pairs/groups"] == 4
+        assert out["pairs/reward_mean"] == 0.5
         assert all(torch.equal(v, t.model.state_dict()[k]) for k, v in before.items())
 
 
