@@ -31,8 +31,9 @@ completion its start) or ``skip``; both are counted and reported.
 
 Pair sources (:class:`PairSource`): the trainer asks one for the next pairs of each step and knows
 nothing else about where they come from. :class:`OfflinePairs` walks a fixed set of encoded pairs in
-epoch-wise shuffled order (reference log-probs computed once, before the first step); an online source
-(pairs sampled from the policy and ranked by a reward each step) implements the same three methods.
+epoch-wise shuffled order (reference log-probs computed once, before the first step); the online source
+(:class:`~posttrain.train.preference_online.OnlinePairs`: pairs sampled from the policy and ranked by a
+reward each step) implements the same methods.
 """
 
 from __future__ import annotations
@@ -335,7 +336,9 @@ class PairSource(Protocol):
     """Where a preference trainer's pairs come from. ``next_pairs(n)`` returns the next ``n`` pairs of
     the training stream (any with ``ref_chosen`` None get reference log-probs from the trainer);
     ``state_dict()`` / ``load_state_dict()`` hold the position (JSON-able) for bitwise resume;
-    ``fingerprint`` names the data, so a checkpoint refuses to resume on other data."""
+    ``fingerprint`` names the data, so a checkpoint refuses to resume on other data. Optional:
+    ``step_metrics()`` (numbers about the last ``next_pairs``, logged with the step) and ``close()``
+    (called by the trainer for a source it built itself, e.g. the online source's reward workers)."""
 
     fingerprint: str
 
