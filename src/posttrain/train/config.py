@@ -40,14 +40,14 @@ class ComponentSpec(StrictModel):
 HookSpec = ComponentSpec  # the hooks' spec (same shape)
 
 
-def _default_name(v: Any, default: str) -> Any:
+def default_component_name(v: Any, default: str) -> Any:
     """``x.params=...`` alone (no ``x.name``) keeps the default component: fill in its name."""
     if isinstance(v, dict) and "name" not in v:
         return {"name": default, **v}
     return v
 
 
-def _check_spec(
+def check_component_spec(
     v: ComponentSpec, registry: Any, *, skip_positional: int = 0, reserved: tuple[str, ...] = ()
 ) -> ComponentSpec:
     """Name known or importable, params accepted by the target's signature (else ValueError)."""
@@ -277,14 +277,14 @@ class RewardConfig(StrictModel):
     @field_validator("source", mode="before")
     @classmethod
     def _fill_name(cls, v: Any) -> Any:
-        return _default_name(v, cls.model_fields["source"].default.name)
+        return default_component_name(v, cls.model_fields["source"].default.name)
 
     @field_validator("source")
     @classmethod
     def _known_source(cls, v: ComponentSpec) -> ComponentSpec:
         from posttrain.rollout.registry import REWARD_SOURCES
 
-        return _check_spec(v, REWARD_SOURCES, skip_positional=1)
+        return check_component_spec(v, REWARD_SOURCES, skip_positional=1)
 
     @model_validator(mode="after")
     def _reward_params(self) -> RewardConfig:
@@ -430,21 +430,21 @@ class RolloutConfig(StrictModel):
     @field_validator("engine", "runner", mode="before")
     @classmethod
     def _fill_name(cls, v: Any, info: Any) -> Any:
-        return _default_name(v, cls.model_fields[info.field_name].default.name)
+        return default_component_name(v, cls.model_fields[info.field_name].default.name)
 
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: ComponentSpec) -> ComponentSpec:
         from posttrain.rollout.registry import ENGINES
 
-        return _check_spec(v, ENGINES, skip_positional=1)
+        return check_component_spec(v, ENGINES, skip_positional=1)
 
     @field_validator("runner")
     @classmethod
     def _known_runner(cls, v: ComponentSpec) -> ComponentSpec:
         from posttrain.rollout.registry import RUNNERS
 
-        return _check_spec(v, RUNNERS, skip_positional=1)
+        return check_component_spec(v, RUNNERS, skip_positional=1)
 
 
 class ObjectiveConfig(StrictModel):
@@ -680,8 +680,8 @@ def _hook(registry_attr: str, v: ComponentSpec) -> ComponentSpec:
         except ValueError as e:
             raise InvalidValueError(f"params: {v.name}: {e}") from None
     if registry_attr == "SAMPLERS":  # the trainer passes the training examples and the run's seed
-        return _check_spec(v, registry, skip_positional=1, reserved=("seed",))
-    return _check_spec(v, registry)
+        return check_component_spec(v, registry, skip_positional=1, reserved=("seed",))
+    return check_component_spec(v, registry)
 
 
 class HooksConfig(StrictModel):
@@ -708,7 +708,7 @@ class HooksConfig(StrictModel):
     @field_validator("sampler", "filter", "replay", mode="before")
     @classmethod
     def _fill_name(cls, v: Any, info: Any) -> Any:
-        return _default_name(v, cls.model_fields[info.field_name].default.name)
+        return default_component_name(v, cls.model_fields[info.field_name].default.name)
 
     @field_validator("sampler")
     @classmethod

@@ -46,7 +46,13 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, field_validator
 
-from posttrain.train.config import ComponentSpec, RewardConfig, TaskConfig, _check_spec, _default_name
+from posttrain.train.config import (
+    ComponentSpec,
+    RewardConfig,
+    TaskConfig,
+    check_component_spec,
+    default_component_name,
+)
 from posttrain.train.preference_data import EncodedPair
 from posttrain.utils.config import StrictModel
 from posttrain.utils.data import EpochShuffler
@@ -97,14 +103,14 @@ class OnlineConfig(StrictModel):
     @field_validator("engine", "runner", mode="before")
     @classmethod
     def _fill_name(cls, v: Any, info: Any) -> Any:
-        return _default_name(v, cls.model_fields[info.field_name].default.name)
+        return default_component_name(v, cls.model_fields[info.field_name].default.name)
 
     @field_validator("engine", "runner")
     @classmethod
     def _known(cls, v: ComponentSpec, info: Any) -> ComponentSpec:
         from posttrain.rollout.registry import ENGINES, RUNNERS
 
-        return _check_spec(v, ENGINES if info.field_name == "engine" else RUNNERS, skip_positional=1)
+        return check_component_spec(v, ENGINES if info.field_name == "engine" else RUNNERS, skip_positional=1)
 
     def rollout_spec(self, precision: str) -> Any:
         """The :class:`~posttrain.rollout.RolloutSpec` of this section: ``RLConfig.rollout_spec``'s own
