@@ -108,3 +108,20 @@ def kill_at_step(
         return real_step(self)
 
     monkeypatch.setattr(trainer_cls, "step", step)
+
+
+def logp64(model, ro):
+    """Float64 log-probs of the completion tokens of the step rollout ``ro`` under ``model`` at the
+    step's temperature (a recomputation by hand, to check behaviour log-probs and importance weights)."""
+    import copy
+
+    import torch
+
+    m = copy.deepcopy(model).double().eval()
+    pos = (ro.attention_mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = m(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=pos).logits
+    lp = torch.log_softmax(logits.double() / ro.temperature, dim=-1)
+    tok = lp[:, :-1].gather(-1, ro.input_ids[:, 1:, None])[..., 0]
+    full = torch.cat([torch.zeros_like(tok[:, :1]), tok], dim=1)
+    return full[:, ro.prompt_width :]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_helpers import CLI_TINY, RL_BASE, kill_at_step
+from _train_helpers import CLI_TINY, RL_BASE, kill_at_step, logp64
 from typer.testing import CliRunner
 
 from posttrain.train.config import load_rl_config
@@ -202,18 +202,6 @@ def test_bound_holds_with_two_workers_one_slow(tmp_path, local_ray, monkeypatch)
 
 
 # ------------------------------------------------------------------------------ off-policy correction
-def _logp64(model, ro):
-    """Float64 log-probs of the completion tokens of ``ro`` under ``model`` at the step's temperature."""
-    m = copy.deepcopy(model).double().eval()
-    pos = (ro.attention_mask.cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = m(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=pos).logits
-    lp = torch.log_softmax(logits.double() / ro.temperature, dim=-1)
-    tok = lp[:, :-1].gather(-1, ro.input_ids[:, 1:, None])[..., 0]
-    full = torch.cat([torch.zeros_like(tok[:, :1]), tok], dim=1)
-    return full[:, ro.prompt_width :]
-
-
 def test_importance_weights_are_pi_theta_over_pi_behaviour(tmp_path, local_ray, monkeypatch):
     """At step 2 the groups were sampled by version 1 (μ) and the trainer is at version 2: the weights
     handed to the loss equal exp(log π_θ − log μ) with log π_θ computed here by hand in float64 from the
@@ -256,7 +244,7 @@ def test_importance_weights_are_pi_theta_over_pi_behaviour(tmp_path, local_ray, 
     assert {planned[ex.id] for ex in ro.episodes.examples} == {0}  # planned at dispatch, used at step 1
     (w,) = seen  # one micro-batch
     mask = ro.actions.bool()
-    want = torch.where(mask, torch.exp(_logp64(before, ro) - ro.batch.logprobs.double()), 1.0)
+    want = torch.where(mask, torch.exp(logp64(before, ro) - ro.batch.logprobs.double()), 1.0)
     assert torch.allclose(w.double(), want, rtol=2e-4, atol=1e-6), (w - want).abs().max()
     assert (want[mask] - 1).abs().max() > 1e-2  # the policy moved between the versions
 

@@ -18,7 +18,7 @@ from collections import deque
 
 import pytest
 import torch
-from _train_helpers import RL_BASE
+from _train_helpers import RL_BASE, logp64
 
 import posttrain.train.async_rollout as ar
 from posttrain.train.config import load_rl_config
@@ -92,18 +92,6 @@ def _steps(tr, n):
         return [tr.step() for _ in range(n)]
 
 
-def _logp64(model, ro):
-    """Float64 log-probs of the completion tokens of ``ro`` under ``model`` at the step's temperature."""
-    m = copy.deepcopy(model).double().eval()
-    pos = (ro.attention_mask.cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = m(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=pos).logits
-    lp = torch.log_softmax(logits.double() / ro.temperature, dim=-1)
-    tok = lp[:, :-1].gather(-1, ro.input_ids[:, 1:, None])[..., 0]
-    full = torch.cat([torch.zeros_like(tok[:, :1]), tok], dim=1)
-    return full[:, ro.prompt_width :]
-
-
 # ------------------------------------------------------------------------------ the bound itself
 def test_the_bound_admits_eta_plus_one_batches_ahead_and_rejections_free_places():
     b = StalenessBound(max_staleness=1, batch=4)
@@ -159,12 +147,12 @@ def test_every_trained_group_was_sampled_by_the_version_it_is_labelled_with(tmp_
             mask = ro.actions.bool()
             for j, v in enumerate(versions):
                 rows = [i for i, g in enumerate(rows_of) if g == j]
-                want = _logp64(snapshots[v], ro)[rows]
+                want = logp64(snapshots[v], ro)[rows]
                 got = ro.batch.logprobs[rows].double()
                 assert torch.allclose(got[mask[rows]], want[mask[rows]], atol=2e-5), (step, j, v)
                 if v < step:  # sampled by an older version: the current policy gives other log-probs
                     lagged += 1
-                    now = _logp64(snapshots[step], ro)[rows]
+                    now = logp64(snapshots[step], ro)[rows]
                     assert (now[mask[rows]] - want[mask[rows]]).abs().max() > 1e-3
     assert lagged > 0 and tr.weight_sync.sends == 4  # one publication per step
 
