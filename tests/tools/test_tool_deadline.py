@@ -144,6 +144,33 @@ def test_cancel_calls_ends_a_hanging_call_at_once():
     assert out["res"].timed_out and "was cancelled" in out["res"].text
 
 
+def test_cancel_calls_ends_a_call_waiting_on_a_thread_at_once():
+    """A closure runs in a daemon thread that cannot be killed: cancel_calls stops the wait for it at
+    once, so a stopping run's round of calls does not wait for the tool's deadline."""
+    release = threading.Event()
+    out = {}
+
+    def stuck(x: int) -> str:
+        """Wait until released."""
+        release.wait(60)
+        return "released"
+
+    def call():
+        out["res"] = get_tool(stuck, timeout_s=60).invoke({"x": 1})
+
+    t = threading.Thread(target=call)
+    try:
+        t.start()
+        deadline = time.monotonic() + 10
+        while cancel_calls() == 0 and time.monotonic() < deadline:  # once the call waits on its thread
+            time.sleep(0.05)
+        t.join(5)
+        assert not t.is_alive(), "the call still waits for its thread after cancel_calls"
+        assert out["res"].timed_out and "was cancelled" in out["res"].text
+    finally:
+        release.set()
+
+
 def test_a_hanging_tool_does_not_hold_up_a_signal():
     """SIGINT to the trainer while its main thread waits on a hanging tool: KeyboardInterrupt comes at
     once (the wait is a poll the signal interrupts), not at the deadline; the worker is killed."""

@@ -10,14 +10,15 @@ conversation makes at most ``max_calls`` calls; once they are spent, a turn with
 environment as the agent's message, unexecuted.
 
 The calls of every conversation of a round run together (``workers`` threads; a tool in a worker
-process of its own is cut at its deadline there). Each conversation counts its calls, the valid ones
+process of its own is cut at its deadline there). Ctrl-C or SIGTERM while they run cancels them all
+(:func:`posttrain.tools.cancel_calls`) and ends the round at once, never after the tools' deadlines. Each conversation counts its calls, the valid ones
 (well-formed, a known tool, arguments accepted, the tool did not raise) and the ones cut at their
 deadline: the runner's ``row_stats`` ``tool_calls`` / ``tool_valid_calls`` / ``tool_timeouts``.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the tools load only when a runner uses them (importing rollout stays light)
@@ -80,8 +81,19 @@ class ToolUse:
         from posttrain.tools import ToolResult
 
         over = ("", ToolResult(f"error: tool call budget of {self.max_calls} spent; answer now", False))
-        with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            done = list(pool.map(lambda job: over if job[1] is None else self._run(job[1]), jobs))
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="posttrain-tool-use")
+        futures = [
+            pool.submit(lambda job: over if job[1] is None else self._run(job[1]), job) for job in jobs
+        ]
+        try:
+            done = [f.result() for f in futures]
+        except BaseException as e:
+            if isinstance(e, Exception):  # a bug in a call: the others end by their deadlines
+                pool.shutdown(wait=True)
+            else:  # Ctrl-C, SIGTERM (as the CLI raises it): never wait for a hanging tool
+                _abandon(pool, futures)
+            raise
+        pool.shutdown(wait=True)
         for (j, _), res in zip(jobs, done, strict=True):
             out[j].append(res)
         return out
@@ -115,3 +127,27 @@ class ToolUse:
             ],
         }
         return [agent, *({"role": "tool", "name": n, "content": r.text, "ok": r.ok} for n, r in results)]
+
+
+#: How long a stopping run waits for the tool threads of a round once their calls are cancelled.
+STOP_WAIT_S = 5.0
+
+
+def _abandon(pool: ThreadPoolExecutor, futures: list[Future[Any]]) -> None:
+    """The round is interrupted: calls not started never start, every running call is cancelled
+    (:func:`posttrain.tools.cancel_calls` kills its worker or sandbox, or stops waiting for its
+    thread) and the threads are waited for at most :data:`STOP_WAIT_S` (a call that started a worker
+    after the first cancel is cancelled on the next pass), never for a tool's own deadline. The
+    executor is shut down without waiting: a thread still busy then is not joined here (it is at
+    interpreter exit, by which time its call has been cancelled)."""
+    import time
+
+    from posttrain.tools import cancel_calls
+
+    pool.shutdown(wait=False, cancel_futures=True)
+    until = time.monotonic() + STOP_WAIT_S
+    while True:
+        cancel_calls()
+        _, running = wait(futures, timeout=0.05)
+        if not running or time.monotonic() > until:
+            return

@@ -15,8 +15,9 @@
 
 The waiting is a poll with a timeout in the calling thread, so a signal to the trainer's main thread
 is never held up by a tool call; :func:`cancel_calls` kills every busy worker (their calls raise
-:class:`DeadlineExceeded` saying they were cancelled) and every running sandbox (:func:`cancellable`)
-for a trainer that is stopping.
+:class:`DeadlineExceeded` saying they were cancelled), every running sandbox (:func:`cancellable`) and
+stops waiting for the calls in threads, for a trainer that is stopping (the multi-turn runner calls it
+when Ctrl-C or SIGTERM interrupts a round of tool calls: ``posttrain.rollout.tool_use``).
 """
 
 from __future__ import annotations
@@ -210,6 +211,7 @@ class _NotInWorker(PosttrainError, RuntimeError):
 
 
 _THREAD_ONLY: set[Any] = set()
+_THREAD_CALLS: set[threading.Event] = set()  # one per call running in a thread: set = cancelled
 
 
 def _in_thread(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s: float) -> str:
@@ -222,10 +224,22 @@ def _in_thread(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s: flo
             box["err"] = e
 
     t = threading.Thread(target=target, daemon=True, name="posttrain-tool-thread")
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        raise DeadlineExceeded(timeout_s)
+    cancelled = threading.Event()
+    with _LOCK:
+        _THREAD_CALLS.add(cancelled)
+    try:
+        t.start()
+        deadline = time.monotonic() + timeout_s
+        while t.is_alive():  # short joins: a call cancelled by cancel_calls returns at once
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(timeout_s)
+            if cancelled.is_set():
+                raise DeadlineExceeded(timeout_s, cancelled=True)
+            t.join(min(left, 0.25))
+    finally:
+        with _LOCK:
+            _THREAD_CALLS.discard(cancelled)
     if "err" in box:
         e = box["err"]
         raise ToolRaised(type(e).__name__, str(e)) from e
@@ -273,17 +287,20 @@ def cancellable(proc: subprocess.Popen[bytes]) -> Iterator[None]:
 
 def cancel_calls() -> int:
     """Kill every worker that is running a call now (those calls raise :class:`DeadlineExceeded` with
-    ``cancelled``) and every running sandbox (its call returns at once, killed); returns how many.
-    For a trainer that is stopping."""
+    ``cancelled``), every running sandbox (its call returns at once, killed) and stop waiting for every
+    call running in a thread (it raises :class:`DeadlineExceeded` with ``cancelled``; the daemon thread
+    runs on, it cannot be killed); returns how many. For a trainer that is stopping."""
     with _LOCK:
-        busy, boxes = list(_BUSY), list(_SANDBOXES)
+        busy, boxes, threads = list(_BUSY), list(_SANDBOXES), list(_THREAD_CALLS)
+    for ev in threads:
+        ev.set()
     for w in busy:
         w.cancelled = True
         w.kill_group()
     for proc in boxes:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-    return len(busy) + len(boxes)
+    return len(busy) + len(boxes) + len(threads)
 
 
 def shutdown_workers() -> None:
