@@ -287,3 +287,24 @@ def test_unclosed_pool_is_silent_at_interpreter_exit() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_close_kills_a_worker_stuck_in_a_reward_at_once() -> None:
+    """A run stopped (Ctrl-C, SIGTERM) while a reward hangs closes its pool on the way out: the busy
+    worker is killed at once, not after the 2 s an idle worker gets to leave (issue 55 item 4)."""
+    p = RewardPool(ScriptedReward(), num_workers=1, timeout_s=600)
+    try:
+        handle = p.submit(*_batch(["sleep"]))
+        until = time.monotonic() + 30
+        while p._workers[0].heartbeat[0] < 0 and time.monotonic() < until:  # the item is running
+            time.sleep(0.02)
+        proc = p._workers[0].proc
+        t0 = time.monotonic()
+        p.close()
+        took = time.monotonic() - t0
+    finally:
+        p.close()
+    assert not proc.is_alive()
+    assert took < 1.5, f"close() took {took:.2f} s with a worker stuck in its reward"
+    with pytest.raises(Exception, match="pool closed"):
+        handle.result(timeout=5)

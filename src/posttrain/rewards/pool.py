@@ -438,7 +438,9 @@ class RewardPool:
     __call__ = score
 
     def close(self) -> None:
-        """Stop the workers. Batches still pending fail with RuntimeError('pool closed')."""
+        """Stop the workers. Batches still pending fail with RuntimeError('pool closed'). A worker still
+        scoring (a reward that hangs, a run stopped by Ctrl-C or SIGTERM) is killed at once; an idle
+        one gets up to 2 s to leave on its own."""
         if self._closed:
             return
         self._closed = True
@@ -446,8 +448,12 @@ class RewardPool:
             return
         self._wake()
         self._thread.join(timeout=10)
+        stopped = not self._thread.is_alive()  # else the dispatcher may still touch the workers
         self._fail_all(RuntimeError("pool closed"))  # a batch submitted while the loop was exiting
         for w in self._workers:
+            if stopped and w.outstanding and w.proc.is_alive():
+                w.proc.kill()  # busy: it would not read the stop message before its item ends
+                continue
             with contextlib.suppress(Exception):
                 w.conn.send(None)
         deadline = time.monotonic() + 2.0
