@@ -133,6 +133,16 @@ def _interrupted(
     raise typer.Exit(code=143 if terminated else 130)
 
 
+def _eval_interrupted(exc: BaseException, out: Path | None) -> NoReturn:
+    """Ctrl-C or SIGTERM during ``posttrain eval``: nothing was written (an evaluation does not resume:
+    the same command starts it again); exit 130 / 143 as for training."""
+    terminated = isinstance(exc, Terminated)
+    written = f"{out} was not written" if out is not None else "no result"
+    msg = f"evaluation interrupted; {written} (run the same command again to evaluate)"
+    typer.secho(f"SIGTERM received: {msg}" if terminated else msg, fg=typer.colors.YELLOW, err=True)
+    raise typer.Exit(code=143 if terminated else 130)
+
+
 def _write_failed(
     command: str, cfg: Any, config: Path | None, overrides: list[str], e: Exception
 ) -> NoReturn:
@@ -432,9 +442,12 @@ def eval_cmd(
     except (ConfigError, ValueError) as e:
         fail(str(e))
     try:
-        res = evaluate_run(loc, cfg)
+        with _sigterm_as_interrupt():
+            res = evaluate_run(loc, cfg)
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the reward workers are closed on the way out
+        _eval_interrupted(e, out)
     failed = reward_failure_warning(res)
     if failed:
         typer.secho(f"warning: {failed}", fg=typer.colors.YELLOW, err=True)
