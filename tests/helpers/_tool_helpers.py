@@ -29,3 +29,12 @@ def failing(x: int) -> str:
 def where(x: int) -> dict:
     """Say which process ran the call."""
     return {"pid": os.getpid(), "x": x}
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

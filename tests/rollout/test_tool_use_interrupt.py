@@ -10,20 +10,12 @@ import threading
 import time
 
 import pytest
-from _tool_helpers import sleepy
+from _tool_helpers import alive, sleepy
 
 from posttrain.rollout.tool_use import ToolUse
 from posttrain.tools.calls import ToolCall
 
 SLACK_S = 10.0  # killing the workers and joining the threads, on a busy 2-core machine
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_an_interrupted_round_returns_at_once_and_kills_the_hanging_tools(tmp_path):
@@ -47,6 +39,6 @@ def test_an_interrupted_round_returns_at_once_and_kills_the_hanging_tools(tmp_pa
     assert waited < SLACK_S, f"the interrupted round waited {waited:.1f} s for its tools"
     pids = [int(p.read_text()) for p in pid_files]
     until = time.monotonic() + 5
-    while any(_alive(pid) for pid in pids) and time.monotonic() < until:
+    while any(alive(pid) for pid in pids) and time.monotonic() < until:
         time.sleep(0.05)
-    assert not any(_alive(pid) for pid in pids), "a hanging tool's worker outlived the interrupted round"
+    assert not any(alive(pid) for pid in pids), "a hanging tool's worker outlived the interrupted round"

@@ -12,7 +12,7 @@ import time
 import warnings
 
 import pytest
-from _tool_helpers import sleepy, where
+from _tool_helpers import alive, sleepy, where
 
 from posttrain.tools import ToolError, ToolSettings, ToolTimeout, get_tool
 from posttrain.tools import sandbox as backends_mod
@@ -22,14 +22,6 @@ from posttrain.tools.sandbox import get_backend
 from posttrain.utils.errors import InvalidValueError
 
 SLACK_S = 2.0  # starting a worker (forkserver) on a busy 2-core machine
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_a_tool_that_hangs_returns_a_timeout_error_and_its_worker_is_killed(tmp_path):
@@ -42,7 +34,7 @@ def test_a_tool_that_hangs_returns_a_timeout_error_and_its_worker_is_killed(tmp_
     assert res.text == "tool 'sleepy' timed out after 1 s; the call was cut and gave no result"
     assert 1.0 <= elapsed < 1.0 + SLACK_S, elapsed
     worker = int(pid_file.read_text())
-    assert worker != os.getpid() and not _alive(worker)
+    assert worker != os.getpid() and not alive(worker)
     with pytest.raises(ToolTimeout, match="timed out after 1 s"):
         tool.call({"seconds": 1000})
     # the next call gets a fresh worker and runs normally
