@@ -195,3 +195,38 @@ def test_cancel_calls_ends_a_running_sandbox_at_once(sandbox):
     t.join(10)
     assert not t.is_alive() and out["elapsed"] < 10
     assert not out["res"].timed_out and "[killed by signal SIGKILL]" in out["res"].text
+
+
+def test_a_worker_ends_with_a_trainer_killed_by_sigkill(tmp_path):
+    """kill -9 runs no atexit handler: the worker of a hanging call notices its trainer is gone and
+    kills itself (with whatever the tool started) instead of sleeping on for ever."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import _tool_helpers
+
+    pid_file = tmp_path / "pid"
+    code = (
+        "from _tool_helpers import sleepy; from posttrain.tools import get_tool; "
+        f"get_tool(sleepy, timeout_s=600).invoke({{'seconds': 1000, 'pid_file': {str(pid_file)!r}}})"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(_tool_helpers.__file__).parent), *sys.path])}
+    trainer = subprocess.Popen([sys.executable, "-c", code], env=env)
+    worker = 0
+    try:
+        until = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < until:
+            assert trainer.poll() is None, "the trainer ended before its tool call started"
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        trainer.kill()
+        trainer.wait()
+        until = time.monotonic() + 5
+        while alive(worker) and time.monotonic() < until:
+            time.sleep(0.05)
+        assert not alive(worker), "the tool's worker outlived its trainer killed with SIGKILL"
+    finally:
+        trainer.kill()
+        if worker and alive(worker):
+            os.kill(worker, signal.SIGKILL)

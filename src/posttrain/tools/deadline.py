@@ -6,7 +6,9 @@
   ``__main__``). Workers are reused between calls; at the deadline the worker is killed (``SIGKILL``)
   and the call raises :class:`DeadlineExceeded`, so a tool that hangs costs its deadline and one
   worker, never the run. A worker is in its own session (Ctrl-C at a terminal does not reach it: the
-  trainer decides) and is killed when the trainer exits (``atexit``). A function the worker cannot
+  trainer decides) and is killed when the trainer exits (``atexit``); a trainer that dies without
+  running it (``kill -9``, a crash of the interpreter) takes its workers along: each watches its
+  parent and kills its own process group within 0.5 s of losing it. A function the worker cannot
   import (defined in ``__main__`` of a script run as a file) falls back to a thread, as below.
 * A function that cannot be pickled (a closure, a lambda) runs in a daemon **thread**: the call still
   returns at the deadline, but the thread cannot be killed and runs on in the background.
@@ -79,10 +81,15 @@ def as_text(out: Any) -> str:
 # trainer's __main__). Each message: (the caller's sys.path, the pickled function, kwargs); each
 # answer: ("ok", text), ("raised", kind, message) or ("unpicklable", message).
 _WORKER = r"""
-import json, pickle, signal, sys
+import json, os, pickle, signal, sys, threading, time
 from multiprocessing.connection import Connection
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 inbox, outbox = Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)
+def orphaned(trainer=int(sys.argv[3])):
+    while os.getppid() == trainer:
+        time.sleep(0.5)
+    os.killpg(0, signal.SIGKILL)  # the trainer is gone (kill -9 too): this worker and what the tool started
+threading.Thread(target=orphaned, daemon=True).start()
 while True:
     try:
         path, blob, kwargs = inbox.recv()
@@ -111,7 +118,7 @@ class _Worker:
         to_child, self._child_in = _pipe()
         self._child_out, from_child = _pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(to_child), str(from_child)],
+            [sys.executable, "-c", _WORKER, str(to_child), str(from_child), str(os.getpid())],
             pass_fds=(to_child, from_child),
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C at a terminal does not reach it; the trainer decides
