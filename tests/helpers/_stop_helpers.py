@@ -39,6 +39,18 @@ RL_SMALL = [
 ARITH = 'task.params={digits: 1, ops: "+", n_train: 40, n_heldout: 10}'
 ARITH_JSON = '{"digits": 1, "ops": "+", "n_train": 40, "n_heldout": 10}'
 
+TOOL_RL = [
+    "rl",
+    "--config",
+    TOOL_CFG,
+    *RL_SMALL,
+    "rollout.max_new_tokens=120",
+    "micro_batch_size=4",
+    "rollout.engine.name=_hang_helpers:calls_hang",
+    "rollout.runner.params.tools=[_hang_helpers:hang]",
+    "rollout.runner.params.tool_timeout_s=600",
+    "out_dir={run}",
+]
 REWARD_RL = ["rl", *RL_SMALL, ARITH, "rollout.max_new_tokens=3", HANG_REWARD, "out_dir={run}"]
 REWARD_POOL = ["reward.num_workers=1", "reward.timeout_s=600"]
 SILO = ["silo", "run", "--agent", "openai", "--base-url", "http://127.0.0.1:{port}/v1", "--model", "m"]
@@ -58,25 +70,12 @@ EVAL = [
 #: case -> (the command's arguments after ``posttrain``, with ``{run}`` for the run folder; whether the
 #: hang waits for the first checkpoint so there is a run to resume).
 CASES: dict[str, tuple[list[str], bool]] = {
-    "tool": (
-        [
-            "rl",
-            "--config",
-            TOOL_CFG,
-            *RL_SMALL,
-            "rollout.max_new_tokens=120",
-            "micro_batch_size=4",
-            "rollout.engine.name=_hang_helpers:calls_hang",
-            "rollout.runner.params.tools=[_hang_helpers:hang]",
-            "rollout.runner.params.tool_timeout_s=600",
-            "out_dir={run}",
-        ],
-        True,
-    ),
+    "tool": (TOOL_RL, True),
     "reward-pool": ([*REWARD_RL, *REWARD_POOL], True),
     "reward-inline": ([*REWARD_RL, "reward.num_workers=0"], True),
     "eval": ([*EVAL, "--max-new-tokens", "3", HANG_REWARD, *REWARD_POOL], False),
     "async-reward": ([*REWARD_RL, *REWARD_POOL, "rollout.max_staleness=1"], True),
+    "async-tool": ([*TOOL_RL, "rollout.max_staleness=1"], True),
     # a SILO-BENCH sweep whose OpenAI-compatible server accepts the request and never answers
     "silo": (
         [
@@ -161,6 +160,8 @@ def start(case: str, folder: Path, *, wait: bool = True) -> Blocked:
     """Start ``case`` in ``folder``; with ``wait``, return once it is blocked in its hang."""
     args, after_checkpoint = CASES[case]
     folder.mkdir(parents=True, exist_ok=True)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job of a shell: the command
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # would inherit it and ignore Ctrl-C
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HELPERS), env.get("PYTHONPATH", "")) if p)
     env["POSTTRAIN_HANG_MARKER"] = str(folder / "hanging")
