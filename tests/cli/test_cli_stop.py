@@ -71,3 +71,33 @@ def test_sigterm_ends_an_eval_blocked_in_a_hanging_reward(tmp_path):
     """`posttrain eval` had no SIGTERM handler: it died at once and left its reward worker hanging."""
     [(_, s)] = _stopped("eval", [signal.SIGTERM], tmp_path)
     assert "SIGTERM received: evaluation interrupted" in s.stderr, s.stderr
+
+
+def test_sigterm_re_raised_by_a_library_as_a_plain_keyboardinterrupt_still_reads_sigterm(
+    tmp_path, monkeypatch
+):
+    """Ray's `ray.get` (an async run waiting on its generation workers) catches the `Terminated` the
+    SIGTERM handler raises and raises a KeyboardInterrupt of its own: the run still says SIGTERM and
+    exits 143, not 130 as for Ctrl-C."""
+    import os
+    import time
+
+    from _train_helpers import CLI_TINY
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+    from posttrain.train.rl import RLTrainer
+
+    def train(self, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt from None
+
+    monkeypatch.setattr(RLTrainer, "train", train)
+    res = CliRunner().invoke(
+        app, ["rl", *CLI_TINY, "steps=1", f"out_dir={tmp_path / 'run'}", "--no-progress"]
+    )
+    assert res.exit_code == 143, res.output
+    assert "SIGTERM received: interrupted at step 0 of 1" in res.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -90,21 +91,32 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (what Slurm, Kubernetes and ``kill`` send) while training: handled as Ctrl-C is."""
 
 
+#: Set by SIGTERM inside :func:`_sigterm_as_interrupt`: a library that catches the ``Terminated`` and
+#: raises a plain ``KeyboardInterrupt`` of its own (Ray's ``ray.get`` does) still reports SIGTERM.
+_SIGTERM_RECEIVED = threading.Event()
+
+
+def terminated(exc: BaseException) -> bool:
+    """Whether the interrupt ``exc`` came from SIGTERM (not Ctrl-C), also when a library re-raised it."""
+    return isinstance(exc, Terminated) or _SIGTERM_RECEIVED.is_set()
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """While training, SIGTERM raises :class:`Terminated` in the main thread (a ``KeyboardInterrupt``),
     so a scheduler's stop prints where the run stopped and how to resume instead of dying silently;
     the previous handler is restored afterwards. (Signals reach only the main thread.)"""
     import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def raise_terminated(signum: int, frame: Any) -> None:
+        _SIGTERM_RECEIVED.set()
         raise Terminated
 
+    _SIGTERM_RECEIVED.clear()
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
@@ -126,21 +138,21 @@ def _interrupted(
 
     cmd = resume_command(command, config, overrides)
     msg = interrupted_message(cfg.out_dir, step, cfg.steps, resume_command=cmd)
-    terminated = isinstance(exc, Terminated)
-    if terminated:
+    by_sigterm = terminated(exc) if exc is not None else False
+    if by_sigterm:
         msg = f"SIGTERM received: {msg}"
     typer.secho(msg, fg=typer.colors.YELLOW, err=True)
-    raise typer.Exit(code=143 if terminated else 130)
+    raise typer.Exit(code=143 if by_sigterm else 130)
 
 
 def _eval_interrupted(exc: BaseException, out: Path | None) -> NoReturn:
     """Ctrl-C or SIGTERM during ``posttrain eval``: nothing was written (an evaluation does not resume:
     the same command starts it again); exit 130 / 143 as for training."""
-    terminated = isinstance(exc, Terminated)
+    by_sigterm = terminated(exc)
     written = f"{out} was not written" if out is not None else "no result"
     msg = f"evaluation interrupted; {written} (run the same command again to evaluate)"
-    typer.secho(f"SIGTERM received: {msg}" if terminated else msg, fg=typer.colors.YELLOW, err=True)
-    raise typer.Exit(code=143 if terminated else 130)
+    typer.secho(f"SIGTERM received: {msg}" if by_sigterm else msg, fg=typer.colors.YELLOW, err=True)
+    raise typer.Exit(code=143 if by_sigterm else 130)
 
 
 def _write_failed(
