@@ -181,7 +181,7 @@ class RayPool:
 
     def start(self, model: Any) -> None:
         ray = self.ray = require_ray()
-        with _quiet_ray():
+        with _quiet_ray(), _keep_sigterm():
             self._start(ray, model)
 
     def _start(self, ray: Any, model: Any) -> None:
@@ -247,6 +247,25 @@ class RayPool:
         if self.owns_ray:
             self.ray.shutdown()
         self.ray, self.owns_ray = None, False
+
+
+@contextlib.contextmanager
+def _keep_sigterm() -> Any:
+    """``ray.init`` replaces the SIGTERM handler (its driver's calls ``sys.exit``, its C++ core's dumps a
+    stack and aborts): the run's own handler (the CLI's: SIGTERM as Ctrl-C, with where it stopped and
+    how to resume) is put back once Ray has started."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
