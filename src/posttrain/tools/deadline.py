@@ -185,7 +185,12 @@ def _in_worker(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s: flo
     healthy = False
     try:
         deadline = time.monotonic() + timeout_s
-        w.send.send((list(sys.path), pickle.dumps(fn), dict(kwargs)))
+        try:
+            w.send.send((list(sys.path), pickle.dumps(fn), dict(kwargs)))
+        except OSError:  # the worker is gone: cancel_calls killed it between taking it and sending
+            if w.cancelled:
+                raise DeadlineExceeded(timeout_s, cancelled=True) from None
+            raise ToolRaised("WorkerDied", f"the tool's worker process ended (exit status {w.proc.wait()})") from None
         while True:  # short polls: a worker killed by cancel_calls is noticed at once
             left = deadline - time.monotonic()
             if left <= 0:
