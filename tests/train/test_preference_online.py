@@ -105,9 +105,20 @@ def test_rounds_until_the_batch_is_full_and_the_surplus_is_dropped(tmp_path):
 
 
 def test_a_configured_reward_source_scores_and_a_step_whose_groups_all_tie_makes_no_update(tmp_path):
-    """online.reward.source names the scorer (here a plug-in giving every completion 0.5): every group
+    """online.reward.source names the scorer (here a registered source giving every completion 0.5): every group
     ties, so every group is skipped and the step changes no weight."""
-    src = {"name": "my_plugins:ConstantSource", "params": {"value": 0.5}}
+    from posttrain.rollout import REWARD_SOURCES, RewardSource, ScoredBatch
+    from posttrain.rollout.reward_source import _Ready
+
+    class Constant(RewardSource):  # a stand-in for a judge model (conftest restores the registry)
+        def __init__(self, ctx, *, value: float = 0.5) -> None:
+            self.value = value
+
+        def submit(self, completions, examples):
+            return _Ready(ScoredBatch(rewards=[self.value] * len(completions)))
+
+    REWARD_SOURCES.register("test-constant")(Constant)
+    src = {"name": "test-constant", "params": {"value": 0.5}}
     c = cfg(tmp_path, steps=0, save=False, online={"reward": {**ONLINE["reward"], "source": src}})
     with PreferenceTrainer(c) as t:
         before = {k: v.clone() for k, v in t.model.state_dict().items()}

@@ -111,7 +111,7 @@ def _settings(cfg: Any, ifbench: bool, ifbench_max_new_tokens: int) -> dict[str,
     """What the evaluation before RL depends on: ``before.json`` is reused only when these match."""
     return {
         "model": cfg.model.name,
-        "precision": cfg.model.precision,
+        "precision": _precision(cfg),  # what auto resolves to here: another machine kind evaluates again
         "engine": cfg.rollout.engine.name,
         "engine_params": cfg.rollout.engine.params,
         "eval_batch": cfg.eval.batch_cap(cfg.rollout.max_batch_size),
@@ -121,6 +121,13 @@ def _settings(cfg: Any, ifbench: bool, ifbench_max_new_tokens: int) -> dict[str,
         "ifbench": ifbench,
         "ifbench_max_new_tokens": ifbench_max_new_tokens if ifbench else None,
     }
+
+
+def _precision(cfg: Any) -> str:
+    """``model.precision`` as this CPU resolves it (the config keeps ``auto``)."""
+    from posttrain.models.precision import resolve_precision
+
+    return resolve_precision(cfg.model.precision, "cpu", cfg.model.dtype)[0]
 
 
 def _read_json(path: Path) -> Any:
@@ -136,7 +143,7 @@ def _evaluate_sets(
     from posttrain.train.evaluate import config_eval_runner
 
     runner = config_eval_runner(cfg, model, tok, PromptFormatter(tok, chat=True))
-    label = {"engine": cfg.rollout.engine.name, "precision": cfg.model.precision}
+    label = {"engine": cfg.rollout.engine.name, "precision": _precision(cfg)}
     return {
         name: evaluate_instructions(runner, task, exs, max_new_tokens=mnt, **label) if exs else None
         for name, (task, exs, mnt) in sets.items()
