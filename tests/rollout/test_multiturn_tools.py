@@ -282,3 +282,24 @@ def test_several_tool_results_of_one_turn_render_under_each_native_format(tok, f
         assert between == want + "<|start_header_id|>assistant<|end_header_id|>\n\n"
     acts = b.action_mask[0][b.completion_mask[0].bool()].tolist()
     assert len(spans(acts)) == 2  # two agent rounds trained, the tool turns between them not
+
+
+def test_a_hanging_custom_tool_ends_at_its_deadline_counted_and_the_episode_goes_on(tok):
+    """A custom tool that sleeps past ``tool_timeout_s`` answers the model with a timeout error within the
+    deadline (its worker is killed), the call counts as a timeout (row_stats, step metrics) and not as
+    valid, and the agent's next round answers the question."""
+    import time
+
+    hang = "<tool_call>" + json.dumps({"name": "sleepy", "arguments": {"seconds": 600}}) + "</tool_call>"
+    eng = scripted_agent(tok, [hang, "The answer is 7006652."])
+    r = runner(tok, eng, tools=["_tool_helpers:sleepy"], tool_timeout_s=1.0)
+    t0 = time.monotonic()
+    eps = r.run([ex()], [1], SamplingParams(max_new_tokens=200))
+    assert time.monotonic() - t0 < 1.0 + 10.0  # the deadline, plus a loaded machine's slack
+    s = r.last_sessions[0]
+    assert s.tool_calls == 1 and s.tool_valid == 0 and s.tool_timeouts == 1
+    tool_msgs = [m for m in s.messages if m["role"] == "tool"]
+    assert len(tool_msgs) == 1 and "timed out after 1 s" in tool_msgs[0]["content"]
+    assert eps.rewards.tolist() == [1.0]  # the episode went on to the answer
+    m = r.step_metrics(eps)
+    assert m["tool_timeouts"] == 1.0 and m["tool_valid_rate"] == 0.0
