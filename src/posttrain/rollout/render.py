@@ -17,13 +17,14 @@ only asks for token ids: ``opening(messages)``, ``reply(observation)``, ``tool_r
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 from posttrain.rollout.episodes import PromptFormatter
 from posttrain.utils.errors import InvalidValueError
 
 
-class Renderer:
+class Renderer(ABC):
     """Token ids of a conversation's parts (module docstring)."""
 
     def __init__(self, tokenizer: Any) -> None:
@@ -39,16 +40,17 @@ class Renderer:
             raise InvalidValueError("runner 'multi-turn': a conversation must open with a user message last")
         return self._opening(messages)
 
+    @abstractmethod
     def _opening(self, messages: list[dict[str, Any]]) -> list[int]:
-        raise NotImplementedError
+        """The opening's token ids (``messages`` checked by :meth:`opening`)."""
 
+    @abstractmethod
     def reply(self, observation: str) -> list[int]:
         """Environment tokens after the agent's turn: the environment's next observation."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tool_reply(self, results: list[tuple[str, str]]) -> list[int]:
         """Environment tokens after a turn with tool calls: the results, as (tool name, text) pairs."""
-        raise NotImplementedError
 
 
 class PlainRenderer(Renderer):
