@@ -133,6 +133,12 @@ def run_precision(
     return resolved, why
 
 
+def model_precision(setting: str, model: Any, *, quiet: bool = True) -> tuple[str, str]:
+    """:func:`run_precision` for ``model`` as loaded: the device and storage dtype of its parameters."""
+    param = next(model.parameters())
+    return run_precision(setting, param.device, str(param.dtype).removeprefix("torch."), quiet=quiet)
+
+
 def _device_type(device: Any) -> str:
     if isinstance(device, torch.device):
         return device.type

@@ -57,7 +57,7 @@ from posttrain.hooks import (
 )
 from posttrain.models import CausalLMAdapter, ModelAdapter, load_adapter, pick_device
 from posttrain.models.lora import AdapterDisabledLM, is_lora, prepare_model
-from posttrain.models.precision import run_precision
+from posttrain.models.precision import model_precision
 from posttrain.rewards import get_reward
 from posttrain.rewards.callables import as_reward_fn
 from posttrain.rewards.failures import RewardFailureMonitor
@@ -343,9 +343,7 @@ def build_reward(
 def resolve_run_precision(cfg: Any, lm: ModelAdapter) -> tuple[str, str]:
     """What the run computes in (``model.precision`` resolved for the device the model was loaded on
     and the dtype its weights are stored in) and why, printed once per run (rank 0)."""
-    device = next(lm.model.parameters()).device
-    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
-    return run_precision(cfg.model.precision, device, dtype, quiet=not dist.is_main())
+    return model_precision(cfg.model.precision, lm.model, quiet=not dist.is_main())
 
 
 def build_rollout(

@@ -210,10 +210,9 @@ def config_eval_runner(
 
 def config_precision(cfg: Any, model: Any) -> str:
     """``model.precision`` of ``cfg`` resolved for ``model``'s device and weight dtype (no note printed)."""
-    from posttrain.models.precision import resolve_precision
+    from posttrain.models.precision import model_precision
 
-    param = next(model.parameters())
-    return resolve_precision(cfg.model.precision, param.device, str(param.dtype).removeprefix("torch."))[0]
+    return model_precision(cfg.model.precision, model)[0]
 
 
 def evaluate(
