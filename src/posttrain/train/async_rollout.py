@@ -55,6 +55,7 @@ import sys
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -354,10 +355,10 @@ class WorkerSource:
         prompts_per_call: int,
         num_workers: int,
         max_restarts: int,
-        metrics_runner: Any = None,
+        metrics_runner: Callable[[], Any] | None = None,
     ) -> None:
         self.pool, self.model, self.weights, self.bound = pool, model, weights, bound
-        self._metrics_runner = metrics_runner
+        self._make_metrics_runner, self._metrics_runner = metrics_runner, None
         self.examples = examples
         self._index = {id(ex): i for i, ex in enumerate(examples)}
         self.prompts_per_call, self.num_workers, self.max_restarts = prompts_per_call, num_workers, max_restarts
@@ -571,10 +572,10 @@ class WorkerSource:
         """The episode runner's own numbers about the trained episodes (tool calls, multi-agent
         metrics), computed from the rows' ``row_stats`` by the runner ``metrics_runner()`` builds in
         this process (it never generates: the workers do)."""
-        if self._metrics_runner is None:
+        if self._make_metrics_runner is None:
             return {}
-        if callable(self._metrics_runner) and not hasattr(self._metrics_runner, "step_metrics"):
-            self._metrics_runner = self._metrics_runner()
+        if self._metrics_runner is None:  # built on first use
+            self._metrics_runner = self._make_metrics_runner()
         return self._metrics_runner.step_metrics(episodes)
 
     def kept(self, n: int) -> None:
