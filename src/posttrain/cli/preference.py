@@ -9,8 +9,7 @@ from typing import Optional
 import typer
 
 from posttrain.cli.app import app
-from posttrain.cli.runs import run_training_command
-from posttrain.cli.train import _ALLOW_CHANGE, _OVERWRITE, _RESUME, _load
+from posttrain.cli.train import _ALLOW_CHANGE, _OVERWRITE, _RESUME, _load, run_training_command
 
 
 @app.command()

@@ -6,6 +6,7 @@ import contextlib
 import json
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -227,6 +228,42 @@ def rl(
     )
 
 
+def run_training_command(
+    command: str,
+    cfg: Any,
+    make_trainer: Callable[[], Any],
+    *,
+    config: Path | None,
+    overrides: list[str],
+    resume: bool,
+    overwrite: bool,
+    allow_config_change: bool,
+) -> dict[str, Any]:
+    """Check and lock ``cfg.out_dir`` (when ``cfg.save``), build the trainer with ``make_trainer()``,
+    train it; return the run summary. Bad input ends the command with ``error: ...`` (exit 2); an
+    interrupt prints where it stopped and the exact resume command (exit 130 / 143)."""
+    from posttrain.train.checkpoint import CheckpointError, CheckpointWriteError, RunWriteError
+    from posttrain.train.run_dir import RunDirError
+
+    with run_folder_lock(cfg) if cfg.save else contextlib.nullcontext():
+        if cfg.save:
+            _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
+        try:
+            trainer = make_trainer()
+        except (ValueError, FileNotFoundError) as e:
+            fail(str(e))
+        with trainer:
+            try:
+                with _sigterm_as_interrupt():
+                    return trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
+            except KeyboardInterrupt as e:
+                _interrupted(command, cfg, trainer.step_idx, config, overrides, e)
+            except (CheckpointWriteError, RunWriteError) as e:
+                _write_failed(command, cfg, config, overrides, e)
+            except (RunDirError, CheckpointError, ValueError, FileNotFoundError) as e:
+                fail(str(e))
+
+
 @app.command()
 def sft(
     overrides: list[str] | None = typer.Argument(
@@ -240,36 +277,21 @@ def sft(
 ) -> None:
     """Supervised fine-tuning on target tokens: task reference completions or a JSONL file of
     prompt/completion, text or chat (messages, loss on assistant turns) rows; see docs/sft.md."""
-    from posttrain.train.checkpoint import CheckpointError, CheckpointWriteError, RunWriteError
-    from posttrain.train.run_dir import RunDirError
-    from posttrain.train.sft import SFTConfig, SFTDataError, SFTTrainer
+    from posttrain.train.sft import SFTConfig, SFTTrainer
 
     cfg = _load(SFTConfig, config, overrides or [])
     if progress is not None:
         cfg.progress = progress
-    with run_folder_lock(cfg) if cfg.save else contextlib.nullcontext():
-        if cfg.save:
-            _check_run_dir(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
-        try:
-            trainer = SFTTrainer(cfg, resume=resume)
-        except (SFTDataError, ValueError, FileNotFoundError) as e:
-            fail(str(e))
-        with trainer:
-            try:
-                with _sigterm_as_interrupt():
-                    summary = trainer.train(overwrite=overwrite, allow_config_change=allow_config_change)
-            except KeyboardInterrupt as e:
-                _interrupted("posttrain sft", cfg, trainer.step_idx, config, overrides or [], e)
-            except (CheckpointWriteError, RunWriteError) as e:
-                _write_failed("posttrain sft", cfg, config, overrides or [], e)
-            except (
-                RunDirError,
-                CheckpointError,
-                SFTDataError,
-                ValueError,
-                FileNotFoundError,
-            ) as e:
-                fail(str(e))
+    summary = run_training_command(
+        "posttrain sft",
+        cfg,
+        lambda: SFTTrainer(cfg, resume=resume),
+        config=config,
+        overrides=overrides or [],
+        resume=resume,
+        overwrite=overwrite,
+        allow_config_change=allow_config_change,
+    )
     typer.echo(
         json.dumps({k: v for k, v in summary.items() if k != "last"} | {"loss": summary["last"].get("loss")})
     )
