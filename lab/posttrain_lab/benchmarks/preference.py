@@ -32,7 +32,9 @@ Gates per arm (from its ``metrics.jsonl``): did it train at all (GRPO: some grou
 ``zero_var_frac`` < 1; DPO: some step with a pair, ``pairs/n`` > 0), and the reward's mechanisms
 (``reward/hacked``, the share of groups without margin, ``rewards/accuracies``).
 
-Resumable per arm and seed: ``<out>/before.json`` and each finished ``<out>/<arm>-s<seed>/result.json``
+Arms run seed by seed (every arm of seed 0, then of seed 1, ...); after each seed but the last,
+``<out>/summary_partial.md`` holds the table of the seeds done. Resumable per arm and seed:
+``<out>/before.json`` and each finished ``<out>/<arm>-s<seed>/result.json``
 are kept (``--resume``); an arm stopped midway continues from its last checkpoint (every 4 steps), with
 the offline arm's pairs sampled again from the warm start (the same, by seed). ``summary.json`` holds
 everything, ``summary.md`` the table.
@@ -455,8 +457,10 @@ def run_preference_bench(
         return evaluate_model(rl, m, tok, task, heldout)
 
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
-    for arm in arms:
-        for s in range(seed, seed + seeds):
+    # seed-major: every arm of a seed before the next seed, so a bench stopped midway (and its
+    # summary_partial.md, rewritten after each finished seed) holds complete, paired seeds
+    for s in range(seed, seed + seeds):
+        for arm in arms:
             run = out / f"{arm}-s{s}"
             path = run / "result.json"
             if path.is_file():
@@ -469,6 +473,13 @@ def run_preference_bench(
                 atomic_write_json(path, res)
                 shutil.rmtree(run / "checkpoints", ignore_errors=True)
             results[arm].append(res)
+        if s < seed + seeds - 1:
+            partial = table(summarise(before, results))
+            (out / "summary_partial.md").write_text(
+                f"seeds {seed}..{s} of {seed}..{seed + seeds - 1}\n\n{partial}\n"
+            )
+            print(f"[preference] after seed {s}:\n{partial}", flush=True)
+    (out / "summary_partial.md").unlink(missing_ok=True)
     summary = {
         "model": rl.model.name,
         "task": {"name": rl.task.name, **rl.task.params},

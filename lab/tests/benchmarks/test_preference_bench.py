@@ -98,3 +98,34 @@ def test_paired_comparison_names_a_winner_only_beyond_two_se():
 def test_cli_refuses_an_unknown_arm(tmp_path):
     res = runner.invoke(app, ["bench", "preference", "--out", str(tmp_path / "x"), "--arms", "grpo,ppo"])
     assert res.exit_code != 0 and "ppo" in res.output and "online-dpo" in res.output
+
+
+def test_arms_run_seed_by_seed_and_a_partial_table_follows_each_seed(tmp_path, monkeypatch, capsys):
+    """Every arm of seed 0 runs before any arm of seed 1, and the table of the finished seeds is printed
+    (and written to summary_partial.md, removed once the bench ends) after each seed but the last."""
+    order, partial_seen = [], []
+
+    def fake_arm(arm, seed, rl, *, evaluate, **_):
+        if seed == 1 and not partial_seen:
+            partial_seen.append((tmp_path / "b" / "summary_partial.md").read_text())
+        order.append((arm, seed))
+        items = [{"strict": float(i % 2)} for i in range(8)]
+        return {
+            "arm": arm,
+            "seed": seed,
+            "generated": 32,
+            "gates": {"trained": True},
+            "after": {"items": items, "hacked_frac": 0.0, "length_mean": 5.0},
+        }
+
+    monkeypatch.setattr(bench, "run_arm", fake_arm)
+    s = run_preference_bench(tmp_path / "b", model="tiny", steps=1, seeds=2, overrides=[*TINY, *DIGIT])
+    assert order == [(a, 0) for a in bench.ARMS] + [(a, 1) for a in bench.ARMS]
+    assert (
+        partial_seen
+        and partial_seen[0].startswith("seeds 0..0 of 0..1")
+        and "| offline-dpo |" in partial_seen[0]
+    )
+    assert "[preference] after seed 0:" in capsys.readouterr().out
+    assert not (tmp_path / "b" / "summary_partial.md").exists()
+    assert s["arms"]["grpo"]["seeds"] == [0, 1]
