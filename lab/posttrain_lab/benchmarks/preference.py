@@ -7,8 +7,10 @@ prompts with the same reward, and generates the same number of completions, ``st
 group_size``:
 
 * ``grpo``: the RL stage of ``posttrain demo smol`` (``demo_smol.yaml``: the instruction task, the
-  guarded reward ``instructions_guarded``, its rollout, objective, optimizer and DAPO overlong shaper),
-  through :func:`posttrain.train.rl.train_to_end`;
+  guarded reward ``instructions_guarded``, its rollout, objective and optimizer), through
+  :func:`posttrain.train.rl.train_to_end`, WITHOUT the demo's DAPO overlong shaper (``hooks.shapers=[]``
+  comes before the caller's overrides): every arm then learns from the same reward, the one that ranks
+  the DPO arms' pairs (the shaper is an RL hook the DPO arms do not have);
 * ``online-dpo``: :class:`~posttrain.train.preference.PreferenceTrainer` with ``online.enabled``: each
   step samples ``group_size`` completions for each of ``prompts_per_step`` prompts from the current
   policy with the same task, reward, temperature, length cap and engine, and trains DPO on each group's
@@ -62,13 +64,14 @@ class NoMarginError(InvalidValueError):
 
 
 def rl_config(model: str | None, steps: int, overrides: list[str]) -> Any:
-    """The GRPO arm's config: ``demo_smol.yaml`` with ``model.name``, ``steps`` and ``overrides``."""
+    """The GRPO arm's config: ``demo_smol.yaml`` with ``model.name``, ``steps``, no shaper (the arms share
+    one reward), then ``overrides``."""
     from importlib.resources import files
 
     from posttrain.train.config import RLConfig
     from posttrain.utils.config import build_config
 
-    extra = [f"steps={steps}", *([f"model.name={model}"] if model else [])]
+    extra = [f"steps={steps}", "hooks.shapers=[]", *([f"model.name={model}"] if model else [])]
     return build_config(RLConfig, str(files("posttrain_lab.demos") / "demo_smol.yaml"), [*extra, *overrides])
 
 
@@ -373,7 +376,7 @@ def run_preference_bench(
     seeds: int = 3,
     seed: int = 0,
     arms: tuple[str, ...] = ARMS,
-    dpo_lr: float = 1e-6,
+    dpo_lr: float = 2e-5,
     beta: float = 0.1,
     overrides: list[str] | None = None,
     resume: bool = False,

@@ -20,7 +20,9 @@ def bench_preference(
     seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds per arm: seed, seed+1, ..."),
     seed: int = typer.Option(0, "--seed"),
     arms: str = typer.Option("grpo,online-dpo,offline-dpo", "--arms", help="Comma-separated arms."),
-    dpo_lr: float = typer.Option(1e-6, "--dpo-lr", help="DPO arms' learning rate (TRL's default)."),
+    dpo_lr: float = typer.Option(
+        2e-5, "--dpo-lr", help="DPO arms' learning rate (GRPO arm's: the same AdamW step size)."
+    ),
     beta: float = typer.Option(0.1, "--beta", help="DPO's beta."),
     resume: bool = typer.Option(False, "--resume", help="Keep finished arms and seeds, continue the rest."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the output folder first."),

@@ -129,3 +129,15 @@ def test_arms_run_seed_by_seed_and_a_partial_table_follows_each_seed(tmp_path, m
     assert "[preference] after seed 0:" in capsys.readouterr().out
     assert not (tmp_path / "b" / "summary_partial.md").exists()
     assert s["arms"]["grpo"]["seeds"] == [0, 1]
+
+
+def test_the_grpo_arm_learns_from_the_dpo_arms_reward_unless_a_shaper_is_asked_for():
+    """demo smol's overlong shaper is an RL hook the DPO arms lack: the bench drops it by default, and an
+    override puts it back; everything else is demo smol's RL stage."""
+    rl = bench.rl_config(None, 10, [])
+    assert rl.hooks.shapers == [] and rl.steps == 10
+    assert rl.reward.name == "instructions_guarded" and rl.model.name == "smollm2-135m"
+    back = bench.rl_config(
+        None, 10, ["hooks.shapers=[{name: dapo-overlong, params: {max_length: 64, buffer: 16}}]"]
+    )
+    assert [s.name for s in back.hooks.shapers] == ["dapo-overlong"]
