@@ -27,8 +27,10 @@ held-out prompts (the same prompts for every arm), scored by the task's report
 (IFEval's checkers, the hack probes): prompt-level strict accuracy, ``hacked_frac``
 (the share of answers a hack probe flags) and the mean answer length. Standard errors are paired over
 prompts: each arm's gain over the warm start, and each pair of arms' difference, on the per-prompt
-verdicts averaged over seeds (:func:`posttrain.utils.stats.paired_gain`); ``seed_se`` is the SE of the
-per-seed values. A difference within 2 SE is reported as no difference resolved.
+verdicts averaged over seeds (:func:`posttrain.utils.stats.paired_gain`). The seed SE is the SE over
+seeds of the per-seed accuracy (a gain) or of the per-seed difference of two arms (paired by seed): it
+carries the run-to-run noise of training, which the prompt SE does not. A difference within 2 of either
+SE is reported as no difference resolved.
 
 Gates per arm (from its ``metrics.jsonl``): did it train at all (GRPO: some group with reward variance,
 ``zero_var_frac`` < 1; DPO: some step with a pair, ``pairs/n`` > 0), and the reward's mechanisms
@@ -295,30 +297,42 @@ def _seed_se(xs: list[float]) -> float | None:
     return mean_se(xs)[1] if len(xs) > 1 else None
 
 
-def compare(a: list[float], b: list[float]) -> dict[str, Any]:
-    """``a`` minus ``b`` (per-prompt verdicts) with its paired SE; ``resolved`` when |diff| > 2 SE."""
+def compare(a: list[float], b: list[float], seed_diffs: list[float] | None = None) -> dict[str, Any]:
+    """``a`` minus ``b`` (per-prompt verdicts) with its paired SE over prompts and, from ``seed_diffs``
+    (the per-seed differences, two seeds or more), its SE over seeds; ``resolved`` when |diff| exceeds
+    2 of each SE there is."""
     g = paired_gain(b, a)
-    return {"diff": g["gain"], "se": g["se"], "resolved": abs(g["gain"]) > 2 * g["se"]}
+    seed_se = _seed_se(seed_diffs or [])
+    ses = [g["se"], *([seed_se] if seed_se is not None else [])]
+    resolved = all(abs(g["gain"]) > 2 * se for se in ses)
+    return {"diff": g["gain"], "se": g["se"], "seed_se": seed_se, "resolved": resolved}
 
 
 def summarise(before: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per arm: accuracy, gain over the warm start (paired SE), hacked_frac, length, budget, gates; per
-    pair of arms: the difference with its paired SE and which wins (or none resolved)."""
+    pair of arms: the difference with its paired SEs (over prompts, over seeds) and which wins (or none
+    resolved)."""
     b = _verdicts(before)
+    b_acc = sum(b) / len(b)
     arms: dict[str, Any] = {}
     means: dict[str, list[float]] = {}
+    per_seed: dict[str, dict[int, float]] = {}
     for arm, rs in results.items():
         evs = [r["after"] for r in rs]
         means[arm] = _seed_mean(evs)
         acc = [sum(_verdicts(e)) / len(e["items"]) for e in evs]
+        per_seed[arm] = {r["seed"]: a for r, a in zip(rs, acc, strict=True)}
         hacked = [float(e["hacked_frac"] or 0.0) for e in evs]
         length = [float(e["length_mean"]) for e in evs]
-        gain = compare(means[arm], b)
+        gain = compare(means[arm], b, [a - b_acc for a in acc])
         arms[arm] = {
             "accuracy": sum(means[arm]) / len(means[arm]),
+            "accuracy_per_seed": acc,
             "accuracy_seed_se": _seed_se(acc),
             "gain": gain["diff"],
             "gain_se": gain["se"],
+            "gain_seed_se": gain["seed_se"],
+            "gain_resolved": gain["resolved"],
             "hacked_frac": statistics.fmean(hacked),
             "hacked_frac_seed_se": _seed_se(hacked),
             "length_mean": statistics.fmean(length),
@@ -331,12 +345,13 @@ def summarise(before: dict[str, Any], results: dict[str, list[dict[str, Any]]]) 
     names = list(results)
     for i, x in enumerate(names):
         for y in names[i + 1 :]:
-            c = compare(means[x], means[y])
+            common = [k for k in per_seed[x] if k in per_seed[y]]
+            c = compare(means[x], means[y], [per_seed[x][k] - per_seed[y][k] for k in common])
             c["winner"] = (x if c["diff"] > 0 else y) if c["resolved"] else None
             pairs[f"{x} - {y}"] = c
     return {
         "before": {
-            "accuracy": sum(b) / len(b),
+            "accuracy": b_acc,
             "hacked_frac": before["hacked_frac"],
             "length_mean": before["length_mean"],
             "n": len(b),
@@ -346,24 +361,30 @@ def summarise(before: dict[str, Any], results: dict[str, list[dict[str, Any]]]) 
     }
 
 
+def _ses(prompt_se: float, seed_se: float | None) -> str:
+    return f"{prompt_se:.3f}, {seed_se:.3f}" if seed_se is not None else f"{prompt_se:.3f}, -"
+
+
 def table(summary: dict[str, Any]) -> str:
-    """The markdown table of :func:`summarise`."""
+    """The markdown table of :func:`summarise`; SEs as (over prompts, over seeds)."""
     bf = summary["before"]
     rows = [
-        "| arm | held-out accuracy | gain (paired SE) | hacked_frac | answer length | completions / seed | trained |",
+        "| arm | held-out accuracy (per seed) | gain (SE prompts, SE seeds) | hacked_frac | answer length "
+        "| completions / seed | trained |",
         "|---|---|---|---|---|---|---|",
         f"| warm start | {bf['accuracy']:.3f} | | {bf['hacked_frac'] or 0:.3f} | {bf['length_mean']:.1f} | | |",
     ]
     for arm, a in summary["arms"].items():
+        seeds = ", ".join(f"{x:.3f}" for x in a["accuracy_per_seed"])
         rows.append(
-            f"| {arm} | {a['accuracy']:.3f} | {a['gain']:+.3f} ({a['gain_se']:.3f}) | {a['hacked_frac']:.3f} | "
-            f"{a['length_mean']:.1f} | {', '.join(map(str, a['generated_per_seed']))} | "
-            f"{'yes' if a['trained_all_seeds'] else 'NO'} |"
+            f"| {arm} | {a['accuracy']:.3f} ({seeds}) | {a['gain']:+.3f} ({_ses(a['gain_se'], a['gain_seed_se'])}) "
+            f"| {a['hacked_frac']:.3f} | {a['length_mean']:.1f} | {', '.join(map(str, a['generated_per_seed']))} "
+            f"| {'yes' if a['trained_all_seeds'] else 'NO'} |"
         )
-    rows += ["", "| difference | accuracy diff (paired SE) | verdict |", "|---|---|---|"]
+    rows += ["", "| difference | accuracy diff (SE prompts, SE seeds) | verdict |", "|---|---|---|"]
     for name, d in summary["differences"].items():
         verdict = f"{d['winner']} wins" if d["winner"] else "no difference resolved (within 2 SE)"
-        rows.append(f"| {name} | {d['diff']:+.3f} ({d['se']:.3f}) | {verdict} |")
+        rows.append(f"| {name} | {d['diff']:+.3f} ({_ses(d['se'], d['seed_se'])}) | {verdict} |")
     return "\n".join(rows)
 
 

@@ -141,3 +141,28 @@ def test_the_grpo_arm_learns_from_the_dpo_arms_reward_unless_a_shaper_is_asked_f
         None, 10, ["hooks.shapers=[{name: dapo-overlong, params: {max_length: 64, buffer: 16}}]"]
     )
     assert [s.name for s in back.hooks.shapers] == ["dapo-overlong"]
+
+
+def test_a_difference_the_seeds_disagree_on_is_not_resolved():
+    """Seed-averaged verdicts can differ by far more than their prompt SE while the seeds disagree:
+    arm a wins on two seeds and loses on the third. Paired over seeds, the SE is large and no winner is
+    named; with the seeds agreeing, the same mean difference is resolved."""
+    n = 100
+
+    def ev(k):  # k of n prompts passed
+        return {"items": [{"strict": float(i < k)} for i in range(n)], "hacked_frac": 0.0, "length_mean": 5.0}
+
+    def runs(ks):
+        return [
+            {"after": ev(k), "generated": 32, "seed": s, "gates": {"trained": True}} for s, k in enumerate(ks)
+        ]
+
+    base = runs([40, 40, 40])
+    s = summarise(ev(40), {"a": runs([70, 70, 10]), "b": base})
+    d = s["differences"]["a - b"]
+    assert d["diff"] == pytest.approx(0.10) and d["diff"] > 2 * d["se"]  # prompt SE alone would name a
+    assert d["seed_se"] == pytest.approx(0.20) and not d["resolved"] and d["winner"] is None
+    assert s["arms"]["a"]["accuracy_per_seed"] == [0.7, 0.7, 0.1] and not s["arms"]["a"]["gain_resolved"]
+    agree = summarise(ev(40), {"a": runs([50, 50, 50]), "b": base})["differences"]["a - b"]
+    assert agree["resolved"] and agree["winner"] == "a" and agree["seed_se"] == pytest.approx(0.0)
+    assert "(SE prompts, SE seeds)" in bench.table(s)
